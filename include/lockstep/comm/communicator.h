@@ -1,0 +1,111 @@
+// Communicator: the collectives every rank of a job calls, in the same order (MPI semantics).
+//
+// A Communicator is created collectively by all `size` ranks from a rendezvous (a store
+// plus rank and size). Each collective returns at once with a Work handle; one progress
+// thread per communicator runs the collectives one at a time in the order they were issued,
+// each tagged with a sequence number. Buffers must stay valid and untouched until the Work is
+// done. Send and receive buffers may be the same (in place) for allreduce; for allgather and
+// reduce_scatter the "small" buffer may sit inside the "large" one at this rank's offset.
+//
+// Backends: "shm" (one machine: shared memory), "gloo" (TCP, several machines), "mpi" (under
+// mpirun), "auto" (shm when every rank is on this host, else gloo).
+//
+// Failure: a collective that does not finish within options.timeout is a TimeoutError naming
+// the collective and the ranks it waited for; a peer that died is a PeerError within
+// options.peer_check; ranks that issued different collectives at the same position get a
+// MismatchError. After any of these the communicator is broken: every later collective fails
+// at once with the first error, and the program should exit (the launcher restarts the group).
+//
+// Thread-safety: issuing collectives from several threads is allowed but their order is then
+// the order they reach the queue, which must be the same on every rank.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "lockstep/comm/store.h"
+#include "lockstep/comm/types.h"
+
+namespace lockstep::comm {
+
+class Backend;
+struct WorkState;
+
+// One in-flight collective.
+class Work {
+ public:
+  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+  bool done() const;
+  // Blocks until done; rethrows the collective's error. TimeoutError when `timeout` passes
+  // first (the collective itself keeps running; wait again or exit).
+  void wait(Seconds timeout = Seconds(3600));
+  // Seconds the progress thread spent running this collective (0 until done).
+  double seconds() const;
+  std::uint64_t sequence() const;
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct CommOptions {
+  std::string backend = "auto";  // shm | gloo | mpi | auto
+  std::string name = "default";  // keeps several communicators of one job apart
+  Seconds timeout{300};          // longest any one collective may take
+  Seconds peer_check{5};         // a dead peer is reported within this
+  // shm: bytes of shared memory each rank owns for staging (two halves used in turn).
+  std::size_t shm_slot_bytes = 8u << 20;
+  // shm: messages up to this size take the one-shot path (every rank reduces everything).
+  std::size_t shm_one_shot_bytes = 64u << 10;
+  // gloo/mpi: exchange a descriptor before each collective so ranks that disagree fail with
+  // MismatchError instead of hanging (shm always checks, at no extra cost).
+  bool check_collectives = true;
+};
+
+class Communicator {
+ public:
+  // Collective: all ranks call it with the same options. `store` is used during creation and
+  // by backends that rendezvous through it; it must outlive the communicator.
+  static std::unique_ptr<Communicator> create(std::shared_ptr<StoreClient> store, int rank,
+                                              int size, CommOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backend_name() const;
+
+  WorkPtr allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  WorkPtr allreduce(void* buffer, std::size_t count, DType dtype, ReduceOp op) {
+    return allreduce(buffer, buffer, count, dtype, op);
+  }
+  WorkPtr broadcast(void* buffer, std::size_t count, DType dtype, int root);
+  // recv holds size() * count elements, rank r's contribution at offset r * count.
+  WorkPtr allgather(const void* send, void* recv, std::size_t count, DType dtype);
+  // send holds size() * count elements; recv gets the reduction of block rank().
+  WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                         ReduceOp op);
+  WorkPtr barrier();
+
+  // Collectives issued so far (the next sequence number).
+  std::uint64_t issued() const;
+
+ private:
+  Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options);
+  struct Queue;
+  WorkPtr enqueue(struct Collective c);
+
+  int rank_, size_;
+  CommOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Queue> queue_;
+};
+
+// Names of the backends built into this binary, e.g. {"shm", "gloo", "mpi"}.
+std::vector<std::string> available_backends();
+
+}  // namespace lockstep::comm

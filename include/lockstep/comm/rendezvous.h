@@ -1,0 +1,77 @@
+// Rendezvous: how a worker finds its place in the job and the job's store.
+//
+// From the environment, with torchrun's names: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT; lockstep's own LOCKSTEP_STORE_ADDR (the launcher's store),
+// LOCKSTEP_TOKEN, LOCKSTEP_RUN_ID, LOCKSTEP_RESTART_COUNT. Under mpirun (OMPI_COMM_WORLD_*) the
+// rank variables are read from Open MPI's when RANK is unset. Or from explicit options.
+//
+// Where the store is: LOCKSTEP_STORE_ADDR when set (lockstep run hosts it); otherwise rank 0
+// hosts one on MASTER_ADDR:MASTER_PORT and the others connect there.
+//
+// Every missing or inconsistent value is a ConfigError naming the variable and the fix.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/store.h"
+
+namespace lockstep::comm {
+
+struct RendezvousInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;     // 0: unset
+  std::string store_host;  // from LOCKSTEP_STORE_ADDR; empty: rank 0 hosts at MASTER_PORT
+  int store_port = 0;
+  std::string token;
+  std::string run_id = "default";
+  int restart_count = 0;
+  Seconds timeout{300};
+  bool from_mpirun = false;  // rank variables came from OMPI_COMM_WORLD_*
+};
+
+// Parses and validates; reads `env` (tests pass a map) or the process environment.
+RendezvousInfo rendezvous_info_from_env();
+RendezvousInfo rendezvous_info_from(const std::map<std::string, std::string>& env);
+
+// A joined job: this process's place in it and a connection to its store.
+class Rendezvous {
+ public:
+  // Connects to (or, on rank 0 without a launcher, hosts) the store and claims the rank:
+  // a second process with the same RANK gets a ConfigError.
+  explicit Rendezvous(RendezvousInfo info);
+  ~Rendezvous();
+
+  const RendezvousInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int world_size() const { return info_.world_size; }
+  std::shared_ptr<StoreClient> store() const { return store_; }
+  // Prefix that keeps this run's (and this restart's) keys apart from others on the store.
+  const std::string& key_prefix() const { return prefix_; }
+
+  // Creates a communicator over all ranks of the job (collective).
+  std::unique_ptr<Communicator> communicator(CommOptions options = {});
+
+ private:
+  RendezvousInfo info_;
+  std::unique_ptr<StoreServer> server_;
+  std::shared_ptr<StoreClient> store_;
+  std::string prefix_;
+};
+
+// The one-line start for a worker: rendezvous from the environment, then a communicator.
+// The backend comes from LOCKSTEP_BACKEND unless options.backend is set to something else
+// than "auto".
+struct Job {
+  std::unique_ptr<Rendezvous> rendezvous;
+  std::unique_ptr<Communicator> comm;
+};
+Job join_from_env(CommOptions options = {});
+
+}  // namespace lockstep::comm

@@ -1,0 +1,107 @@
+// The rendezvous store: a small authenticated TCP key-value server and its client.
+//
+// One StoreServer per job (hosted by the launcher, or by rank 0 when started without one)
+// holds byte-string values under string keys. Clients set, get, add to counters,
+// compare-and-set, wait for keys with a deadline, delete and count keys. Every connection first
+// proves, by HMAC-SHA256 challenge-response in both directions, that it holds the run's secret
+// token; the token itself never crosses the wire. The wire format is in docs/store-protocol.md.
+//
+// Threading: StoreServer runs one event-loop thread and is safe to stop from any thread.
+// A StoreClient is safe to share between threads (requests are serialised on one connection);
+// for parallel waits open one client per thread.
+//
+// Failure: a client reconnects and retries transient connection errors until the call's
+// deadline (Add is not resent once its request left, since it is not idempotent). A refused
+// token is an AuthError at once; a passed deadline a TimeoutError naming the keys.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace lockstep::comm {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
+
+struct StoreServerOptions {
+  std::string host = "0.0.0.0";   // address to bind
+  int port = 0;                   // 0: let the kernel pick a free port (see port())
+  std::string token;              // the run's secret; empty is allowed only for tests
+  std::size_t max_message_bytes = 64u << 20;
+};
+
+class StoreServer {
+ public:
+  explicit StoreServer(StoreServerOptions options);
+  ~StoreServer();  // stops the loop and closes every connection
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  int port() const;
+  // Connections refused so far (bad token, malformed or oversized message); for tests.
+  std::uint64_t refused_connections() const;
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct StoreClientOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string token;
+  // Deadline for every call (connect, retries and the reply), unless the call takes one.
+  Seconds timeout{300};
+};
+
+class StoreClient {
+ public:
+  // Connects (retrying until options.timeout while the server is not up yet) and
+  // authenticates. Throws AuthError on a wrong token, TimeoutError when nobody answers.
+  explicit StoreClient(StoreClientOptions options);
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  // Waits until the key exists (up to the timeout), then returns its value.
+  std::string get(const std::string& key);
+  std::string get(const std::string& key, Seconds timeout);
+  // Returns the value if present now, without waiting.
+  std::optional<std::string> try_get(const std::string& key);
+  // Adds delta to the decimal integer under key (absent = 0) and returns the new value.
+  std::int64_t add(const std::string& key, std::int64_t delta);
+  // Sets key to desired if its value equals expected (absent key matches an empty expected
+  // string). Returns the value held after the call.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired);
+  // Blocks until every key exists; TimeoutError names the missing ones.
+  void wait(const std::vector<std::string>& keys);
+  void wait(const std::vector<std::string>& keys, Seconds timeout);
+  bool remove(const std::string& key);
+  std::int64_t num_keys();
+
+  const StoreClientOptions& options() const { return options_; }
+
+ private:
+  struct Reply;
+  Reply call(const std::string& request, Clock::time_point deadline, bool idempotent);
+  void connect_until(Clock::time_point deadline);
+  void close_socket();
+
+  StoreClientOptions options_;
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+// Hex of 32 random bytes from the OS: a fresh run token.
+std::string random_token();
+
+}  // namespace lockstep::comm

@@ -1,0 +1,51 @@
+// Element types and reduction operators understood by every communicator backend.
+//
+// Buffers cross the comm API as (pointer, element count, DType): comm never sees a tensor,
+// so any C++ program can all-reduce a float*. Half-precision types (f16, bf16) are reduced
+// in f32 and rounded once at the end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace lockstep::comm {
+
+enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
+enum class ReduceOp : std::uint8_t { sum, avg, min, max };
+
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16,
+                                       DType::bf16, DType::i32, DType::i64};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min,
+                                             ReduceOp::max};
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t);
+const char* reduce_op_name(ReduceOp op);
+// Parses "f32", "float32", "float", ...; throws ConfigError naming the accepted values.
+DType parse_dtype(const std::string& name);
+ReduceOp parse_reduce_op(const std::string& name);
+
+// Conversions used by the half-precision paths (round to nearest even; NaN stays NaN).
+float f16_to_f32(std::uint16_t h);
+std::uint16_t f32_to_f16(float f);
+inline float bf16_to_f32(std::uint16_t b) {
+  std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+std::uint16_t f32_to_bf16(float f);
+
+}  // namespace lockstep::comm

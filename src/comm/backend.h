@@ -1,0 +1,64 @@
+// The seam between Communicator (queueing, sequence numbers, error latching) and a transport.
+//
+// A Backend runs one collective at a time, synchronously, on the communicator's progress
+// thread. It throws lockstep errors (PeerError, TimeoutError, MismatchError) and may assume
+// that it is never called again after it threw: the communicator latches the first error.
+// A CUDA build would add an "nccl" backend behind this same interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "lockstep/comm/communicator.h"
+
+namespace lockstep::comm {
+
+enum class CollectiveKind : std::uint8_t { allreduce, broadcast, allgather, reduce_scatter, barrier };
+
+const char* collective_name(CollectiveKind kind);
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;  // per-rank element count (see Communicator)
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  std::uint64_t sequence = 0;
+
+  // "allreduce #12 (f32 x 1000, sum)": used in every error message.
+  std::string describe() const;
+  // Packs the fields all ranks must agree on into two words, for mismatch checks.
+  std::uint64_t signature() const;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const std::string& name() const = 0;
+  virtual void run(const Collective& c) = 0;
+  // Called on the progress thread before its first collective and before it exits: state
+  // tied to a thread's lifetime (the shm liveness lock) is taken and released here.
+  virtual void on_thread_start() {}
+  virtual void on_thread_stop() {}
+};
+
+struct BackendContext {
+  std::shared_ptr<StoreClient> store;
+  std::string prefix;  // store key prefix unique to this communicator
+  int rank = 0;
+  int size = 1;
+  CommOptions options;
+};
+
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
+std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx);  // when built with gloo
+std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when built with MPI
+
+// Compares every rank's signature of collective `c` (gathered by the caller) and throws
+// MismatchError naming the first rank that differs from rank 0 and both descriptions.
+void check_signatures(const Collective& c, const std::uint64_t* signatures, int size, int rank);
+
+}  // namespace lockstep::comm

@@ -1,0 +1,224 @@
+// The gloo backend: collectives over Gloo's TCP transport, for ranks on several machines.
+//
+// Rendezvous: Gloo's full-mesh connect exchanges addresses through a gloo::rendezvous::Store;
+// ours adapts lockstep's authenticated StoreClient under this communicator's key prefix.
+// Each collective is tagged with its sequence number (Gloo matches messages by tag), runs with
+// the communicator's timeout, and, when check_collectives is on, is preceded by an allgather of
+// (sequence, signature) so ranks that disagree raise MismatchError instead of waiting on
+// messages that never come. A dead peer closes its sockets: Gloo reports an IoException within
+// the TCP round trip, which becomes a PeerError.
+//
+// Dtypes: f16/bf16 are widened to f32 for reductions (reduced in f32, rounded once); reduce_scatter
+// is an allreduce of the whole input, keeping this rank's block (2x the minimal traffic:
+// Gloo 0.0~git2022 has no functional reduce_scatter).
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend.h"
+#include "env.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<StoreClient> store, std::string prefix, Seconds timeout)
+      : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = store_->get(prefix_ + key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    store_->wait(full, timeout_);
+  }
+
+ private:
+  std::shared_ptr<StoreClient> store_;
+  std::string prefix_;
+  Seconds timeout_;
+};
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::min: return [](void* c, const void* a, const void* b, size_t n) { gloo::min<T>(c, a, b, n); };
+    case ReduceOp::max: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<T>(c, a, b, n); };
+    default: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<T>(c, a, b, n); };
+  }
+}
+
+class GlooBackend final : public Backend {
+ public:
+  explicit GlooBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+    gloo::transport::tcp::attr attr;
+    if (auto iface = env::get(env::kGlooIface)) {
+      attr.iface = *iface;
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      attr.hostname = host;
+    }
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      GlooStoreAdapter store(ctx.store, ctx.prefix, options_.timeout);
+      context->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
+      context->connectFullMesh(store, device_);
+      context_ = context;
+    } catch (const gloo::Exception& e) {
+      throw PeerError(std::string("gloo: rank ") + std::to_string(rank_) +
+                      " could not connect to its peers: " + e.what() +
+                      " (set LOCKSTEP_GLOO_IFACE to the network interface the ranks share)");
+    }
+  }
+
+  const std::string& name() const override {
+    static const std::string kName = "gloo";
+    return kName;
+  }
+
+  void run(const Collective& c) override {
+    try {
+      if (options_.check_collectives && size_ > 1) check(c);
+      dispatch(c);
+    } catch (const gloo::IoException& e) {
+      throw PeerError("gloo: a peer of rank " + std::to_string(rank_) + " failed during " +
+                      c.describe() + ": " + e.what());
+    } catch (const gloo::Exception& e) {
+      std::string what = e.what();
+      if (what.find("imed out") != std::string::npos)
+        throw TimeoutError("gloo: " + c.describe() + " timed out after " +
+                           std::to_string(options_.timeout.count()) + " s on rank " +
+                           std::to_string(rank_) + ": " + what);
+      throw PeerError("gloo: " + c.describe() + " failed on rank " + std::to_string(rank_) + ": " + what);
+    }
+  }
+
+ private:
+  std::uint32_t tag(const Collective& c, std::uint32_t part) const {
+    return static_cast<std::uint32_t>((c.sequence << 2) | part);
+  }
+
+  void check(const Collective& c) {
+    std::uint64_t mine[2] = {c.sequence, c.signature()};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(mine, 2);
+    opts.setOutput(all.data(), all.size());
+    opts.setTag(tag(c, 1));
+    gloo::allgather(opts);
+    std::vector<std::uint64_t> sigs;
+    for (int r = 0; r < size_; ++r) sigs.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
+    check_signatures(c, sigs.data(), size_, rank_);
+  }
+
+  void dispatch(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    switch (c.kind) {
+      case CollectiveKind::barrier: {
+        gloo::BarrierOptions opts(context_);
+        opts.setTag(tag(c, 0));
+        gloo::barrier(opts);
+        return;
+      }
+      case CollectiveKind::broadcast: {
+        if (c.count == 0) return;
+        gloo::BroadcastOptions opts(context_);
+        auto* p = static_cast<std::uint8_t*>(c.recv);
+        if (rank_ == c.root) opts.setInput(p, c.count * esize);
+        opts.setOutput(p, c.count * esize);
+        opts.setRoot(c.root);
+        opts.setTag(tag(c, 0));
+        gloo::broadcast(opts);
+        return;
+      }
+      case CollectiveKind::allgather: {
+        if (c.count == 0) return;
+        std::vector<std::uint8_t> in(static_cast<const std::uint8_t*>(c.send),
+                                     static_cast<const std::uint8_t*>(c.send) + c.count * esize);
+        gloo::AllgatherOptions opts(context_);
+        opts.setInput(in.data(), in.size());
+        opts.setOutput(static_cast<std::uint8_t*>(c.recv), in.size() * static_cast<std::size_t>(size_));
+        opts.setTag(tag(c, 0));
+        gloo::allgather(opts);
+        return;
+      }
+      case CollectiveKind::allreduce:
+        return allreduce(c.send, c.recv, c.count, c.dtype, c.op, tag(c, 0));
+      case CollectiveKind::reduce_scatter: {
+        std::size_t total = c.count * static_cast<std::size_t>(size_);
+        std::vector<char> full(total * esize);
+        allreduce(c.send, full.data(), total, c.dtype, c.op, tag(c, 0));
+        std::memcpy(c.recv, full.data() + static_cast<std::size_t>(rank_) * c.count * esize, c.count * esize);
+        return;
+      }
+    }
+  }
+
+  void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                 std::uint32_t t) {
+    if (count == 0) return;
+    switch (dtype) {
+      case DType::f32: return allreduce_typed<float>(send, recv, count, op, t);
+      case DType::f64: return allreduce_typed<double>(send, recv, count, op, t);
+      case DType::i32: return allreduce_typed<std::int32_t>(send, recv, count, op, t);
+      case DType::i64: return allreduce_typed<std::int64_t>(send, recv, count, op, t);
+      case DType::f16:
+      case DType::bf16: {
+        std::vector<float> wide(count);
+        auto* in = static_cast<const std::uint16_t*>(send);
+        for (std::size_t i = 0; i < count; ++i)
+          wide[i] = dtype == DType::f16 ? f16_to_f32(in[i]) : bf16_to_f32(in[i]);
+        allreduce_typed<float>(wide.data(), wide.data(), count, op, t);
+        auto* out = static_cast<std::uint16_t*>(recv);
+        for (std::size_t i = 0; i < count; ++i)
+          out[i] = dtype == DType::f16 ? f32_to_f16(wide[i]) : f32_to_bf16(wide[i]);
+        return;
+      }
+    }
+  }
+
+  template <typename T>
+  void allreduce_typed(const void* send, void* recv, std::size_t count, ReduceOp op, std::uint32_t t) {
+    T* out = static_cast<T*>(recv);
+    if (send != recv) std::memcpy(out, send, count * sizeof(T));
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(out, count);
+    opts.setReduceFunction(reduce_fn<T>(op));
+    opts.setTag(t);
+    gloo::allreduce(opts);
+    if (op == ReduceOp::avg)
+      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / static_cast<T>(size_));
+  }
+
+  int rank_, size_;
+  CommOptions options_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx) {
+  return std::make_unique<GlooBackend>(ctx);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,183 @@
+// The mpi backend: collectives through Open MPI, for jobs started by mpirun/srun.
+//
+// Each lockstep Communicator owns a duplicate of MPI_COMM_WORLD, so its messages never mix with
+// the program's own MPI traffic. MPI is initialised on first use with MPI_THREAD_SERIALIZED (the
+// progress thread makes every call) and finalised at process exit. Errors return (not abort) and
+// become PeerError. Limits, stated plainly: MPI has no per-call deadline, so options.timeout is
+// not enforced here; a dead peer is handled by mpirun, which by default kills the whole job.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "backend.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+void ensure_mpi_initialised() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (initialised) return;
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw ConfigError("mpi: this MPI library does not support MPI_THREAD_SERIALIZED");
+    std::atexit([] {
+      int finalised = 0;
+      MPI_Finalized(&finalised);
+      if (!finalised) MPI_Finalize();
+    });
+  });
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: return MPI_FLOAT;  // half types are widened to f32 first
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+    default: return MPI_SUM;
+  }
+}
+
+int as_int(std::size_t n, const Collective& c) {
+  if (n > static_cast<std::size_t>(INT_MAX))
+    throw ConfigError("mpi: " + c.describe() + " exceeds MPI's int count; split it");
+  return static_cast<int>(n);
+}
+
+class MpiBackend final : public Backend {
+ public:
+  explicit MpiBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+    ensure_mpi_initialised();
+    int world_rank = 0, world_size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world_rank != rank_ || world_size != size_)
+      throw ConfigError("mpi: MPI says rank " + std::to_string(world_rank) + " of " +
+                        std::to_string(world_size) + " but lockstep was told rank " +
+                        std::to_string(rank_) + " of " + std::to_string(size_) +
+                        ": under mpirun leave RANK/WORLD_SIZE unset");
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  ~MpiBackend() override {
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (!finalised) MPI_Comm_free(&comm_);
+  }
+
+  const std::string& name() const override {
+    static const std::string kName = "mpi";
+    return kName;
+  }
+
+  void run(const Collective& c) override {
+    if (options_.check_collectives && size_ > 1) {
+      std::uint64_t mine[2] = {c.sequence, c.signature()};
+      std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
+      ok(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), c);
+      std::vector<std::uint64_t> sigs;
+      for (int r = 0; r < size_; ++r) sigs.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
+      check_signatures(c, sigs.data(), size_, rank_);
+    }
+    const std::size_t esize = dtype_size(c.dtype);
+    switch (c.kind) {
+      case CollectiveKind::barrier:
+        return ok(MPI_Barrier(comm_), c);
+      case CollectiveKind::broadcast:
+        return ok(MPI_Bcast(c.recv, as_int(c.count * esize, c), MPI_BYTE, c.root, comm_), c);
+      case CollectiveKind::allgather: {
+        int n = as_int(c.count * esize, c);
+        const void* in = c.send == static_cast<char*>(c.recv) + static_cast<std::size_t>(rank_) * n
+                             ? MPI_IN_PLACE : c.send;
+        return ok(MPI_Allgather(in, n, MPI_BYTE, c.recv, n, MPI_BYTE, comm_), c);
+      }
+      case CollectiveKind::allreduce:
+      case CollectiveKind::reduce_scatter:
+        return reduce(c);
+    }
+  }
+
+ private:
+  void ok(int code, const Collective& c) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, text, &len);
+    throw PeerError("mpi: " + c.describe() + " failed on rank " + std::to_string(rank_) + ": " +
+                    std::string(text, static_cast<std::size_t>(len)));
+  }
+
+  void reduce(const Collective& c) {
+    bool all = c.kind == CollectiveKind::allreduce;
+    std::size_t in_count = all ? c.count : c.count * static_cast<std::size_t>(size_);
+    bool half = c.dtype == DType::f16 || c.dtype == DType::bf16;
+    std::vector<float> wide_in, wide_out;
+    const void* in = c.send;
+    void* out = c.recv;
+    if (half) {
+      auto* src = static_cast<const std::uint16_t*>(c.send);
+      wide_in.resize(in_count);
+      for (std::size_t i = 0; i < in_count; ++i)
+        wide_in[i] = c.dtype == DType::f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+      wide_out.resize(c.count);
+      in = wide_in.data();
+      out = wide_out.data();
+    }
+    int n = as_int(c.count, c);
+    if (all)
+      ok(MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, n, mpi_type(c.dtype), mpi_op(c.op), comm_), c);
+    else
+      ok(MPI_Reduce_scatter_block(in, out, n, mpi_type(c.dtype), mpi_op(c.op), comm_), c);
+    if (c.op == ReduceOp::avg) divide(out, c.count, half ? DType::f32 : c.dtype);
+    if (half) {
+      auto* dst = static_cast<std::uint16_t*>(c.recv);
+      for (std::size_t i = 0; i < c.count; ++i)
+        dst[i] = c.dtype == DType::f16 ? f32_to_f16(wide_out[i]) : f32_to_bf16(wide_out[i]);
+    }
+  }
+
+  void divide(void* p, std::size_t n, DType t) {
+    auto apply = [&](auto* v) {
+      for (std::size_t i = 0; i < n; ++i) v[i] = v[i] / size_;
+    };
+    switch (t) {
+      case DType::f32: return apply(static_cast<float*>(p));
+      case DType::f64: return apply(static_cast<double*>(p));
+      case DType::i32: return apply(static_cast<std::int32_t*>(p));
+      case DType::i64: return apply(static_cast<std::int64_t*>(p));
+      default: return;
+    }
+  }
+
+  int rank_, size_;
+  CommOptions options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx) {
+  return std::make_unique<MpiBackend>(ctx);
+}
+
+}  // namespace lockstep::comm

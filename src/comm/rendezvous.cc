@@ -1,0 +1,184 @@
+#include "lockstep/comm/rendezvous.h"
+
+#include <cstdlib>
+
+extern char** environ;
+
+#include "env.h"
+#include "lockstep/error.h"
+#include "log.h"
+
+namespace lockstep::comm {
+namespace {
+
+using EnvMap = std::map<std::string, std::string>;
+
+std::optional<std::string> lookup(const EnvMap& env, const std::string& name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+long parse_int(const std::string& name, const std::string& value, long lo, long hi, const char* fix) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0)
+    throw ConfigError(name + "='" + value + "' is not an integer: " + fix);
+  if (v < lo || v > hi)
+    throw ConfigError(name + "=" + value + " is out of range " + std::to_string(lo) + ".." +
+                      std::to_string(hi) + ": " + fix);
+  return v;
+}
+
+double parse_seconds(const std::string& name, const std::string& value) {
+  char* end = nullptr;
+  double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || !(v > 0))
+    throw ConfigError(name + "='" + value + "' is not a positive number of seconds");
+  return v;
+}
+
+EnvMap process_env() {
+  EnvMap env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+}  // namespace
+
+RendezvousInfo rendezvous_info_from_env() { return rendezvous_info_from(process_env()); }
+
+RendezvousInfo rendezvous_info_from(const EnvMap& env) {
+  RendezvousInfo info;
+  const char* fix_rank = "start workers with `lockstep run`, or give each process RANK in "
+                         "0..WORLD_SIZE-1 and the same WORLD_SIZE";
+  auto rank = lookup(env, env::kRank.name);
+  auto world = lookup(env, env::kWorldSize.name);
+  std::string rank_var = env::kRank.name, world_var = env::kWorldSize.name;
+  if (!rank && !world && lookup(env, "OMPI_COMM_WORLD_RANK")) {
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    world_var = "OMPI_COMM_WORLD_SIZE";
+    rank = lookup(env, rank_var);
+    world = lookup(env, world_var);
+    info.from_mpirun = true;
+  }
+  if (!rank && !world) {
+    // A lone process is a job of one: convenient for single-worker runs and debugging.
+    rank = "0";
+    world = "1";
+  }
+  if (!rank) throw ConfigError(world_var + " is set but " + rank_var + " is not: " + fix_rank);
+  if (!world) throw ConfigError(rank_var + " is set but " + world_var + " is not: " + fix_rank);
+  info.world_size = static_cast<int>(parse_int(world_var, *world, 1, 1 << 20, fix_rank));
+  info.rank = static_cast<int>(parse_int(rank_var, *rank, 0, 1 << 20, fix_rank));
+  if (info.rank >= info.world_size)
+    throw ConfigError(rank_var + "=" + *rank + " but " + world_var + "=" + *world + ": " + rank_var +
+                      " must be below " + world_var + " (0.." + std::to_string(info.world_size - 1) + ")");
+
+  std::string local_rank_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_RANK" : env::kLocalRank.name;
+  std::string local_size_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : env::kLocalWorldSize.name;
+  auto local_size = lookup(env, local_size_var);
+  auto local_rank = lookup(env, local_rank_var);
+  info.local_world_size = local_size ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, fix_rank))
+                                     : info.world_size;
+  info.local_rank = local_rank ? static_cast<int>(parse_int(local_rank_var, *local_rank, 0, 1 << 20, fix_rank))
+                               : info.rank % info.local_world_size;
+  if (info.local_rank >= info.local_world_size)
+    throw ConfigError(local_rank_var + "=" + std::to_string(info.local_rank) + " but " +
+                      local_size_var + "=" + std::to_string(info.local_world_size) +
+                      ": the local rank must be below the local world size");
+
+  if (auto addr = lookup(env, env::kMasterAddr.name)) info.master_addr = *addr;
+  if (auto port = lookup(env, env::kMasterPort.name))
+    info.master_port = static_cast<int>(parse_int(env::kMasterPort.name, *port, 1, 65535,
+                                                  "set MASTER_PORT to a free TCP port (1..65535)"));
+  if (auto store = lookup(env, env::kStoreAddr.name)) {
+    auto colon = store->rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw ConfigError(std::string(env::kStoreAddr.name) + "='" + *store + "' is not host:port");
+    info.store_host = store->substr(0, colon);
+    info.store_port = static_cast<int>(parse_int(env::kStoreAddr.name, store->substr(colon + 1), 1, 65535,
+                                                 "expected host:port"));
+  }
+  if (info.world_size > 1 && info.store_host.empty() && info.master_port == 0 && !info.from_mpirun)
+    throw ConfigError("neither LOCKSTEP_STORE_ADDR nor MASTER_PORT is set, so the " +
+                      std::to_string(info.world_size) + " ranks cannot find each other: start "
+                      "workers with `lockstep run`, or set MASTER_ADDR and MASTER_PORT");
+  info.token = lookup(env, env::kToken.name).value_or("");
+  info.run_id = lookup(env, env::kRunId.name).value_or(env::kRunId.default_value);
+  if (auto restarts = lookup(env, env::kRestartCount.name))
+    info.restart_count = static_cast<int>(parse_int(env::kRestartCount.name, *restarts, 0, 1 << 20,
+                                                    "it is set by lockstep run; unset it"));
+  if (auto t = lookup(env, env::kTimeout.name)) info.timeout = Seconds(parse_seconds(env::kTimeout.name, *t));
+  return info;
+}
+
+Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
+  log::set_rank(info_.rank);
+  prefix_ = "run/" + info_.run_id + "/" + std::to_string(info_.restart_count) + "/";
+  if (info_.world_size == 1 && info_.store_host.empty() && info_.master_port == 0) {
+    // A job of one hosts a private store on a free loopback port.
+    server_ = std::make_unique<StoreServer>(StoreServerOptions{"127.0.0.1", 0, info_.token});
+    store_ = std::make_shared<StoreClient>(StoreClientOptions{"127.0.0.1", server_->port(), info_.token, info_.timeout});
+  } else if (!info_.store_host.empty()) {
+    store_ = std::make_shared<StoreClient>(
+        StoreClientOptions{info_.store_host, info_.store_port, info_.token, info_.timeout});
+  } else if (info_.from_mpirun && info_.master_port == 0) {
+    return;  // under mpirun without a store: only the mpi backend, which needs none
+  } else if (info_.master_port == 0) {
+    throw ConfigError("no store to rendezvous through: set MASTER_ADDR/MASTER_PORT or use lockstep run");
+  } else {
+    if (info_.rank == 0)
+      server_ = std::make_unique<StoreServer>(StoreServerOptions{"0.0.0.0", info_.master_port, info_.token});
+    store_ = std::make_shared<StoreClient>(StoreClientOptions{
+        info_.rank == 0 ? "127.0.0.1" : info_.master_addr, info_.master_port, info_.token, info_.timeout});
+  }
+  if (store_->add(prefix_ + "claim/" + std::to_string(info_.rank), 1) != 1)
+    throw ConfigError("another process already joined this run as rank " + std::to_string(info_.rank) +
+                      ": give each process a distinct RANK in 0.." + std::to_string(info_.world_size - 1));
+}
+
+Rendezvous::~Rendezvous() {
+  if (server_ && info_.world_size > 1) {
+    // Rank 0's store must outlive the peers' last use of it: wait (bounded) until they left.
+    try {
+      store_->add(prefix_ + "left", 1);
+      store_->set(prefix_ + "left/" + std::to_string(info_.rank), "1");
+      std::vector<std::string> keys;
+      for (int r = 0; r < info_.world_size; ++r) keys.push_back(prefix_ + "left/" + std::to_string(r));
+      store_->wait(keys, Seconds(std::min(info_.timeout.count(), 30.0)));
+    } catch (const Error& e) {
+      LOCKSTEP_LOG(warn) << "closing the store before every rank left: " << e.what();
+    }
+  } else if (store_ && info_.world_size > 1) {
+    try {
+      store_->set(prefix_ + "left/" + std::to_string(info_.rank), "1");
+    } catch (const Error&) {
+      // The store is gone: nobody is waiting for us.
+    }
+  }
+}
+
+std::unique_ptr<Communicator> Rendezvous::communicator(CommOptions options) {
+  options.name = prefix_ + options.name;
+  if (options.timeout == CommOptions{}.timeout) options.timeout = info_.timeout;
+  if (options.backend == "auto") options.backend = env::get(env::kBackend).value_or("auto");
+  if (!store_ && options.backend == "auto") options.backend = "mpi";
+  return Communicator::create(store_, info_.rank, info_.world_size, std::move(options));
+}
+
+Job join_from_env(CommOptions options) {
+  Job job;
+  job.rendezvous = std::make_unique<Rendezvous>(rendezvous_info_from_env());
+  if (auto t = env::get(env::kPeerCheck))
+    options.peer_check = Seconds(parse_seconds(env::kPeerCheck.name, *t));
+  job.comm = job.rendezvous->communicator(std::move(options));
+  return job;
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,467 @@
+// The shm backend: collectives between processes of one machine through one POSIX
+// shared-memory segment per communicator.
+//
+// Segment: a header (one control block per rank, each on its own cache lines) followed by one
+// staging slot per rank of options.shm_slot_bytes, split in two halves used in alternate
+// rounds. Rank 0 creates the segment; once every rank has mapped it, rank 0 unlinks the name,
+// so the memory disappears with the last process even when ranks crash (no /dev/shm litter).
+//
+// Rounds: every collective is a sequence of rounds; a round writes this rank's slot half
+// (round % 2), crosses a barrier, then reads peers' halves. Alternating halves means a rank
+// may start writing round i+1 as soon as it passes round i's barrier: the half it writes was
+// last read in round i-1, and every rank finished those reads before arriving at round i's
+// barrier. The first barrier of each collective also publishes its signature (kind, dtype,
+// count, op, root), in a descriptor slot chosen by sequence parity for the same reason; every
+// rank compares all signatures before touching data, so disagreeing ranks all fail together.
+//
+// Barrier: each rank stores its own monotonically rising generation in its own cache line
+// (no shared counter to fight over) and waits until every rank's generation reaches it.
+// Waiting spins with pause for ~20 us, then yields, then sleeps 50 us between checks. While
+// waiting it checks, every few milliseconds: the abort word (another rank failed), peers'
+// liveness (each rank's progress thread holds a robust mutex in the segment; the kernel marks
+// it owner-dead when the process dies), and the collective's deadline.
+//
+// Algorithms (n bytes per rank, W ranks, H = slot half bytes; cost is memory traffic):
+//   allreduce, n <= one-shot limit: copy in; barrier; every rank reduces all W inputs.
+//     1 barrier, reads W*n. Latency-optimal for small messages.
+//   allreduce, larger: per round a chunk of up to H is split into W segments. Each rank
+//     copies the segments others own into its slot; barrier; rank r reduces segment r straight
+//     from its own input and the peers' slots into its slot; barrier; every rank copies the
+//     other reduced segments out (reduce-scatter + all-gather). Per rank ~2n copied + n reduced,
+//     independent of W. Reduction order is rank order on both paths, so every rank gets
+//     bitwise the same result.
+//   broadcast: root copies a chunk in; barrier; the others copy it out.
+//   allgather: each copies its chunk in; barrier; each copies all chunks out.
+//   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backend.h"
+#include "lockstep/error.h"
+#include "log.h"
+#include "reduce.h"
+#include "wire.h"
+
+namespace lockstep::comm {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x6c6f636b73746570ull;  // "lockstep"
+constexpr std::size_t kAlign = 64;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+struct alignas(kAlign) RankControl {
+  std::atomic<std::uint64_t> generation;  // barrier generation reached; its own line
+  char pad0[kAlign - sizeof(std::atomic<std::uint64_t>)];
+  std::uint64_t sequence[2];   // descriptor slots, indexed by sequence parity
+  std::uint64_t signature[2];
+  std::atomic<int> dead;       // set by whichever peer first finds the owner dead
+  std::atomic<int> departed;   // set by the owner when its communicator closes cleanly
+  int pid;
+  alignas(kAlign) pthread_mutex_t alive;  // held by the owner's progress thread
+};
+
+struct alignas(kAlign) Header {
+  std::uint64_t magic;
+  std::uint64_t size;
+  std::uint64_t slot_bytes;
+  std::atomic<int> abort_rank;  // -1, or the first rank that failed
+  char abort_reason[512];
+};
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+class ShmBackend final : public Backend {
+ public:
+  explicit ShmBackend(const BackendContext& ctx)
+      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+    slot_bytes_ = round_up(std::max<std::size_t>(options_.shm_slot_bytes,
+                                                 2 * kAlign * static_cast<std::size_t>(size_)),
+                           2 * kAlign);
+    half_bytes_ = slot_bytes_ / 2;
+    std::size_t header_bytes = round_up(sizeof(Header) + size_ * sizeof(RankControl), 4096);
+    total_bytes_ = header_bytes + slot_bytes_ * static_cast<std::size_t>(size_);
+    std::string key = ctx.prefix + "segment";
+    std::string name;
+    int fd;
+    if (rank_ == 0) {
+      static const char* hex = "0123456789abcdef";
+      std::string rnd = wire::random_bytes(8);
+      name = "/lockstep-" + std::to_string(getpid()) + "-";
+      for (unsigned char ch : rnd) name += {hex[ch >> 4], hex[ch & 15]};
+      fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0) throw SystemError("shm: cannot create " + name + ": " + std::strerror(errno));
+      if (::ftruncate(fd, static_cast<off_t>(total_bytes_)) != 0) {
+        int e = errno;
+        ::close(fd);
+        ::shm_unlink(name.c_str());
+        throw SystemError("shm: cannot size " + name + " to " + std::to_string(total_bytes_) +
+                          " bytes: " + std::strerror(e) + " (is /dev/shm large enough?)");
+      }
+    } else {
+      name = ctx.store->get(key, options_.timeout);
+      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0)
+        throw SystemError("shm: rank " + std::to_string(rank_) + " cannot open " + name + ": " +
+                          std::strerror(errno));
+    }
+    void* base = ::mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      if (rank_ == 0) ::shm_unlink(name.c_str());
+      throw SystemError("shm: mmap of " + std::to_string(total_bytes_) + " bytes failed: " +
+                        std::strerror(errno));
+    }
+    base_ = static_cast<char*>(base);
+    header_ = reinterpret_cast<Header*>(base_);
+    controls_ = reinterpret_cast<RankControl*>(base_ + sizeof(Header));
+    slots_ = base_ + header_bytes;
+
+    if (rank_ == 0) {
+      init_segment();
+      ctx.store->set(key, name);
+    } else if (header_->magic != kMagic || header_->size != static_cast<std::uint64_t>(size_) ||
+               header_->slot_bytes != slot_bytes_) {
+      throw ConfigError("shm: segment " + name + " was made for another configuration (size " +
+                        std::to_string(header_->size) + ", slot " +
+                        std::to_string(header_->slot_bytes) + " bytes): all ranks must use the "
+                        "same shm options");
+    }
+    control(rank_).pid = static_cast<int>(getpid());
+    ctx.store->set(ctx.prefix + "mapped/" + std::to_string(rank_), "1");
+    if (rank_ == 0) {
+      // Unlink as soon as everyone has the mapping, whatever happens next.
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) keys.push_back(ctx.prefix + "mapped/" + std::to_string(r));
+      try {
+        ctx.store->wait(keys, options_.timeout);
+      } catch (...) {
+        ::shm_unlink(name.c_str());
+        throw;
+      }
+      ::shm_unlink(name.c_str());
+    }
+  }
+
+  ~ShmBackend() override { ::munmap(base_, total_bytes_); }
+
+  const std::string& name() const override {
+    static const std::string kName = "shm";
+    return kName;
+  }
+
+  void on_thread_start() override { pthread_mutex_lock(&control(rank_).alive); }
+
+  void on_thread_stop() override {
+    control(rank_).departed.store(1, std::memory_order_release);
+    pthread_mutex_unlock(&control(rank_).alive);
+  }
+
+  void run(const Collective& c) override {
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+    try {
+      dispatch(c);
+    } catch (const Error& e) {
+      int expected = -1;
+      if (header_->abort_rank.compare_exchange_strong(expected, rank_)) {
+        std::snprintf(header_->abort_reason, sizeof header_->abort_reason, "%s", e.what());
+      }
+      throw;
+    }
+  }
+
+ private:
+  RankControl& control(int r) { return controls_[r]; }
+  char* slot(int r, int half) {
+    return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(half) * half_bytes_;
+  }
+  int half() const { return static_cast<int>(round_ & 1); }
+
+  void init_segment() {
+    header_->magic = kMagic;
+    header_->size = static_cast<std::uint64_t>(size_);
+    header_->slot_bytes = slot_bytes_;
+    new (&header_->abort_rank) std::atomic<int>(-1);
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    for (int r = 0; r < size_; ++r) {
+      RankControl& rc = control(r);
+      new (&rc.generation) std::atomic<std::uint64_t>(0);
+      new (&rc.dead) std::atomic<int>(0);
+      new (&rc.departed) std::atomic<int>(0);
+      pthread_mutex_init(&rc.alive, &attr);
+    }
+    pthread_mutexattr_destroy(&attr);
+  }
+
+  // --- waiting -----------------------------------------------------------------------------
+
+  void check_peer(int r, const Collective& c) {
+    RankControl& rc = control(r);
+    if (rc.dead.load(std::memory_order_acquire))
+      throw PeerError(peer_lost(r, c, "died"));
+    int status = pthread_mutex_trylock(&rc.alive);
+    if (status == EOWNERDEAD || status == ENOTRECOVERABLE) {
+      rc.dead.store(1, std::memory_order_release);
+      throw PeerError(peer_lost(r, c, "died"));
+    }
+    if (status == 0) {
+      // Not held: the peer has not started yet, or it closed its communicator.
+      pthread_mutex_unlock(&rc.alive);
+      if (rc.departed.load(std::memory_order_acquire))
+        throw PeerError(peer_lost(r, c, "closed its communicator without issuing this collective"));
+    }
+  }
+
+  std::string peer_lost(int r, const Collective& c, const char* what) {
+    return "rank " + std::to_string(r) + " (pid " + std::to_string(control(r).pid) + ") " + what +
+           " while rank " + std::to_string(rank_) + " was in " + c.describe() +
+           " on the shm backend; the job cannot continue";
+  }
+
+  void check_abort(const Collective& c) {
+    int who = header_->abort_rank.load(std::memory_order_acquire);
+    if (who >= 0 && who != rank_)
+      throw PeerError("rank " + std::to_string(who) + " failed (" + header_->abort_reason +
+                      ") while rank " + std::to_string(rank_) + " was in " + c.describe());
+  }
+
+  // Waits until every rank reached barrier generation `gen`.
+  void wait_all(std::uint64_t gen, const Collective& c) {
+    int next = 0;  // ranks below `next` are known to have arrived
+    auto arrived_all = [&] {
+      while (next < size_ && control(next).generation.load(std::memory_order_acquire) >= gen) ++next;
+      return next == size_;
+    };
+    for (int spin = 0; spin < 2000; ++spin) {
+      if (arrived_all()) return;
+      cpu_relax();
+    }
+    auto start = Clock::now();
+    auto next_check = start;
+    auto check_every = std::min<Clock::duration>(
+        std::chrono::milliseconds(20),
+        std::chrono::duration_cast<Clock::duration>(options_.peer_check / 4));
+    for (;;) {
+      if (arrived_all()) return;
+      auto now = Clock::now();
+      if (now >= next_check) {
+        check_abort(c);
+        for (int r = next; r < size_; ++r)
+          if (control(r).generation.load(std::memory_order_acquire) < gen) check_peer(r, c);
+        if (now >= deadline_) throw TimeoutError(timeout_message(gen, c));
+        next_check = now + check_every;
+      }
+      if (now - start < std::chrono::milliseconds(1)) {
+        sched_yield();
+      } else {
+        // Backoff while a peer computes; bounded, and re-checked above. Not synchronisation.
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::string timeout_message(std::uint64_t gen, const Collective& c) {
+    std::string late;
+    for (int r = 0; r < size_; ++r)
+      if (control(r).generation.load() < gen) late += (late.empty() ? "" : ", ") + std::to_string(r);
+    return c.describe() + " timed out after " + std::to_string(options_.timeout.count()) +
+           " s on rank " + std::to_string(rank_) + " waiting for rank(s) " + late +
+           ", which are alive but did not reach it (stuck in compute, or issuing collectives in "
+           "another order); raise --timeout if they are just slow";
+  }
+
+  void barrier(const Collective& c) {
+    ++generation_;
+    control(rank_).generation.store(generation_, std::memory_order_release);
+    wait_all(generation_, c);
+  }
+
+  // Opens a collective: publish the signature with the first barrier, then compare.
+  void begin(const Collective& c) {
+    int parity = static_cast<int>(c.sequence & 1);
+    RankControl& me = control(rank_);
+    me.sequence[parity] = c.sequence;
+    me.signature[parity] = c.signature();
+    barrier(c);
+    std::vector<std::uint64_t> sigs(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      RankControl& rc = control(r);
+      if (rc.sequence[parity] != c.sequence)
+        throw MismatchError("rank " + std::to_string(r) + " is at collective #" +
+                            std::to_string(rc.sequence[parity]) + " while rank " +
+                            std::to_string(rank_) + " is at " + c.describe());
+      sigs[static_cast<std::size_t>(r)] = rc.signature[parity];
+    }
+    check_signatures(c, sigs.data(), size_, rank_);
+  }
+
+  // --- collectives -------------------------------------------------------------------------
+
+  void dispatch(const Collective& c) {
+    switch (c.kind) {
+      case CollectiveKind::barrier:
+        begin(c);
+        ++round_;
+        return;
+      case CollectiveKind::allreduce:
+        if (c.count * dtype_size(c.dtype) <= std::min(options_.shm_one_shot_bytes, half_bytes_))
+          return allreduce_one_shot(c);
+        return allreduce_chunked(c);
+      case CollectiveKind::broadcast: return broadcast(c);
+      case CollectiveKind::allgather: return allgather(c);
+      case CollectiveKind::reduce_scatter: return reduce_scatter(c);
+    }
+  }
+
+  void allreduce_one_shot(const Collective& c) {
+    std::size_t bytes = c.count * dtype_size(c.dtype);
+    int h = half();
+    std::memcpy(slot(rank_, h), c.send, bytes);
+    begin(c);
+    std::vector<const void*> inputs(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) inputs[static_cast<std::size_t>(r)] = r == rank_ ? c.send : slot(r, h);
+    reduce(c.dtype, c.op, c.recv, inputs.data(), size_, c.count);
+    ++round_;
+  }
+
+  void allreduce_chunked(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);  // elements per line
+    const std::size_t chunk = std::max<std::size_t>(half_bytes_ / esize / (unit * size_), 1) * unit * size_;
+    const char* send = static_cast<const char*>(c.send);
+    char* recv = static_cast<char*>(c.recv);
+    std::vector<const void*> inputs(static_cast<std::size_t>(size_));
+    bool first = true;
+    for (std::size_t offset = 0; offset < c.count; offset += chunk) {
+      std::size_t m = std::min(chunk, c.count - offset);
+      std::size_t seg = round_up((m + size_ - 1) / size_, unit);
+      auto seg_begin = [&](int r) { return std::min(m, seg * static_cast<std::size_t>(r)); };
+      auto seg_len = [&](int r) { return seg_begin(r + 1) - seg_begin(r); };
+      int h = half();
+      char* mine = slot(rank_, h);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_)
+          std::memcpy(mine + seg_begin(r) * esize, send + (offset + seg_begin(r)) * esize, seg_len(r) * esize);
+      if (first) {
+        begin(c);
+        first = false;
+      } else {
+        barrier(c);
+      }
+      std::size_t my_begin = seg_begin(rank_);
+      for (int r = 0; r < size_; ++r)
+        inputs[static_cast<std::size_t>(r)] =
+            r == rank_ ? send + (offset + my_begin) * esize : slot(r, h) + my_begin * esize;
+      reduce(c.dtype, c.op, mine + my_begin * esize, inputs.data(), size_, seg_len(rank_));
+      std::memcpy(recv + (offset + my_begin) * esize, mine + my_begin * esize, seg_len(rank_) * esize);
+      barrier(c);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_)
+          std::memcpy(recv + (offset + seg_begin(r)) * esize, slot(r, h) + seg_begin(r) * esize,
+                      seg_len(r) * esize);
+      ++round_;
+    }
+  }
+
+  void broadcast(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    const std::size_t chunk = half_bytes_ / esize;
+    char* buf = static_cast<char*>(c.recv);
+    std::size_t offset = 0;
+    do {
+      std::size_t m = std::min(chunk, c.count - offset);
+      int h = half();
+      if (rank_ == c.root) std::memcpy(slot(rank_, h), buf + offset * esize, m * esize);
+      if (offset == 0) begin(c); else barrier(c);
+      if (rank_ != c.root) std::memcpy(buf + offset * esize, slot(c.root, h), m * esize);
+      ++round_;
+      offset += m;
+    } while (offset < c.count);
+  }
+
+  void allgather(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    const std::size_t chunk = half_bytes_ / esize;
+    const char* send = static_cast<const char*>(c.send);
+    char* recv = static_cast<char*>(c.recv);
+    std::size_t offset = 0;
+    do {
+      std::size_t m = std::min(chunk, c.count - offset);
+      int h = half();
+      std::memcpy(slot(rank_, h), send + offset * esize, m * esize);
+      if (offset == 0) begin(c); else barrier(c);
+      for (int r = 0; r < size_; ++r) {
+        char* dst = recv + (static_cast<std::size_t>(r) * c.count + offset) * esize;
+        const char* src = r == rank_ ? send + offset * esize : slot(r, h);
+        if (dst != src) std::memmove(dst, src, m * esize);
+      }
+      ++round_;
+      offset += m;
+    } while (offset < c.count);
+  }
+
+  void reduce_scatter(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    const std::size_t block = std::max<std::size_t>(half_bytes_ / esize / static_cast<std::size_t>(size_), 1);
+    const char* send = static_cast<const char*>(c.send);
+    char* recv = static_cast<char*>(c.recv);
+    std::vector<const void*> inputs(static_cast<std::size_t>(size_));
+    std::size_t offset = 0;
+    do {
+      std::size_t m = std::min(block, c.count - offset);
+      int h = half();
+      char* mine = slot(rank_, h);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_)
+          std::memcpy(mine + static_cast<std::size_t>(r) * block * esize,
+                      send + (static_cast<std::size_t>(r) * c.count + offset) * esize, m * esize);
+      if (offset == 0) begin(c); else barrier(c);
+      for (int r = 0; r < size_; ++r)
+        inputs[static_cast<std::size_t>(r)] =
+            r == rank_ ? send + (static_cast<std::size_t>(rank_) * c.count + offset) * esize
+                       : slot(r, h) + static_cast<std::size_t>(rank_) * block * esize;
+      reduce(c.dtype, c.op, recv + offset * esize, inputs.data(), size_, m);
+      ++round_;
+      offset += m;
+    } while (offset < c.count);
+  }
+
+  int rank_, size_;
+  CommOptions options_;
+  std::size_t slot_bytes_ = 0, half_bytes_ = 0, total_bytes_ = 0;
+  char* base_ = nullptr;
+  Header* header_ = nullptr;
+  RankControl* controls_ = nullptr;
+  char* slots_ = nullptr;
+  std::uint64_t generation_ = 0;  // this rank's barrier generation
+  std::uint64_t round_ = 0;       // rounds completed; its parity picks the slot half
+  Clock::time_point deadline_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx) {
+  return std::make_unique<ShmBackend>(ctx);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,298 @@
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "lockstep/comm/store.h"
+#include "lockstep/error.h"
+#include "log.h"
+#include "wire.h"
+
+namespace lockstep::comm {
+namespace {
+
+using wire::Type;
+
+// A socket-level failure that a reconnect may cure.
+struct Transient {
+  std::string what;
+  bool request_sent;
+};
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
+}
+
+void send_all(int fd, const std::string& data, Clock::time_point deadline) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, remaining_ms(deadline)) == 0) throw TimeoutError("store: send timed out");
+      continue;
+    }
+    throw Transient{std::string("send failed: ") + std::strerror(errno), done > 0};
+  }
+}
+
+void recv_exact(int fd, char* out, std::size_t n, Clock::time_point deadline) {
+  std::size_t done = 0;
+  while (done < n) {
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, remaining_ms(deadline));
+    if (ready == 0) throw TimeoutError("store: no reply before the deadline");
+    if (ready < 0 && errno == EINTR) continue;
+    ssize_t got = ::recv(fd, out + done, n - done, 0);
+    if (got > 0) {
+      done += static_cast<std::size_t>(got);
+      continue;
+    }
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    throw Transient{got == 0 ? "the store closed the connection"
+                             : std::string("recv failed: ") + std::strerror(errno),
+                    true};
+  }
+}
+
+std::string recv_message(int fd, Clock::time_point deadline) {
+  char len_buf[4];
+  recv_exact(fd, len_buf, 4, deadline);
+  std::uint32_t len = wire::read_length_prefix(len_buf);
+  if (len == 0 || len > (256u << 20)) throw Error("store: reply with bad length " + std::to_string(len));
+  std::string msg(len, '\0');
+  recv_exact(fd, msg.data(), len, deadline);
+  return msg;
+}
+
+}  // namespace
+
+struct StoreClient::Reply {
+  std::string message;
+};
+
+StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connect_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout));
+}
+
+StoreClient::~StoreClient() { close_socket(); }
+
+void StoreClient::close_socket() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+// Connects and authenticates, retrying refused or reset connections with a capped backoff
+// (the server may not be listening yet: workers often start before rank 0 or the launcher).
+void StoreClient::connect_until(Clock::time_point deadline) {
+  std::string where = options_.host + ":" + std::to_string(options_.port);
+  std::string last_error = "no attempt made";
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
+    if (rc != 0) {
+      throw ConfigError("store: cannot resolve host '" + options_.host + "': " + gai_strerror(rc) +
+                        " (check MASTER_ADDR / LOCKSTEP_STORE_ADDR)");
+    }
+    int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int c = ::connect(fd, res->ai_addr, res->ai_addrlen);
+    ::freeaddrinfo(res);
+    if (c != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int wait_ms = std::min(remaining_ms(deadline), 2000);
+      if (::poll(&p, 1, wait_ms) == 1) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        c = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        errno = ETIMEDOUT;
+      }
+    }
+    if (c == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      try {
+        std::string hello = recv_message(fd, deadline);
+        wire::Reader r(hello);
+        if (r.type() != Type::kHello || r.bytes(4) != std::string_view(wire::kMagic, 4))
+          throw Error("store: " + where + " is not a lockstep store (bad greeting)");
+        std::uint16_t version = r.u16();
+        if (version != wire::kVersion)
+          throw Error("store: " + where + " speaks protocol version " + std::to_string(version) +
+                      ", this client " + std::to_string(wire::kVersion));
+        std::string server_nonce(r.bytes(wire::kNonceBytes));
+        std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
+        auto mac = wire::handshake_mac(options_.token, wire::kClientLabel, server_nonce, client_nonce);
+        send_all(fd,
+                 wire::Writer(Type::kAuth)
+                     .bytes(client_nonce)
+                     .bytes(std::string_view(reinterpret_cast<const char*>(mac.data()), mac.size()))
+                     .frame(),
+                 deadline);
+        std::string answer = recv_message(fd, deadline);
+        wire::Reader a(answer);
+        Type t = a.type();
+        if (t == Type::kError)
+          throw AuthError("store at " + where + " refused this process: " + a.str() +
+                          ". Its LOCKSTEP_TOKEN differs from the run's: start every worker "
+                          "with the same token (lockstep run sets it)");
+        auto want = wire::handshake_mac(options_.token, wire::kServerLabel, server_nonce, client_nonce);
+        if (t != Type::kAuthOk || !wire::mac_equal(a.bytes(wire::kMacBytes), want))
+          throw AuthError("store at " + where + " could not prove it holds this run's token: "
+                          "it belongs to another job, or LOCKSTEP_TOKEN is wrong here");
+        fd_ = fd;
+        return;
+      } catch (const Transient& t) {
+        last_error = t.what;
+        ::close(fd);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+    } else {
+      last_error = std::strerror(errno);
+      ::close(fd);
+    }
+    if (Clock::now() + backoff >= deadline) {
+      throw TimeoutError("store: could not reach " + where + " within " +
+                         std::to_string(static_cast<int>(options_.timeout.count())) +
+                         " s (last error: " + last_error +
+                         "). Is rank 0 or the launcher running, and are MASTER_ADDR/MASTER_PORT "
+                         "(or LOCKSTEP_STORE_ADDR) right?");
+    }
+    // Retry pacing while the server comes up; not synchronisation.
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+}
+
+StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_point deadline,
+                                     bool idempotent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (;;) {
+    if (fd_ < 0) connect_until(deadline);
+    try {
+      send_all(fd_, request, deadline);
+      std::string msg = recv_message(fd_, deadline);
+      if (!msg.empty() && static_cast<Type>(msg[0]) == Type::kError) {
+        wire::Reader r(msg);
+        r.type();
+        throw Error("store: " + r.str());
+      }
+      return Reply{std::move(msg)};
+    } catch (const Transient& t) {
+      close_socket();
+      if (t.request_sent && !idempotent)
+        throw PeerError("store: connection lost during a non-idempotent request (" + t.what +
+                        "); the store at " + options_.host + ":" + std::to_string(options_.port) +
+                        " may have died");
+      LOCKSTEP_LOG(info) << "store: " << t.what << "; reconnecting";
+    } catch (const TimeoutError&) {
+      close_socket();  // the reply may still arrive: this connection is out of step now
+      throw;
+    }
+  }
+}
+
+namespace {
+Clock::time_point deadline_after(Seconds s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(s);
+}
+}  // namespace
+
+void StoreClient::set(const std::string& key, const std::string& value) {
+  call(wire::Writer(Type::kSet).str(key).str(value).frame(), deadline_after(options_.timeout), true);
+}
+
+std::optional<std::string> StoreClient::try_get(const std::string& key) {
+  auto reply = call(wire::Writer(Type::kGet).str(key).frame(), deadline_after(options_.timeout), true);
+  wire::Reader r(reply.message);
+  r.type();
+  bool found = r.u8() != 0;
+  std::string value = r.str();
+  if (!found) return std::nullopt;
+  return value;
+}
+
+std::string StoreClient::get(const std::string& key) { return get(key, options_.timeout); }
+
+std::string StoreClient::get(const std::string& key, Seconds timeout) {
+  wait({key}, timeout);
+  auto v = try_get(key);
+  if (!v) throw Error("store: key '" + key + "' was deleted while being read");
+  return *v;
+}
+
+std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
+  auto reply = call(wire::Writer(Type::kAdd).str(key).i64(delta).frame(),
+                    deadline_after(options_.timeout), false);
+  wire::Reader r(reply.message);
+  r.type();
+  return r.i64();
+}
+
+std::string StoreClient::compare_set(const std::string& key, const std::string& expected,
+                                     const std::string& desired) {
+  auto reply = call(wire::Writer(Type::kCompareSet).str(key).str(expected).str(desired).frame(),
+                    deadline_after(options_.timeout), true);
+  wire::Reader r(reply.message);
+  r.type();
+  r.u8();
+  return r.str();
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, options_.timeout); }
+
+void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
+  auto deadline = deadline_after(timeout);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
+  wire::Writer w(Type::kWait);
+  w.u32(static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 0, UINT32_MAX))).u32(
+      static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) w.str(k);
+  // The server answers at its own deadline; give the reply a moment to travel.
+  auto reply = call(w.frame(), deadline + std::chrono::seconds(5), true);
+  wire::Reader r(reply.message);
+  if (r.type() == Type::kTimeout) {
+    std::uint32_t n = r.u32();
+    std::ostringstream missing;
+    for (std::uint32_t i = 0; i < n; ++i) missing << (i ? ", " : "") << "'" << r.str() << "'";
+    throw TimeoutError("store: waited " + std::to_string(timeout.count()) +
+                       " s for keys that never appeared: " + missing.str());
+  }
+}
+
+bool StoreClient::remove(const std::string& key) {
+  auto reply = call(wire::Writer(Type::kDelete).str(key).frame(), deadline_after(options_.timeout), true);
+  wire::Reader r(reply.message);
+  r.type();
+  return r.i64() != 0;
+}
+
+std::int64_t StoreClient::num_keys() {
+  auto reply = call(wire::Writer(Type::kNumKeys).frame(), deadline_after(options_.timeout), true);
+  wire::Reader r(reply.message);
+  r.type();
+  return r.i64();
+}
+
+}  // namespace lockstep::comm

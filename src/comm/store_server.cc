@@ -1,0 +1,462 @@
+// StoreServer: one epoll event-loop thread serving every client of the job.
+//
+// Threading model: the constructor binds and listens, then starts the loop thread; from then
+// on only that thread touches connections, keys and waiters. stop() (any thread) writes an
+// eventfd that the loop polls, and joins it. No locks are needed on the hot state.
+//
+// Each connection moves through two states: kHandshake (server sent HELLO with its nonce and
+// waits for AUTH) and kReady (requests are served in arrival order). A WAIT whose keys are
+// missing parks a waiter, answered when the last key appears or its deadline passes; the loop's
+// epoll timeout is the earliest waiter deadline. A connection that sends a malformed or
+// oversized frame, or a wrong MAC, is told why and closed; the others are not affected.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "lockstep/comm/store.h"
+#include "lockstep/error.h"
+#include "log.h"
+#include "wire.h"
+
+namespace lockstep::comm {
+namespace {
+
+using wire::Type;
+
+struct Conn {
+  int fd = -1;
+  std::string peer;
+  bool ready = false;  // handshake done
+  std::string server_nonce;
+  std::string in;
+  std::string out;
+  bool closing = false;  // flush `out`, then close
+};
+
+struct Waiter {
+  std::uint64_t conn_id;
+  std::set<std::string> missing;
+  Clock::time_point deadline;
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+
+}  // namespace
+
+class StoreServer::Impl {
+ public:
+  explicit Impl(StoreServerOptions options) : options_(std::move(options)) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (listen_fd_ < 0) throw SystemError("store: socket() failed: " + errno_text());
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(options_.port));
+    if (::inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
+      ::close(listen_fd_);
+      throw ConfigError("store: cannot bind to '" + options_.host +
+                        "': not an IPv4 address (use e.g. 0.0.0.0 or 127.0.0.1)");
+    }
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      int e = errno;
+      ::close(listen_fd_);
+      throw ConfigError("store: cannot listen on " + options_.host + ":" +
+                        std::to_string(options_.port) + ": " + std::strerror(e) +
+                        (e == EADDRINUSE ? " (another job uses this port: pick another "
+                                           "MASTER_PORT, or 0 for a free one)"
+                                         : ""));
+    }
+    ::listen(listen_fd_, 1024);
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    add_fd(listen_fd_, kListenId, EPOLLIN);
+    add_fd(stop_fd_, kStopId, EPOLLIN);
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~Impl() {
+    stop();
+    for (auto& [id, c] : conns_) ::close(c.fd);
+    ::close(listen_fd_);
+    ::close(stop_fd_);
+    ::close(epoll_fd_);
+  }
+
+  void stop() {
+    std::uint64_t one = 1;
+    ssize_t ignored = ::write(stop_fd_, &one, sizeof one);
+    (void)ignored;
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int port() const { return port_; }
+  std::uint64_t refused() const { return refused_.load(); }
+
+ private:
+  static constexpr std::uint64_t kListenId = 0;
+  static constexpr std::uint64_t kStopId = 1;
+
+  void add_fd(int fd, std::uint64_t id, std::uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+
+  void loop() {
+    epoll_event events[64];
+    for (;;) {
+      int timeout_ms = -1;
+      if (!deadlines_.empty()) {
+        auto wait = deadlines_.begin()->first - Clock::now();
+        timeout_ms = static_cast<int>(
+            std::max<std::int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(wait).count()));
+      }
+      int n = ::epoll_wait(epoll_fd_, events, 64, timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        LOCKSTEP_LOG(error) << "store: epoll_wait failed: " << errno_text();
+        return;
+      }
+      for (int i = 0; i < n; ++i) {
+        std::uint64_t id = events[i].data.u64;
+        if (id == kStopId) return;
+        if (id == kListenId) {
+          accept_all();
+          continue;
+        }
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;
+        if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(id);
+        if (conns_.count(id) && (events[i].events & EPOLLOUT)) flush(id);
+      }
+      expire_waiters();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      sockaddr_in addr{};
+      socklen_t len = sizeof addr;
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or a transient error: the next event retries
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      std::uint64_t id = next_id_++;
+      Conn c;
+      c.fd = fd;
+      char ip[INET_ADDRSTRLEN] = "?";
+      ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+      c.peer = std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port));
+      c.server_nonce = wire::random_bytes(wire::kNonceBytes);
+      c.out = wire::Writer(Type::kHello)
+                  .bytes(std::string_view(wire::kMagic, 4))
+                  .u16(wire::kVersion)
+                  .bytes(c.server_nonce)
+                  .frame();
+      conns_.emplace(id, std::move(c));
+      add_fd(fd, id, EPOLLIN);
+      flush(id);
+    }
+  }
+
+  void on_readable(std::uint64_t id) {
+    Conn* c = &conns_.at(id);
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::read(c->fd, buf, sizeof buf);
+      if (n > 0) {
+        c->in.append(buf, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        close_conn(id);
+        return;
+      }
+      if (errno == EAGAIN) break;
+    }
+    while (conns_.count(id)) {
+      c = &conns_.at(id);
+      if (c->closing || c->in.size() < 4) return;
+      std::uint32_t len = wire::read_length_prefix(c->in.data());
+      if (len == 0 || len > options_.max_message_bytes) {
+        refuse(id, "message of " + std::to_string(len) + " bytes (limit " +
+                       std::to_string(options_.max_message_bytes) + ")");
+        return;
+      }
+      if (c->in.size() < 4 + static_cast<std::size_t>(len)) return;
+      std::string msg = c->in.substr(4, len);
+      c->in.erase(0, 4 + static_cast<std::size_t>(len));
+      try {
+        handle(id, msg);
+      } catch (const Error& e) {
+        if (conns_.count(id)) refuse(id, e.what());
+        return;
+      }
+    }
+  }
+
+  // Tells the peer why, then closes after the reply is flushed.
+  void refuse(std::uint64_t id, const std::string& why) {
+    Conn& c = conns_.at(id);
+    ++refused_;
+    LOCKSTEP_LOG(warn) << "store: closing connection from " << c.peer << ": " << why;
+    c.in.clear();
+    c.out += wire::Writer(Type::kError).str(why).frame();
+    c.closing = true;
+    flush(id);
+  }
+
+  void reply(std::uint64_t id, const wire::Writer& w) {
+    conns_.at(id).out += w.frame();
+    flush(id);
+  }
+
+  void flush(std::uint64_t id) {
+    Conn& c = conns_.at(id);
+    while (!c.out.empty()) {
+      ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (errno == EAGAIN || errno == EINTR) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLOUT;
+        ev.data.u64 = id;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+        return;
+      }
+      close_conn(id);
+      return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+    if (c.closing) close_conn(id);
+  }
+
+  void close_conn(std::uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    ::close(it->second.fd);
+    conns_.erase(it);
+    for (auto w = waiters_.begin(); w != waiters_.end();) {
+      if (w->second.conn_id == id)
+        w = drop_waiter(w);
+      else
+        ++w;
+    }
+  }
+
+  void handle(std::uint64_t id, const std::string& msg) {
+    Conn& c = conns_.at(id);
+    wire::Reader r(msg);
+    Type type = r.type();
+    if (!c.ready) {
+      if (type != Type::kAuth) throw Error("expected AUTH, got message type " +
+                                           std::to_string(static_cast<int>(type)));
+      std::string client_nonce(r.bytes(wire::kNonceBytes));
+      std::string_view mac = r.bytes(wire::kMacBytes);
+      r.expect_end();
+      auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce,
+                                      client_nonce);
+      if (!wire::mac_equal(mac, want))
+        throw AuthError("authentication failed: the client does not hold this run's token");
+      auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce,
+                                       client_nonce);
+      c.ready = true;
+      reply(id, wire::Writer(Type::kAuthOk).bytes(std::string_view(
+                    reinterpret_cast<const char*>(proof.data()), proof.size())));
+      return;
+    }
+    switch (type) {
+      case Type::kSet: {
+        std::string key = r.str(), value = r.str();
+        r.expect_end();
+        put(key, std::move(value));
+        reply(id, wire::Writer(Type::kOk));
+        return;
+      }
+      case Type::kGet: {
+        std::string key = r.str();
+        r.expect_end();
+        auto it = kv_.find(key);
+        wire::Writer w(Type::kValue);
+        w.u8(it != kv_.end() ? 1 : 0).str(it != kv_.end() ? it->second : std::string());
+        reply(id, w);
+        return;
+      }
+      case Type::kAdd: {
+        std::string key = r.str();
+        std::int64_t delta = r.i64();
+        r.expect_end();
+        std::int64_t current = 0;
+        if (auto it = kv_.find(key); it != kv_.end()) {
+          char* end = nullptr;
+          current = std::strtoll(it->second.c_str(), &end, 10);
+          if (it->second.empty() || *end != '\0') {
+            reply(id, wire::Writer(Type::kError)
+                          .str("ADD on key '" + key + "' whose value is not an integer"));
+            return;
+          }
+        }
+        current += delta;
+        put(key, std::to_string(current));
+        reply(id, wire::Writer(Type::kInt).i64(current));
+        return;
+      }
+      case Type::kCompareSet: {
+        std::string key = r.str(), expected = r.str(), desired = r.str();
+        r.expect_end();
+        auto it = kv_.find(key);
+        std::string current = it != kv_.end() ? it->second : std::string();
+        bool matches = it != kv_.end() ? current == expected : expected.empty();
+        if (matches) {
+          put(key, desired);
+          current = desired;
+        }
+        reply(id, wire::Writer(Type::kValue).u8(1).str(current));
+        return;
+      }
+      case Type::kWait: {
+        std::uint32_t timeout_ms = r.u32();
+        std::uint32_t n = r.u32();
+        Waiter w;
+        w.conn_id = id;
+        for (std::uint32_t i = 0; i < n; ++i) {
+          std::string key = r.str();
+          if (!kv_.count(key)) w.missing.insert(std::move(key));
+        }
+        r.expect_end();
+        if (w.missing.empty()) {
+          reply(id, wire::Writer(Type::kOk));
+          return;
+        }
+        w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        std::uint64_t wid = next_waiter_++;
+        for (const auto& k : w.missing) waiting_on_[k].insert(wid);
+        deadlines_.emplace(w.deadline, wid);
+        waiters_.emplace(wid, std::move(w));
+        return;
+      }
+      case Type::kDelete: {
+        std::string key = r.str();
+        r.expect_end();
+        reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.erase(key))));
+        return;
+      }
+      case Type::kNumKeys:
+        r.expect_end();
+        reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.size())));
+        return;
+      default:
+        throw Error("unknown message type " + std::to_string(static_cast<int>(type)));
+    }
+  }
+
+  void put(const std::string& key, std::string value) {
+    kv_[key] = std::move(value);
+    auto it = waiting_on_.find(key);
+    if (it == waiting_on_.end()) return;
+    std::set<std::uint64_t> ids = std::move(it->second);
+    waiting_on_.erase(it);
+    for (std::uint64_t wid : ids) {
+      auto w = waiters_.find(wid);
+      if (w == waiters_.end()) continue;
+      w->second.missing.erase(key);
+      if (w->second.missing.empty()) {
+        std::uint64_t conn = w->second.conn_id;
+        drop_waiter(w);
+        reply(conn, wire::Writer(Type::kOk));
+      }
+    }
+  }
+
+  std::map<std::uint64_t, Waiter>::iterator drop_waiter(std::map<std::uint64_t, Waiter>::iterator w) {
+    for (const auto& k : w->second.missing) {
+      auto it = waiting_on_.find(k);
+      if (it != waiting_on_.end()) {
+        it->second.erase(w->first);
+        if (it->second.empty()) waiting_on_.erase(it);
+      }
+    }
+    auto range = deadlines_.equal_range(w->second.deadline);
+    for (auto d = range.first; d != range.second; ++d) {
+      if (d->second == w->first) {
+        deadlines_.erase(d);
+        break;
+      }
+    }
+    return waiters_.erase(w);
+  }
+
+  void expire_waiters() {
+    auto now = Clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      auto w = waiters_.find(deadlines_.begin()->second);
+      if (w == waiters_.end()) {
+        deadlines_.erase(deadlines_.begin());
+        continue;
+      }
+      wire::Writer msg(Type::kTimeout);
+      msg.u32(static_cast<std::uint32_t>(w->second.missing.size()));
+      for (const auto& k : w->second.missing) msg.str(k);
+      std::uint64_t conn = w->second.conn_id;
+      drop_waiter(w);
+      reply(conn, msg);
+    }
+  }
+
+  StoreServerOptions options_;
+  int listen_fd_ = -1, epoll_fd_ = -1, stop_fd_ = -1, port_ = 0;
+  std::thread thread_;
+  std::atomic<std::uint64_t> refused_{0};
+  std::uint64_t next_id_ = 2, next_waiter_ = 1;
+  std::unordered_map<std::uint64_t, Conn> conns_;
+  std::unordered_map<std::string, std::string> kv_;
+  std::map<std::uint64_t, Waiter> waiters_;
+  std::unordered_map<std::string, std::set<std::uint64_t>> waiting_on_;
+  std::multimap<Clock::time_point, std::uint64_t> deadlines_;
+};
+
+StoreServer::StoreServer(StoreServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+StoreServer::~StoreServer() = default;
+int StoreServer::port() const { return impl_->port(); }
+std::uint64_t StoreServer::refused_connections() const { return impl_->refused(); }
+void StoreServer::stop() { impl_->stop(); }
+
+std::string random_token() {
+  static const char* hex = "0123456789abcdef";
+  std::string raw = wire::random_bytes(32), out;
+  for (unsigned char ch : raw) {
+    out.push_back(hex[ch >> 4]);
+    out.push_back(hex[ch & 15]);
+  }
+  return out;
+}
+
+}  // namespace lockstep::comm

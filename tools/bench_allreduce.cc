@@ -1,0 +1,141 @@
+// `lockstep bench allreduce`: the nccl-tests sweep. For each size: warm-up, a correctness
+// check against values every rank can compute alone, then timed iterations between barriers.
+// Time is the slowest rank's mean; algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
+// bandwidth each rank's link needed, comparable across world sizes and with nccl-tests.
+#include "bench_allreduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "lockstep/comm/rendezvous.h"
+
+namespace lockstep::tools {
+
+using namespace lockstep::comm;
+
+namespace {
+
+// Small integers: exact in every dtype, so the expected sum is exact too.
+double input_value(int rank, std::size_t i) { return static_cast<double>((rank + 1) * ((i % 7) + 1) % 16); }
+
+void fill(void* buf, DType t, std::size_t n, int rank) {
+  for (std::size_t i = 0; i < n; ++i) {
+    double v = input_value(rank, i);
+    switch (t) {
+      case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+      case DType::f64: static_cast<double*>(buf)[i] = v; break;
+      case DType::f16: static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); break;
+      case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); break;
+      case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
+      case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+    }
+  }
+}
+
+double read(const void* buf, DType t, std::size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f64: return static_cast<const double*>(buf)[i];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  }
+  return 0;
+}
+
+std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, int world) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double sum = 0, lo = 1e300, hi = -1e300;
+    for (int r = 0; r < world; ++r) {
+      double v = input_value(r, i);
+      sum += v;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    double want = op == ReduceOp::sum ? sum : op == ReduceOp::min ? lo : op == ReduceOp::max ? hi : sum / world;
+    if (op == ReduceOp::avg && (t == DType::i32 || t == DType::i64)) want = std::trunc(want);
+    double tol = (t == DType::f16 || t == DType::bf16) ? 0.01 * std::abs(want) + 1e-3 : 1e-6 * std::abs(want) + 1e-9;
+    if (std::abs(read(out, t, i) - want) > tol) ++wrong;
+  }
+  return wrong;
+}
+
+std::string human_bytes(std::size_t b) {
+  char buf[32];
+  if (b >= (1u << 20)) std::snprintf(buf, sizeof buf, "%zuM", b >> 20);
+  else if (b >= (1u << 10)) std::snprintf(buf, sizeof buf, "%zuK", b >> 10);
+  else std::snprintf(buf, sizeof buf, "%zu", b);
+  return buf;
+}
+
+}  // namespace
+
+int bench_allreduce_worker(const BenchOptions& options) {
+  DType dtype = parse_dtype(options.dtype);
+  ReduceOp op = parse_reduce_op(options.op);
+  CommOptions comm_options;
+  comm_options.backend = options.backend;
+  Job job = join_from_env(comm_options);
+  Communicator& comm = *job.comm;
+  int rank = comm.rank(), world = comm.size();
+  const std::size_t esize = dtype_size(dtype);
+
+  std::vector<char> send(options.max_bytes), recv(options.max_bytes);
+  nlohmann::json rows = nlohmann::json::array();
+  std::uint64_t wrong_anywhere = 0;
+  if (rank == 0 && !options.json) {
+    std::printf("# lockstep bench allreduce: backend %s, %d ranks, %s %s\n", comm.backend_name().c_str(),
+                world, options.dtype.c_str(), options.op.c_str());
+    std::printf("%12s %12s %6s %6s %12s %10s %10s %8s\n", "size(B)", "count", "type", "redop", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
+    std::size_t count = bytes / esize;
+    fill(send.data(), dtype, count, rank);
+    comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    std::size_t wrong = count_wrong(recv.data(), dtype, op, count, world);
+    std::uint64_t total_wrong = wrong;
+    comm.allreduce(&total_wrong, 1, DType::i64, ReduceOp::sum)->wait();
+
+    int iters = options.iters > 0 ? options.iters
+                                  : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
+    for (int i = 0; i < options.warmup; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    comm.barrier()->wait();
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+    comm.allreduce(&seconds, 1, DType::f64, ReduceOp::max)->wait();
+
+    double algbw = static_cast<double>(bytes) / seconds / 1e9;
+    double busbw = algbw * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
+    if (rank == 0) {
+      if (options.json) {
+        rows.push_back({{"bytes", bytes}, {"count", count}, {"dtype", options.dtype}, {"op", options.op},
+                        {"time_us", seconds * 1e6}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw},
+                        {"wrong", total_wrong}, {"iters", iters}});
+      } else {
+        std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", bytes, count, options.dtype.c_str(),
+                    options.op.c_str(), seconds * 1e6, algbw, busbw, static_cast<unsigned long long>(total_wrong));
+        std::fflush(stdout);
+      }
+    }
+    wrong_anywhere += total_wrong;
+    if (total_wrong != 0 && rank == 0)
+      std::fprintf(stderr, "lockstep bench: %llu wrong elements at %s\n",
+                   static_cast<unsigned long long>(total_wrong), human_bytes(bytes).c_str());
+  }
+  if (rank == 0 && options.json) {
+    nlohmann::json doc = {{"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  }
+  return wrong_anywhere == 0 ? 0 : 1;
+}
+
+}  // namespace lockstep::tools
