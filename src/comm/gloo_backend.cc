@@ -23,11 +23,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "backend.h"
 #include "env.h"
 #include "lockstep/error.h"
+#include "log.h"
 
 namespace lockstep::comm {
 namespace {
@@ -67,7 +69,9 @@ gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
 
 class GlooBackend final : public Backend {
  public:
-  explicit GlooBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+  explicit GlooBackend(const BackendContext& ctx)
+      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), store_(ctx.store), prefix_(ctx.prefix) {
+    store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
     gloo::transport::tcp::attr attr;
     if (auto iface = env::get(env::kGlooIface)) {
       attr.iface = *iface;
@@ -99,16 +103,34 @@ class GlooBackend final : public Backend {
     try {
       if (options_.check_collectives && size_ > 1) check(c);
       dispatch(c);
-    } catch (const gloo::IoException& e) {
-      throw PeerError("gloo: a peer of rank " + std::to_string(rank_) + " failed during " +
-                      c.describe() + ": " + e.what());
     } catch (const gloo::Exception& e) {
       std::string what = e.what();
-      if (what.find("imed out") != std::string::npos)
+      if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
         throw TimeoutError("gloo: " + c.describe() + " timed out after " +
-                           std::to_string(options_.timeout.count()) + " s on rank " +
+                           log::seconds_text(options_.timeout.count()) + " on rank " +
                            std::to_string(rank_) + ": " + what);
-      throw PeerError("gloo: " + c.describe() + " failed on rank " + std::to_string(rank_) + ": " + what);
+      throw PeerError("gloo: " + dead_ranks() + " while rank " + std::to_string(rank_) + " was in " +
+                      c.describe() + " (" + what + "); the job cannot continue");
+    }
+  }
+
+  // Which peers died: their ephemeral store keys vanish when their processes' sockets close.
+  // The store may learn of a death a moment after gloo did, so look for up to peer_check.
+  std::string dead_ranks() {
+    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.peer_check);
+    for (;;) {
+      std::string dead;
+      try {
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_ && !store_->try_get(prefix_ + "alive/" + std::to_string(r)))
+            dead += (dead.empty() ? "" : ", ") + std::to_string(r);
+      } catch (const Error&) {
+        return "a peer failed (the store is unreachable too)";
+      }
+      if (!dead.empty()) return "rank " + dead + " died";
+      if (Clock::now() >= until) return "a peer closed its connection";
+      // Bounded poll of a diagnostic, after the failure is already certain.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 
@@ -211,6 +233,8 @@ class GlooBackend final : public Backend {
 
   int rank_, size_;
   CommOptions options_;
+  std::shared_ptr<StoreClient> store_;
+  std::string prefix_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
 };

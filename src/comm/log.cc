@@ -39,6 +39,12 @@ bool enabled(Level level) {
   return level <= threshold;
 }
 
+std::string seconds_text(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", seconds);
+  return buf;
+}
+
 void set_rank(int rank) { g_rank.store(rank); }
 
 void write(Level level, const std::string& line) {

@@ -8,6 +8,9 @@
 
 namespace lockstep::log {
 
+// "1.5 s", "300 s": durations in messages, without trailing zeros.
+std::string seconds_text(double seconds);
+
 enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
 
 bool enabled(Level level);

@@ -284,8 +284,7 @@ class ShmBackend final : public Backend {
     std::string late;
     for (int r = 0; r < size_; ++r)
       if (control(r).generation.load() < gen) late += (late.empty() ? "" : ", ") + std::to_string(r);
-    return c.describe() + " timed out after " + std::to_string(options_.timeout.count()) +
-           " s on rank " + std::to_string(rank_) + " waiting for rank(s) " + late +
+    return c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) + " on rank " + std::to_string(rank_) + " waiting for rank(s) " + late +
            ", which are alive but did not reach it (stuck in compute, or issuing collectives in "
            "another order); raise --timeout if they are just slow";
   }

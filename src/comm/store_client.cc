@@ -174,8 +174,7 @@ void StoreClient::connect_until(Clock::time_point deadline) {
     }
     if (Clock::now() + backoff >= deadline) {
       throw TimeoutError("store: could not reach " + where + " within " +
-                         std::to_string(static_cast<int>(options_.timeout.count())) +
-                         " s (last error: " + last_error +
+                         log::seconds_text(options_.timeout.count()) + " (last error: " + last_error +
                          "). Is rank 0 or the launcher running, and are MASTER_ADDR/MASTER_PORT "
                          "(or LOCKSTEP_STORE_ADDR) right?");
     }
@@ -213,6 +212,7 @@ StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_poi
   }
 }
 
+
 namespace {
 Clock::time_point deadline_after(Seconds s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(s);
@@ -221,6 +221,22 @@ Clock::time_point deadline_after(Seconds s) {
 
 void StoreClient::set(const std::string& key, const std::string& value) {
   call(wire::Writer(Type::kSet).str(key).str(value).frame(), deadline_after(options_.timeout), true);
+}
+
+void StoreClient::set_ephemeral(const std::string& key, const std::string& value) {
+  // Not retried over a new connection: the key would die with the old one.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) connect_until(deadline_after(options_.timeout));
+  auto request = wire::Writer(Type::kSetEphemeral).str(key).str(value).frame();
+  auto deadline = deadline_after(options_.timeout);
+  try {
+    send_all(fd_, request, deadline);
+    std::string msg = recv_message(fd_, deadline);
+    if (msg.empty() || static_cast<Type>(msg[0]) != Type::kOk) throw Error("store: ephemeral set of '" + key + "' refused");
+  } catch (const Transient& t) {
+    close_socket();
+    throw PeerError("store: connection lost while setting '" + key + "': " + t.what);
+  }
 }
 
 std::optional<std::string> StoreClient::try_get(const std::string& key) {
@@ -276,8 +292,7 @@ void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
     std::uint32_t n = r.u32();
     std::ostringstream missing;
     for (std::uint32_t i = 0; i < n; ++i) missing << (i ? ", " : "") << "'" << r.str() << "'";
-    throw TimeoutError("store: waited " + std::to_string(timeout.count()) +
-                       " s for keys that never appeared: " + missing.str());
+    throw TimeoutError("store: waited " + log::seconds_text(timeout.count()) + " for keys that never appeared: " + missing.str());
   }
 }
 

@@ -45,6 +45,7 @@ struct Conn {
   std::string in;
   std::string out;
   bool closing = false;  // flush `out`, then close
+  std::vector<std::string> ephemeral;  // keys deleted when this connection closes
 };
 
 struct Waiter {
@@ -262,7 +263,9 @@ class StoreServer::Impl {
     if (it == conns_.end()) return;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
     ::close(it->second.fd);
+    std::vector<std::string> ephemeral = std::move(it->second.ephemeral);
     conns_.erase(it);
+    for (const auto& key : ephemeral) kv_.erase(key);
     for (auto w = waiters_.begin(); w != waiters_.end();) {
       if (w->second.conn_id == id)
         w = drop_waiter(w);
@@ -296,6 +299,14 @@ class StoreServer::Impl {
       case Type::kSet: {
         std::string key = r.str(), value = r.str();
         r.expect_end();
+        put(key, std::move(value));
+        reply(id, wire::Writer(Type::kOk));
+        return;
+      }
+      case Type::kSetEphemeral: {
+        std::string key = r.str(), value = r.str();
+        r.expect_end();
+        c.ephemeral.push_back(key);
         put(key, std::move(value));
         reply(id, wire::Writer(Type::kOk));
         return;

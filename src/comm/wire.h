@@ -25,6 +25,7 @@ enum class Type : std::uint8_t {
   kWait = 0x14,
   kDelete = 0x15,
   kNumKeys = 0x16,
+  kSetEphemeral = 0x17,
   kOk = 0x20,
   kValue = 0x21,
   kInt = 0x22,

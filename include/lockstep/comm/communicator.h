@@ -34,14 +34,15 @@ namespace lockstep::comm {
 class Backend;
 struct WorkState;
 
-// One in-flight collective.
+// One in-flight collective. A Work must not outlive its Communicator.
 class Work {
  public:
   explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
   bool done() const;
   // Blocks until done; rethrows the collective's error. TimeoutError when `timeout` passes
   // first (the collective itself keeps running; wait again or exit).
-  void wait(Seconds timeout = Seconds(3600));
+  // The default waits as long as the collective may take (it has its own deadline).
+  void wait(Seconds timeout = Seconds(1e9));
   // Seconds the progress thread spent running this collective (0 until done).
   double seconds() const;
   std::uint64_t sequence() const;
@@ -57,7 +58,7 @@ struct CommOptions {
   Seconds timeout{300};          // longest any one collective may take
   Seconds peer_check{5};         // a dead peer is reported within this
   // shm: bytes of shared memory each rank owns for staging (two halves used in turn).
-  std::size_t shm_slot_bytes = 8u << 20;
+  std::size_t shm_slot_bytes = 1u << 20;
   // shm: messages up to this size take the one-shot path (every rank reduces everything).
   std::size_t shm_one_shot_bytes = 64u << 10;
   // gloo/mpi: exchange a descriptor before each collective so ranks that disagree fail with
@@ -94,9 +95,10 @@ class Communicator {
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
 
+  struct Queue;  // internal
+
  private:
   Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options);
-  struct Queue;
   WorkPtr enqueue(struct Collective c);
 
   int rank_, size_;

@@ -71,6 +71,9 @@ class StoreClient {
   StoreClient& operator=(const StoreClient&) = delete;
 
   void set(const std::string& key, const std::string& value);
+  // Like set, but the server deletes the key when this client's connection closes: other
+  // ranks learn that this process died (its sockets close with it) by the key's absence.
+  void set_ephemeral(const std::string& key, const std::string& value);
   // Waits until the key exists (up to the timeout), then returns its value.
   std::string get(const std::string& key);
   std::string get(const std::string& key, Seconds timeout);

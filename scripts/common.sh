@@ -1,0 +1,37 @@
+# Shared by scripts/demo and scripts/test: install what is missing, configure once, build.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+set -euo pipefail
+
+LOCKSTEP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${LOCKSTEP_BUILD_DIR:-$LOCKSTEP_ROOT/build}"
+
+# Debian packages the torch-free core, its tests and its benchmarks need.
+LOCKSTEP_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libssl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
+  libgloo-dev libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+install_missing_packages() {
+  local missing=()
+  for p in "${LOCKSTEP_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "lockstep: installing ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "lockstep: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+configure_and_build() {
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON
+  fi
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}

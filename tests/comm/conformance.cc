@@ -1,0 +1,152 @@
+#include "conformance.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+
+namespace lockstep::testing {
+namespace {
+
+using namespace lockstep::comm;
+
+// Small signed integers: exact in every dtype, and sums of up to 8 ranks stay exact in f16.
+double value(int rank, std::size_t i) { return static_cast<double>(static_cast<long>((rank * 7 + i * 3) % 13) - 4); }
+
+struct Buffer {
+  DType t;
+  std::vector<char> bytes;
+  Buffer(DType type, std::size_t n) : t(type), bytes(n * dtype_size(type) + 1) {}
+  void* data() { return bytes.data(); }
+  void set(std::size_t i, double v) {
+    switch (t) {
+      case DType::f32: reinterpret_cast<float*>(data())[i] = static_cast<float>(v); break;
+      case DType::f64: reinterpret_cast<double*>(data())[i] = v; break;
+      case DType::f16: reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_f16(static_cast<float>(v)); break;
+      case DType::bf16: reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_bf16(static_cast<float>(v)); break;
+      case DType::i32: reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v); break;
+      case DType::i64: reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v); break;
+    }
+  }
+  double get(std::size_t i) {
+    switch (t) {
+      case DType::f32: return reinterpret_cast<float*>(data())[i];
+      case DType::f64: return reinterpret_cast<double*>(data())[i];
+      case DType::f16: return f16_to_f32(reinterpret_cast<std::uint16_t*>(data())[i]);
+      case DType::bf16: return bf16_to_f32(reinterpret_cast<std::uint16_t*>(data())[i]);
+      case DType::i32: return reinterpret_cast<std::int32_t*>(data())[i];
+      case DType::i64: return static_cast<double>(reinterpret_cast<std::int64_t*>(data())[i]);
+    }
+    return 0;
+  }
+};
+
+double reference(ReduceOp op, DType t, int world, std::size_t i) {
+  double sum = 0, lo = 1e300, hi = -1e300;
+  for (int r = 0; r < world; ++r) {
+    double v = value(r, i);
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  switch (op) {
+    case ReduceOp::sum: return sum;
+    case ReduceOp::min: return lo;
+    case ReduceOp::max: return hi;
+    case ReduceOp::avg:
+      return (t == DType::i32 || t == DType::i64) ? std::trunc(sum / world) : sum / world;
+  }
+  return 0;
+}
+
+// Half types round the final value once: allow half an ulp of the type, relative.
+double tolerance(DType t, double want) {
+  switch (t) {
+    case DType::f16: return std::abs(want) * 1e-3 + 1e-6;
+    case DType::bf16: return std::abs(want) * 4e-3 + 1e-6;
+    case DType::f32: return std::abs(want) * 1e-6;
+    default: return 1e-12;
+  }
+}
+
+class Checker {
+ public:
+  explicit Checker(std::vector<std::string>& failures) : failures_(failures) {}
+  void expect(const std::string& what, std::size_t i, double got, double want, double tol) {
+    if (std::abs(got - want) <= tol || reported_ > 50) return;
+    std::ostringstream s;
+    s << what << ": element " << i << " is " << got << ", want " << want;
+    failures_.push_back(s.str());
+    ++reported_;
+  }
+
+ private:
+  std::vector<std::string>& failures_;
+  int reported_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::string> run_conformance(Communicator& comm, const std::vector<std::size_t>& counts) {
+  std::vector<std::string> failures;
+  Checker check(failures);
+  const int rank = comm.rank(), world = comm.size();
+  for (std::size_t n : counts) {
+    for (DType t : kAllDTypes) {
+      auto label = [&](const std::string& what) {
+        return what + " " + dtype_name(t) + " count=" + std::to_string(n) + " world=" + std::to_string(world) +
+               " rank=" + std::to_string(rank);
+      };
+      for (ReduceOp op : kAllReduceOps) {
+        // allreduce, out of place and in place
+        Buffer in(t, n), out(t, n), inplace(t, n);
+        for (std::size_t i = 0; i < n; ++i) in.set(i, value(rank, i)), inplace.set(i, value(rank, i));
+        comm.allreduce(in.data(), out.data(), n, t, op)->wait();
+        comm.allreduce(inplace.data(), n, t, op)->wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          double want = reference(op, t, world, i);
+          check.expect(label(std::string("allreduce ") + reduce_op_name(op)), i, out.get(i), want, tolerance(t, want));
+          check.expect(label(std::string("allreduce in-place ") + reduce_op_name(op)), i, inplace.get(i), want,
+                       tolerance(t, want));
+        }
+        // the input of an out-of-place allreduce is left alone
+        for (std::size_t i = 0; i < n; ++i) check.expect(label("allreduce input kept"), i, in.get(i), value(rank, i), 0);
+
+        // reduce_scatter: block r of the input is element r*n + i; value() of the global index
+        Buffer rs_in(t, n * static_cast<std::size_t>(world)), rs_out(t, n);
+        for (std::size_t i = 0; i < n * static_cast<std::size_t>(world); ++i) rs_in.set(i, value(rank, i));
+        comm.reduce_scatter(rs_in.data(), rs_out.data(), n, t, op)->wait();
+        for (std::size_t i = 0; i < n; ++i) {
+          double want = reference(op, t, world, static_cast<std::size_t>(rank) * n + i);
+          check.expect(label(std::string("reduce_scatter ") + reduce_op_name(op)), i, rs_out.get(i), want,
+                       tolerance(t, want));
+        }
+      }
+      // broadcast from every root
+      for (int root = 0; root < world; ++root) {
+        Buffer b(t, n);
+        for (std::size_t i = 0; i < n; ++i) b.set(i, rank == root ? value(root, i) : 99);
+        comm.broadcast(b.data(), n, t, root)->wait();
+        for (std::size_t i = 0; i < n; ++i)
+          check.expect(label("broadcast root=" + std::to_string(root)), i, b.get(i), value(root, i), 0);
+      }
+      // allgather, out of place and in place (own block already at its offset)
+      Buffer g_in(t, n), g_out(t, n * static_cast<std::size_t>(world)), g_inplace(t, n * static_cast<std::size_t>(world));
+      for (std::size_t i = 0; i < n; ++i) g_in.set(i, value(rank, i));
+      for (std::size_t i = 0; i < n; ++i) g_inplace.set(static_cast<std::size_t>(rank) * n + i, value(rank, i));
+      comm.allgather(g_in.data(), g_out.data(), n, t)->wait();
+      comm.allgather(static_cast<char*>(g_inplace.data()) + static_cast<std::size_t>(rank) * n * dtype_size(t),
+                     g_inplace.data(), n, t)->wait();
+      for (int r = 0; r < world; ++r)
+        for (std::size_t i = 0; i < n; ++i) {
+          std::size_t at = static_cast<std::size_t>(r) * n + i;
+          check.expect(label("allgather block " + std::to_string(r)), i, g_out.get(at), value(r, i), 0);
+          check.expect(label("allgather in-place block " + std::to_string(r)), i, g_inplace.get(at), value(r, i), 0);
+        }
+    }
+  }
+  comm.barrier()->wait();
+  return failures;
+}
+
+}  // namespace lockstep::testing

@@ -1,0 +1,104 @@
+// Every backend x collective x dtype x op x count against the reference (conformance.cc),
+// world sizes 1..4, ranks as threads and as real processes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "conformance.h"
+#include "testing.h"
+
+namespace lockstep::testing {
+namespace {
+
+using comm::CommOptions;
+
+struct Case {
+  std::string backend;
+  int world;
+  std::size_t slot_bytes;  // 0: default
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.backend + "_world" + std::to_string(info.param.world) +
+         (info.param.slot_bytes ? "_slot" + std::to_string(info.param.slot_bytes) : "");
+}
+
+class ThreadRanks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ThreadRanks, MatchesReference) {
+  const Case& c = GetParam();
+  CommOptions options;
+  options.backend = c.backend;
+  options.timeout = comm::Seconds(60);
+  if (c.slot_bytes) options.shm_slot_bytes = c.slot_bytes;
+  // 5000 elements cross a 4 KiB slot's halves many times; 300000 f32 cross the default slot.
+  std::vector<std::size_t> counts = {0, 1, 7, 1000, 5000};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  run_ranks_as_threads(c.world, options, [&](comm::Communicator& comm) {
+    EXPECT_EQ(comm.backend_name(), c.backend);
+    auto f = run_conformance(comm, counts);
+    std::lock_guard<std::mutex> lock(mu);
+    failures.insert(failures.end(), f.begin(), f.end());
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, ThreadRanks,
+                         ::testing::Values(Case{"shm", 1, 0}, Case{"shm", 2, 0}, Case{"shm", 3, 0}, Case{"shm", 4, 0},
+                                           Case{"shm", 2, 4096}, Case{"shm", 3, 4096}, Case{"shm", 4, 1024}),
+                         case_name);
+#ifdef LOCKSTEP_HAVE_GLOO
+INSTANTIATE_TEST_SUITE_P(Gloo, ThreadRanks,
+                         ::testing::Values(Case{"gloo", 1, 0}, Case{"gloo", 2, 0}, Case{"gloo", 3, 0}, Case{"gloo", 4, 0}),
+                         case_name);
+#endif
+
+// Large messages on the default slot: the chunked two-phase path with several rounds.
+TEST(ShmLarge, ChunkedAllreduceAcrossRoundsIsExact) {
+  const std::size_t n = 3 * (1 << 20) / 4 + 13;  // ~3 MiB of f32, not a multiple of anything
+  run_ranks_as_threads(3, CommOptions{"shm"}, [&](comm::Communicator& comm) {
+    std::vector<float> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>((comm.rank() + 1) * (i % 101));
+    comm.allreduce(data.data(), n, comm::DType::f32, comm::ReduceOp::sum)->wait();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += data[i] != static_cast<float>(6 * (i % 101));
+    EXPECT_EQ(wrong, 0u) << "rank " << comm.rank();
+  });
+}
+
+// Real processes: the same table, 3 ranks, each backend.
+class ProcessRanks : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProcessRanks, MatchesReference) {
+  LocalStore store;
+  auto children = spawn_ranks(3, {helper_path("comm_worker"), "conformance", GetParam(), "8192"}, store);
+  for (std::size_t r = 0; r < children.size(); ++r) {
+    int code = wait_child(children[r], 120);
+    EXPECT_EQ(code, 0) << "rank " << r << ":\n" << read_file(children[r].stdout_path);
+  }
+}
+
+std::vector<std::string> process_backends() {
+  std::vector<std::string> b{"shm"};
+#ifdef LOCKSTEP_HAVE_GLOO
+  b.push_back("gloo");
+#endif
+  return b;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, ProcessRanks, ::testing::ValuesIn(process_backends()));
+
+#ifdef LOCKSTEP_HAVE_MPI
+// Under a real mpirun: ranks come from OMPI_COMM_WORLD_*, no store at all.
+TEST(MpiRanks, MatchesReferenceUnderMpirun) {
+  std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 3 env -u RANK -u WORLD_SIZE " +
+                    helper_path("comm_worker") + " conformance mpi > /tmp/lockstep-mpi-conformance.log 2>&1";
+  if (std::system("command -v mpirun > /dev/null") != 0) GTEST_SKIP() << "mpirun is not installed";
+  int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << read_file("/tmp/lockstep-mpi-conformance.log");
+}
+#endif
+
+}  // namespace
+}  // namespace lockstep::testing

@@ -1,0 +1,157 @@
+// Failures must be errors within seconds, never hangs: a killed rank, ranks issuing different
+// collectives, a rank that never arrives, a rank that left.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <future>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/error.h"
+#include "testing.h"
+
+namespace lockstep::testing {
+namespace {
+
+using comm::CommOptions;
+using comm::DType;
+using comm::ReduceOp;
+
+class KillOneRank : public ::testing::TestWithParam<std::string> {};
+
+// Three processes all-reduce in a loop; rank 1 is killed with SIGKILL. The survivors must
+// each raise PeerError and exit within the detection bound, and no segment may be left.
+TEST_P(KillOneRank, SurvivorsRaisePeerErrorQuicklyAndNothingIsLeft) {
+  const double kPeerCheck = 2.0;
+  LocalStore store;
+  auto children = spawn_ranks(3, {helper_path("comm_worker"), "loop", GetParam()}, store,
+                              {{"LOCKSTEP_PEER_CHECK", "2"}, {"LOCKSTEP_TIMEOUT", "120"}});
+  auto observer = store.client(60);
+  observer->wait({"ready/0", "ready/1", "ready/2"});  // all three are past a collective
+  ASSERT_EQ(::kill(children[1].pid, SIGKILL), 0);
+  auto killed_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(wait_child(children[1], 10), 128 + SIGKILL);
+  for (int r : {0, 2}) {
+    int code = wait_child(children[static_cast<std::size_t>(r)], 30);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    std::string out = read_file(children[static_cast<std::size_t>(r)].stdout_path);
+    EXPECT_EQ(code, 3) << "rank " << r << " should exit with PeerError:\n" << out;
+    EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+    EXPECT_NE(out.find("allreduce"), std::string::npos) << out;
+    EXPECT_LT(seconds, kPeerCheck + 3.0) << "rank " << r << " took " << seconds << " s to notice";
+  }
+  for (const auto& name : shm_segments())
+    EXPECT_EQ(name.find("lockstep-" + std::to_string(children[0].pid) + "-"), std::string::npos)
+        << "segment left behind: " << name;
+}
+
+std::vector<std::string> kill_backends() {
+  std::vector<std::string> b{"shm"};
+#ifdef LOCKSTEP_HAVE_GLOO
+  b.push_back("gloo");
+#endif
+  return b;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, KillOneRank, ::testing::ValuesIn(kill_backends()));
+
+class Misuse : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Misuse, DifferentCollectivesFailOnEveryRank) {
+  std::atomic<int> mismatches{0};
+  run_ranks_as_threads(2, CommOptions{GetParam()}, [&](comm::Communicator& comm) {
+    std::vector<float> v(16, 1.0f);
+    try {
+      if (comm.rank() == 0)
+        comm.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum)->wait();
+      else
+        comm.broadcast(v.data(), v.size(), DType::f32, 0)->wait();
+    } catch (const MismatchError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("allreduce"), std::string::npos) << what;
+      EXPECT_NE(what.find("broadcast"), std::string::npos) << what;
+      ++mismatches;
+    }
+    // The communicator is broken now: the next collective fails at once with the same error.
+    EXPECT_THROW(comm.barrier()->wait(), MismatchError);
+  });
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
+TEST_P(Misuse, DifferentSizesOrDtypesFailOnEveryRank) {
+  for (int variant = 0; variant < 2; ++variant) {
+    std::atomic<int> mismatches{0};
+    run_ranks_as_threads(3, CommOptions{GetParam()}, [&](comm::Communicator& comm) {
+      std::vector<double> v(64, 1.0);
+      std::size_t count = variant == 0 && comm.rank() == 2 ? 32 : 64;
+      DType dtype = variant == 1 && comm.rank() == 1 ? DType::i64 : DType::f64;
+      try {
+        comm.allreduce(v.data(), count, dtype, ReduceOp::sum)->wait();
+      } catch (const MismatchError&) {
+        ++mismatches;
+      }
+    });
+    EXPECT_EQ(mismatches.load(), 3) << "variant " << variant;
+  }
+}
+
+TEST_P(Misuse, ARankThatNeverArrivesIsATimeoutNamingIt) {
+  CommOptions options{GetParam()};
+  options.timeout = comm::Seconds(1);
+  std::promise<void> rank0_failed;
+  auto failed = rank0_failed.get_future().share();
+  run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+    if (comm.rank() == 1) {
+      failed.wait();  // stays alive, issuing nothing, until rank 0 has given up
+      return;
+    }
+    float v = 1;
+    try {
+      comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "allreduce returned without rank 1";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+      if (GetParam() == "shm") {
+        EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
+      }
+    }
+    rank0_failed.set_value();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Misuse, ::testing::ValuesIn(kill_backends()));
+
+TEST(ShmFault, APeerThatClosedItsCommunicatorIsReported) {
+  run_ranks_as_threads(2, CommOptions{"shm"}, [&](comm::Communicator& comm) {
+    if (comm.rank() == 1) return;  // closes its communicator without issuing anything
+    float v = 1;
+    try {
+      comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "allreduce returned without rank 1";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Work, WaitWithATimeoutDoesNotHang) {
+  CommOptions options{"shm"};
+  std::promise<void> done;
+  auto released = done.get_future().share();
+  run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+    float v = 1;
+    if (comm.rank() == 0) {
+      auto work = comm.allreduce(&v, 1, DType::f32, ReduceOp::sum);
+      EXPECT_THROW(work->wait(comm::Seconds(0.1)), TimeoutError);
+      EXPECT_FALSE(work->done());
+      done.set_value();
+      work->wait();  // rank 1 joins now: the collective completes
+      EXPECT_EQ(v, 2.0f);
+    } else {
+      released.wait();
+      comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace lockstep::testing

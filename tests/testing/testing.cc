@@ -1,0 +1,137 @@
+#include "testing.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace lockstep::testing {
+
+LocalStore::LocalStore() : token_(comm::random_token()) {
+  server_ = std::make_unique<comm::StoreServer>(comm::StoreServerOptions{"127.0.0.1", 0, token_});
+}
+
+std::shared_ptr<comm::StoreClient> LocalStore::client(double timeout_seconds) const {
+  return std::make_shared<comm::StoreClient>(
+      comm::StoreClientOptions{"127.0.0.1", server_->port(), token_, comm::Seconds(timeout_seconds)});
+}
+
+void run_ranks_as_threads(int world, const comm::CommOptions& options,
+                          const std::function<void(comm::Communicator&)>& fn) {
+  LocalStore store;
+  std::vector<std::thread> threads;
+  std::exception_ptr first;
+  std::mutex mu;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = comm::Communicator::create(store.client(), r, world, options);
+        fn(*comm);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, const LocalStore& store,
+                               const std::map<std::string, std::string>& extra_env) {
+  char dir_template[] = "/tmp/lockstep-test-XXXXXX";
+  std::string dir = mkdtemp(dir_template);
+  static int run = 0;
+  std::string run_id = "test-" + std::to_string(getpid()) + "-" + std::to_string(run++);
+  std::vector<Child> children;
+  for (int r = 0; r < world; ++r) {
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string kv(*e);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(world);
+    env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
+    env["LOCKSTEP_TOKEN"] = store.token();
+    env["LOCKSTEP_RUN_ID"] = run_id;
+    for (const auto& [k, v] : extra_env) env[k] = v;
+    std::vector<std::string> env_strings, args = argv;
+    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp, argp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : args) argp.push_back(s.data());
+    argp.push_back(nullptr);
+    Child child;
+    child.stdout_path = dir + "/rank" + std::to_string(r) + ".log";
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, child.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    int rc = posix_spawn(&child.pid, argp[0], &actions, nullptr, argp.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error("cannot spawn " + argv[0]);
+    children.push_back(child);
+  }
+  return children;
+}
+
+int wait_child(const Child& child, double timeout_seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  for (;;) {
+    int status = 0;
+    pid_t got = waitpid(child.pid, &status, WNOHANG);
+    if (got == child.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(child.pid, SIGKILL);
+      waitpid(child.pid, &status, 0);
+      throw std::runtime_error("child " + std::to_string(child.pid) + " did not exit within " +
+                               std::to_string(timeout_seconds) + " s; output:\n" + read_file(child.stdout_path));
+    }
+    // Polling a child's exit: there is no portable wait-with-timeout for a pid.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string helper_path(const std::string& name) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::string self(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+std::vector<std::string> shm_segments() {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.rfind("lockstep-", 0) == 0) out.push_back(name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+}  // namespace lockstep::testing

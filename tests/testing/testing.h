@@ -1,0 +1,57 @@
+// Test helpers shared by every layer's tests: ranks as threads over an in-process store, ranks
+// as real processes, and the reference data the conformance tests compare against.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/store.h"
+
+namespace lockstep::testing {
+
+// A store server on a free loopback port with a fresh token, and clients for it.
+class LocalStore {
+ public:
+  LocalStore();
+  std::shared_ptr<comm::StoreClient> client(double timeout_seconds = 30) const;
+  int port() const { return server_->port(); }
+  const std::string& token() const { return token_; }
+  comm::StoreServer& server() { return *server_; }
+
+ private:
+  std::string token_;
+  std::unique_ptr<comm::StoreServer> server_;
+};
+
+// Runs fn(rank) on `world` threads, each with its own communicator over one store; rethrows
+// the first exception any rank threw (after all threads joined).
+void run_ranks_as_threads(int world, const comm::CommOptions& options,
+                          const std::function<void(comm::Communicator&)>& fn);
+
+// A child process of the test, started with posix_spawn.
+struct Child {
+  pid_t pid = -1;
+  std::string stdout_path;  // where its stdout+stderr went
+};
+
+// Starts `world` copies of `argv` as ranks of one job (RANK, WORLD_SIZE, LOCKSTEP_STORE_ADDR,
+// LOCKSTEP_TOKEN set; `extra_env` added), output to files in a temp dir.
+std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, const LocalStore& store,
+                               const std::map<std::string, std::string>& extra_env = {});
+// Waits for the child; returns the exit code, or 128 + signal. Fails the test after the deadline.
+int wait_child(const Child& child, double timeout_seconds);
+std::string read_file(const std::string& path);
+
+// The path of a helper binary built next to the tests (e.g. "comm_worker").
+std::string helper_path(const std::string& name);
+
+// Lockstep shared-memory segments currently in /dev/shm.
+std::vector<std::string> shm_segments();
+
+}  // namespace lockstep::testing
