@@ -21,7 +21,9 @@ using namespace lockstep::comm;
 namespace {
 
 // Small integers: exact in every dtype, so the expected sum is exact too.
-double input_value(int rank, std::size_t i) { return static_cast<double>((rank + 1) * ((i % 7) + 1) % 16); }
+double input_value(int rank, std::size_t i) {
+  return static_cast<double>((rank + 1) * ((i % 7) + 1) % 16);
+}
 
 void fill(void* buf, DType t, std::size_t n, int rank) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -59,9 +61,13 @@ std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, in
       lo = std::min(lo, v);
       hi = std::max(hi, v);
     }
-    double want = op == ReduceOp::sum ? sum : op == ReduceOp::min ? lo : op == ReduceOp::max ? hi : sum / world;
+    double want = op == ReduceOp::sum   ? sum
+                  : op == ReduceOp::min ? lo
+                  : op == ReduceOp::max ? hi
+                                        : sum / world;
     if (op == ReduceOp::avg && (t == DType::i32 || t == DType::i64)) want = std::trunc(want);
-    double tol = (t == DType::f16 || t == DType::bf16) ? 0.01 * std::abs(want) + 1e-3 : 1e-6 * std::abs(want) + 1e-9;
+    double tol =
+        (t == DType::f16 || t == DType::bf16) ? 0.01 * std::abs(want) + 1e-3 : 1e-6 * std::abs(want) + 1e-9;
     if (std::abs(read(out, t, i) - want) > tol) ++wrong;
   }
   return wrong;
@@ -69,9 +75,12 @@ std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, in
 
 std::string human_bytes(std::size_t b) {
   char buf[32];
-  if (b >= (1u << 20)) std::snprintf(buf, sizeof buf, "%zuM", b >> 20);
-  else if (b >= (1u << 10)) std::snprintf(buf, sizeof buf, "%zuK", b >> 10);
-  else std::snprintf(buf, sizeof buf, "%zu", b);
+  if (b >= (1u << 20))
+    std::snprintf(buf, sizeof buf, "%zuM", b >> 20);
+  else if (b >= (1u << 10))
+    std::snprintf(buf, sizeof buf, "%zuK", b >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%zu", b);
   return buf;
 }
 
@@ -82,6 +91,7 @@ int bench_allreduce_worker(const BenchOptions& options) {
   ReduceOp op = parse_reduce_op(options.op);
   CommOptions comm_options;
   comm_options.backend = options.backend;
+  if (options.shm_slot_bytes != 0) comm_options.shm_slot_bytes = options.shm_slot_bytes;
   Job job = join_from_env(comm_options);
   Communicator& comm = *job.comm;
   int rank = comm.rank(), world = comm.size();
@@ -106,7 +116,8 @@ int bench_allreduce_worker(const BenchOptions& options) {
 
     int iters = options.iters > 0 ? options.iters
                                   : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
-    for (int i = 0; i < options.warmup; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    for (int i = 0; i < options.warmup; ++i)
+      comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
     comm.barrier()->wait();
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
@@ -117,12 +128,19 @@ int bench_allreduce_worker(const BenchOptions& options) {
     double busbw = algbw * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
     if (rank == 0) {
       if (options.json) {
-        rows.push_back({{"bytes", bytes}, {"count", count}, {"dtype", options.dtype}, {"op", options.op},
-                        {"time_us", seconds * 1e6}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw},
-                        {"wrong", total_wrong}, {"iters", iters}});
+        rows.push_back({{"bytes", bytes},
+                        {"count", count},
+                        {"dtype", options.dtype},
+                        {"op", options.op},
+                        {"time_us", seconds * 1e6},
+                        {"algbw_gbps", algbw},
+                        {"busbw_gbps", busbw},
+                        {"wrong", total_wrong},
+                        {"iters", iters}});
       } else {
         std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", bytes, count, options.dtype.c_str(),
-                    options.op.c_str(), seconds * 1e6, algbw, busbw, static_cast<unsigned long long>(total_wrong));
+                    options.op.c_str(), seconds * 1e6, algbw, busbw,
+                    static_cast<unsigned long long>(total_wrong));
         std::fflush(stdout);
       }
     }
@@ -132,7 +150,8 @@ int bench_allreduce_worker(const BenchOptions& options) {
                    static_cast<unsigned long long>(total_wrong), human_bytes(bytes).c_str());
   }
   if (rank == 0 && options.json) {
-    nlohmann::json doc = {{"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
+    nlohmann::json doc = {
+        {"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
     std::printf("%s\n", doc.dump(2).c_str());
   }
   return wrong_anywhere == 0 ? 0 : 1;

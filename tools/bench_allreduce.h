@@ -14,6 +14,7 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 0;  // 0: chosen per size
   bool json = false;
+  std::size_t shm_slot_bytes = 0;  // 0: the communicator's default
 };
 
 // Runs on every rank of an already-started job; rank 0 prints the table (or JSON).

@@ -60,9 +60,11 @@ int run_local_ranks(int nproc, const std::vector<std::string>& argv) {
     if (code != 0 && first_failure == 0) {
       first_failure = code;
       for (std::size_t r = 0; r < pids.size(); ++r) {
-        if (pids[r] == pid) std::fprintf(stderr, "lockstep: rank %zu failed (exit %d); stopping the others\n", r, code);
+        if (pids[r] == pid)
+          std::fprintf(stderr, "lockstep: rank %zu failed (exit %d); stopping the others\n", r, code);
       }
-      for (pid_t p : pids) if (p != pid) kill(p, SIGTERM);
+      for (pid_t p : pids)
+        if (p != pid) kill(p, SIGTERM);
     }
   }
   return first_failure;

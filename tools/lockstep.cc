@@ -22,7 +22,9 @@ namespace {
 using namespace lockstep;
 using namespace lockstep::comm;
 
-bool inside_job() { return std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr; }
+bool inside_job() {
+  return std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
+}
 
 // Each rank contributes (rank + 1) * (i + 1); the sum over ranks is i+1 times a triangle number.
 int demo_worker(const std::string& backend, std::size_t count) {
@@ -31,9 +33,11 @@ int demo_worker(const std::string& backend, std::size_t count) {
   auto start = std::chrono::steady_clock::now();
   Job job = join_from_env(options);
   Communicator& comm = *job.comm;
-  double setup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  double setup_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::vector<float> data(count);
-  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>((comm.rank() + 1) * static_cast<int>(i % 1000 + 1));
+  for (std::size_t i = 0; i < count; ++i)
+    data[i] = static_cast<float>((comm.rank() + 1) * static_cast<int>(i % 1000 + 1));
   auto t0 = std::chrono::steady_clock::now();
   comm.allreduce(data.data(), count, DType::f32, ReduceOp::sum)->wait();
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -42,8 +46,8 @@ int demo_worker(const std::string& backend, std::size_t count) {
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < count; ++i)
     if (data[i] != triangle * static_cast<float>(i % 1000 + 1)) ++wrong;
-  std::printf("[rank %d/%d] %s: joined in %.1f ms; allreduce of %zu floats in %.2f ms: %s\n", comm.rank(), world,
-              comm.backend_name().c_str(), setup_ms, count, ms,
+  std::printf("[rank %d/%d] %s: joined in %.1f ms; allreduce of %zu floats in %.2f ms: %s\n", comm.rank(),
+              world, comm.backend_name().c_str(), setup_ms, count, ms,
               wrong == 0 ? "correct" : (std::to_string(wrong) + " WRONG elements").c_str());
   std::fflush(stdout);
   comm.barrier()->wait();
@@ -61,7 +65,9 @@ int main(int argc, char** argv) {
   std::string backend = "auto";
   std::size_t count = 1 << 20;
   auto* demo = app.add_subcommand("demo", "All-reduce across local processes and check the result");
-  demo->add_option("--nproc", nproc, "processes to start (ignored inside a job)")->check(CLI::Range(1, 256))->capture_default_str();
+  demo->add_option("--nproc", nproc, "processes to start (ignored inside a job)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   demo->add_option("--backend", backend, "shm | gloo | mpi | auto")->capture_default_str();
   demo->add_option("--count", count, "floats per rank")->capture_default_str();
 
@@ -70,7 +76,9 @@ int main(int argc, char** argv) {
   tools::BenchOptions bo;
   int bench_nproc = 2;
   auto* ar = bench->add_subcommand("allreduce", "Allreduce sweep with nccl-tests columns");
-  ar->add_option("--nproc", bench_nproc, "processes to start (ignored inside a job)")->check(CLI::Range(1, 256))->capture_default_str();
+  ar->add_option("--nproc", bench_nproc, "processes to start (ignored inside a job)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   ar->add_option("--backend", bo.backend, "shm | gloo | mpi | auto")->capture_default_str();
   ar->add_option("--dtype", bo.dtype, "f32 | f64 | f16 | bf16 | i32 | i64")->capture_default_str();
   ar->add_option("--op", bo.op, "sum | avg | min | max")->capture_default_str();
@@ -79,6 +87,7 @@ int main(int argc, char** argv) {
   ar->add_option("--warmup", bo.warmup, "untimed iterations per size")->capture_default_str();
   ar->add_option("--iters", bo.iters, "timed iterations per size (0: by size)")->capture_default_str();
   ar->add_flag("--json", bo.json, "print JSON instead of the table");
+  ar->add_option("--shm-slot-bytes", bo.shm_slot_bytes, "shm staging bytes per rank (0: default 1 MiB)");
 
   CLI11_PARSE(app, argc, argv);
   try {

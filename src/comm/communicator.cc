@@ -106,10 +106,11 @@ double Work::seconds() const {
   return state_->seconds;
 }
 
-std::uint64_t Work::sequence() const { return state_->collective.sequence; }
+std::uint64_t Work::sequence() const {
+  return state_->collective.sequence;
+}
 
-Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
-                           CommOptions options)
+Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options)
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
@@ -144,7 +145,9 @@ Communicator::~Communicator() {
   backend_.reset();
 }
 
-const std::string& Communicator::backend_name() const { return backend_->name(); }
+const std::string& Communicator::backend_name() const {
+  return backend_->name();
+}
 
 std::uint64_t Communicator::issued() const {
   std::lock_guard<std::mutex> lock(queue_->mu);
@@ -172,8 +175,7 @@ void require_buffer(const void* p, std::size_t count, const char* what, const ch
 }
 }  // namespace
 
-WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                ReduceOp op) {
+WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   require_buffer(send, count, "send buffer", "allreduce");
   require_buffer(recv, count, "recv buffer", "allreduce");
   Collective c;
@@ -227,7 +229,9 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t c
   return enqueue(c);
 }
 
-WorkPtr Communicator::barrier() { return enqueue(Collective{}); }
+WorkPtr Communicator::barrier() {
+  return enqueue(Collective{});
+}
 
 // --- creation -------------------------------------------------------------------------------
 
@@ -260,12 +264,12 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> store, int rank,
-                                                   int size, CommOptions options) {
+std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> store, int rank, int size,
+                                                   CommOptions options) {
   if (size < 1) throw ConfigError("communicator size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
-    throw ConfigError("rank " + std::to_string(rank) + " is outside 0.." +
-                      std::to_string(size - 1) + " (RANK must be < WORLD_SIZE)");
+    throw ConfigError("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(size - 1) +
+                      " (RANK must be < WORLD_SIZE)");
   log::set_rank(rank);
   if (!store) {
 #ifdef LOCKSTEP_HAVE_MPI
@@ -275,8 +279,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
           new Communicator(rank, size, make_mpi_backend(ctx), std::move(options)));
     }
 #endif
-    throw ConfigError("Communicator::create needs a store client (only the mpi backend runs "
-                      "without one)");
+    throw ConfigError(
+        "Communicator::create needs a store client (only the mpi backend runs "
+        "without one)");
   }
 
   // Each collective creation of a communicator with this name is one generation; a rank's
@@ -297,8 +302,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
     store->wait(keys, options.timeout);
   } catch (const TimeoutError& e) {
     throw TimeoutError("rank " + std::to_string(rank) + " waited " +
-                       log::seconds_text(options.timeout.count()) + " for all " + std::to_string(size) + " ranks to join: " + e.what() +
-                       ". Did every rank start, with the same WORLD_SIZE?");
+                       log::seconds_text(options.timeout.count()) + " for all " + std::to_string(size) +
+                       " ranks to join: " + e.what() + ". Did every rank start, with the same WORLD_SIZE?");
   }
   bool one_host = true;
   for (int r = 0; r < size; ++r) {
@@ -316,8 +321,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   std::unique_ptr<Backend> impl;
   if (backend == "shm") {
     if (!one_host)
-      throw ConfigError("backend 'shm' needs every rank on one machine, but ranks run on several "
-                        "hosts: use --backend gloo (or auto)");
+      throw ConfigError(
+          "backend 'shm' needs every rank on one machine, but ranks run on several "
+          "hosts: use --backend gloo (or auto)");
     impl = make_shm_backend(ctx);
   } else if (backend == "gloo") {
 #ifdef LOCKSTEP_HAVE_GLOO
@@ -334,10 +340,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   } else {
     throw ConfigError("unknown backend '" + backend + "': use shm, gloo, mpi or auto");
   }
-  LOCKSTEP_LOG(info) << "communicator '" << options.name << "' up: rank " << rank << " of "
-                     << size << " on " << backend;
-  return std::unique_ptr<Communicator>(
-      new Communicator(rank, size, std::move(impl), std::move(options)));
+  LOCKSTEP_LOG(info) << "communicator '" << options.name << "' up: rank " << rank << " of " << size << " on "
+                     << backend;
+  return std::unique_ptr<Communicator>(new Communicator(rank, size, std::move(impl), std::move(options)));
 }
 
 }  // namespace lockstep::comm

@@ -61,8 +61,10 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 template <typename T>
 gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
   switch (op) {
-    case ReduceOp::min: return [](void* c, const void* a, const void* b, size_t n) { gloo::min<T>(c, a, b, n); };
-    case ReduceOp::max: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<T>(c, a, b, n); };
+    case ReduceOp::min:
+      return [](void* c, const void* a, const void* b, size_t n) { gloo::min<T>(c, a, b, n); };
+    case ReduceOp::max:
+      return [](void* c, const void* a, const void* b, size_t n) { gloo::max<T>(c, a, b, n); };
     default: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<T>(c, a, b, n); };
   }
 }
@@ -107,8 +109,8 @@ class GlooBackend final : public Backend {
       std::string what = e.what();
       if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
         throw TimeoutError("gloo: " + c.describe() + " timed out after " +
-                           log::seconds_text(options_.timeout.count()) + " on rank " +
-                           std::to_string(rank_) + ": " + what);
+                           log::seconds_text(options_.timeout.count()) + " on rank " + std::to_string(rank_) +
+                           ": " + what);
       throw PeerError("gloo: " + dead_ranks() + " while rank " + std::to_string(rank_) + " was in " +
                       c.describe() + " (" + what + "); the job cannot continue");
     }
@@ -183,8 +185,7 @@ class GlooBackend final : public Backend {
         gloo::allgather(opts);
         return;
       }
-      case CollectiveKind::allreduce:
-        return allreduce(c.send, c.recv, c.count, c.dtype, c.op, tag(c, 0));
+      case CollectiveKind::allreduce: return allreduce(c.send, c.recv, c.count, c.dtype, c.op, tag(c, 0));
       case CollectiveKind::reduce_scatter: {
         std::size_t total = c.count * static_cast<std::size_t>(size_);
         std::vector<char> full(total * esize);
@@ -195,8 +196,7 @@ class GlooBackend final : public Backend {
     }
   }
 
-  void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                 std::uint32_t t) {
+  void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, std::uint32_t t) {
     if (count == 0) return;
     switch (dtype) {
       case DType::f32: return allreduce_typed<float>(send, recv, count, op, t);

@@ -45,7 +45,9 @@ std::string seconds_text(double seconds) {
   return buf;
 }
 
-void set_rank(int rank) { g_rank.store(rank); }
+void set_rank(int rank) {
+  g_rank.store(rank);
+}
 
 void write(Level level, const std::string& line) {
   int rank = g_rank.load();

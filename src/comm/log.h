@@ -35,7 +35,7 @@ class Line {
 
 }  // namespace lockstep::log
 
-#define LOCKSTEP_LOG(level)                                              \
-  if (!::lockstep::log::enabled(::lockstep::log::Level::level)) {        \
-  } else                                                                 \
+#define LOCKSTEP_LOG(level)                                       \
+  if (!::lockstep::log::enabled(::lockstep::log::Level::level)) { \
+  } else                                                          \
     ::lockstep::log::Line(::lockstep::log::Level::level)

@@ -72,9 +72,8 @@ class MpiBackend final : public Backend {
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     if (world_rank != rank_ || world_size != size_)
       throw ConfigError("mpi: MPI says rank " + std::to_string(world_rank) + " of " +
-                        std::to_string(world_size) + " but lockstep was told rank " +
-                        std::to_string(rank_) + " of " + std::to_string(size_) +
-                        ": under mpirun leave RANK/WORLD_SIZE unset");
+                        std::to_string(world_size) + " but lockstep was told rank " + std::to_string(rank_) +
+                        " of " + std::to_string(size_) + ": under mpirun leave RANK/WORLD_SIZE unset");
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
@@ -101,19 +100,18 @@ class MpiBackend final : public Backend {
     }
     const std::size_t esize = dtype_size(c.dtype);
     switch (c.kind) {
-      case CollectiveKind::barrier:
-        return ok(MPI_Barrier(comm_), c);
+      case CollectiveKind::barrier: return ok(MPI_Barrier(comm_), c);
       case CollectiveKind::broadcast:
         return ok(MPI_Bcast(c.recv, as_int(c.count * esize, c), MPI_BYTE, c.root, comm_), c);
       case CollectiveKind::allgather: {
         int n = as_int(c.count * esize, c);
         const void* in = c.send == static_cast<char*>(c.recv) + static_cast<std::size_t>(rank_) * n
-                             ? MPI_IN_PLACE : c.send;
+                             ? MPI_IN_PLACE
+                             : c.send;
         return ok(MPI_Allgather(in, n, MPI_BYTE, c.recv, n, MPI_BYTE, comm_), c);
       }
       case CollectiveKind::allreduce:
-      case CollectiveKind::reduce_scatter:
-        return reduce(c);
+      case CollectiveKind::reduce_scatter: return reduce(c);
     }
   }
 

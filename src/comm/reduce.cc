@@ -15,15 +15,21 @@ constexpr std::size_t kBlock = 1024;
 
 struct Sum {
   template <typename A>
-  static A apply(A a, A b) { return a + b; }
+  static A apply(A a, A b) {
+    return a + b;
+  }
 };
 struct Min {
   template <typename A>
-  static A apply(A a, A b) { return b < a ? b : a; }
+  static A apply(A a, A b) {
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <typename A>
-  static A apply(A a, A b) { return a < b ? b : a; }
+  static A apply(A a, A b) {
+    return a < b ? b : a;
+  }
 };
 
 // T: element type in memory; A: accumulator type; Load/Store convert between them.
@@ -49,8 +55,8 @@ inline __attribute__((always_inline)) void reduce_blocks(void* out, const void* 
 }
 
 template <typename T, typename A, typename Load, typename Store>
-inline __attribute__((always_inline)) void reduce_op(ReduceOp op, void* out, const void* const* in,
-                                                     int n, std::size_t count, Load load, Store store) {
+inline __attribute__((always_inline)) void reduce_op(ReduceOp op, void* out, const void* const* in, int n,
+                                                     std::size_t count, Load load, Store store) {
   switch (op) {
     case ReduceOp::sum: return reduce_blocks<T, A, Sum, false>(out, in, n, count, load, store);
     case ReduceOp::avg: return reduce_blocks<T, A, Sum, true>(out, in, n, count, load, store);
@@ -60,9 +66,10 @@ inline __attribute__((always_inline)) void reduce_op(ReduceOp op, void* out, con
 }
 
 template <typename T>
-inline __attribute__((always_inline)) void reduce_plain(ReduceOp op, void* out, const void* const* in,
-                                                        int n, std::size_t count) {
-  reduce_op<T, T>(op, out, in, n, count, [](T v) { return v; }, [](T v) { return v; });
+inline __attribute__((always_inline)) void reduce_plain(ReduceOp op, void* out, const void* const* in, int n,
+                                                        std::size_t count) {
+  reduce_op<T, T>(
+      op, out, in, n, count, [](T v) { return v; }, [](T v) { return v; });
 }
 
 __attribute__((target_clones("avx2", "default"))) void reduce_f32(ReduceOp op, void* out,
@@ -93,8 +100,7 @@ __attribute__((target_clones("avx2", "default"))) void reduce_bf16(ReduceOp op, 
 
 }  // namespace
 
-void reduce(DType dtype, ReduceOp op, void* out, const void* const* inputs, int n,
-            std::size_t count) {
+void reduce(DType dtype, ReduceOp op, void* out, const void* const* inputs, int n, std::size_t count) {
   if (count == 0) return;
   switch (dtype) {
     case DType::f32: return reduce_f32(op, out, inputs, n, count);

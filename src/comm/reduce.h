@@ -11,7 +11,6 @@ namespace lockstep::comm {
 // every rank that reduces the same inputs gets bitwise the same result. avg divides the sum by
 // n (integer division for integer types). Half types are combined in f32 and rounded once.
 // `out` may alias any input.
-void reduce(DType dtype, ReduceOp op, void* out, const void* const* inputs, int n,
-            std::size_t count);
+void reduce(DType dtype, ReduceOp op, void* out, const void* const* inputs, int n, std::size_t count);
 
 }  // namespace lockstep::comm

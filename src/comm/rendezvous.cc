@@ -51,12 +51,15 @@ EnvMap process_env() {
 
 }  // namespace
 
-RendezvousInfo rendezvous_info_from_env() { return rendezvous_info_from(process_env()); }
+RendezvousInfo rendezvous_info_from_env() {
+  return rendezvous_info_from(process_env());
+}
 
 RendezvousInfo rendezvous_info_from(const EnvMap& env) {
   RendezvousInfo info;
-  const char* fix_rank = "start workers with `lockstep run`, or give each process RANK in "
-                         "0..WORLD_SIZE-1 and the same WORLD_SIZE";
+  const char* fix_rank =
+      "start workers with `lockstep run`, or give each process RANK in "
+      "0..WORLD_SIZE-1 and the same WORLD_SIZE";
   auto rank = lookup(env, env::kRank.name);
   auto world = lookup(env, env::kWorldSize.name);
   std::string rank_var = env::kRank.name, world_var = env::kWorldSize.name;
@@ -84,36 +87,39 @@ RendezvousInfo rendezvous_info_from(const EnvMap& env) {
   std::string local_size_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : env::kLocalWorldSize.name;
   auto local_size = lookup(env, local_size_var);
   auto local_rank = lookup(env, local_rank_var);
-  info.local_world_size = local_size ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, fix_rank))
-                                     : info.world_size;
-  info.local_rank = local_rank ? static_cast<int>(parse_int(local_rank_var, *local_rank, 0, 1 << 20, fix_rank))
-                               : info.rank % info.local_world_size;
+  info.local_world_size = local_size
+                              ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, fix_rank))
+                              : info.world_size;
+  info.local_rank = local_rank
+                        ? static_cast<int>(parse_int(local_rank_var, *local_rank, 0, 1 << 20, fix_rank))
+                        : info.rank % info.local_world_size;
   if (info.local_rank >= info.local_world_size)
-    throw ConfigError(local_rank_var + "=" + std::to_string(info.local_rank) + " but " +
-                      local_size_var + "=" + std::to_string(info.local_world_size) +
+    throw ConfigError(local_rank_var + "=" + std::to_string(info.local_rank) + " but " + local_size_var +
+                      "=" + std::to_string(info.local_world_size) +
                       ": the local rank must be below the local world size");
 
   if (auto addr = lookup(env, env::kMasterAddr.name)) info.master_addr = *addr;
   if (auto port = lookup(env, env::kMasterPort.name))
-    info.master_port = static_cast<int>(parse_int(env::kMasterPort.name, *port, 1, 65535,
-                                                  "set MASTER_PORT to a free TCP port (1..65535)"));
+    info.master_port = static_cast<int>(
+        parse_int(env::kMasterPort.name, *port, 1, 65535, "set MASTER_PORT to a free TCP port (1..65535)"));
   if (auto store = lookup(env, env::kStoreAddr.name)) {
     auto colon = store->rfind(':');
     if (colon == std::string::npos || colon == 0)
       throw ConfigError(std::string(env::kStoreAddr.name) + "='" + *store + "' is not host:port");
     info.store_host = store->substr(0, colon);
-    info.store_port = static_cast<int>(parse_int(env::kStoreAddr.name, store->substr(colon + 1), 1, 65535,
-                                                 "expected host:port"));
+    info.store_port = static_cast<int>(
+        parse_int(env::kStoreAddr.name, store->substr(colon + 1), 1, 65535, "expected host:port"));
   }
   if (info.world_size > 1 && info.store_host.empty() && info.master_port == 0 && !info.from_mpirun)
     throw ConfigError("neither LOCKSTEP_STORE_ADDR nor MASTER_PORT is set, so the " +
-                      std::to_string(info.world_size) + " ranks cannot find each other: start "
+                      std::to_string(info.world_size) +
+                      " ranks cannot find each other: start "
                       "workers with `lockstep run`, or set MASTER_ADDR and MASTER_PORT");
   info.token = lookup(env, env::kToken.name).value_or("");
   info.run_id = lookup(env, env::kRunId.name).value_or(env::kRunId.default_value);
   if (auto restarts = lookup(env, env::kRestartCount.name))
-    info.restart_count = static_cast<int>(parse_int(env::kRestartCount.name, *restarts, 0, 1 << 20,
-                                                    "it is set by lockstep run; unset it"));
+    info.restart_count = static_cast<int>(
+        parse_int(env::kRestartCount.name, *restarts, 0, 1 << 20, "it is set by lockstep run; unset it"));
   if (auto t = lookup(env, env::kTimeout.name)) info.timeout = Seconds(parse_seconds(env::kTimeout.name, *t));
   return info;
 }
@@ -124,7 +130,8 @@ Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
   if (info_.world_size == 1 && info_.store_host.empty() && info_.master_port == 0) {
     // A job of one hosts a private store on a free loopback port.
     server_ = std::make_unique<StoreServer>(StoreServerOptions{"127.0.0.1", 0, info_.token});
-    store_ = std::make_shared<StoreClient>(StoreClientOptions{"127.0.0.1", server_->port(), info_.token, info_.timeout});
+    store_ = std::make_shared<StoreClient>(
+        StoreClientOptions{"127.0.0.1", server_->port(), info_.token, info_.timeout});
   } else if (!info_.store_host.empty()) {
     store_ = std::make_shared<StoreClient>(
         StoreClientOptions{info_.store_host, info_.store_port, info_.token, info_.timeout});

@@ -70,10 +70,10 @@ inline void cpu_relax() {
 struct alignas(kAlign) RankControl {
   std::atomic<std::uint64_t> generation;  // barrier generation reached; its own line
   char pad0[kAlign - sizeof(std::atomic<std::uint64_t>)];
-  std::uint64_t sequence[2];   // descriptor slots, indexed by sequence parity
+  std::uint64_t sequence[2];  // descriptor slots, indexed by sequence parity
   std::uint64_t signature[2];
-  std::atomic<int> dead;       // set by whichever peer first finds the owner dead
-  std::atomic<int> departed;   // set by the owner when its communicator closes cleanly
+  std::atomic<int> dead;      // set by whichever peer first finds the owner dead
+  std::atomic<int> departed;  // set by the owner when its communicator closes cleanly
   int pid;
   alignas(kAlign) pthread_mutex_t alive;  // held by the owner's progress thread
 };
@@ -86,15 +86,16 @@ struct alignas(kAlign) Header {
   char abort_reason[512];
 };
 
-std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+std::size_t round_up(std::size_t n, std::size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 class ShmBackend final : public Backend {
  public:
-  explicit ShmBackend(const BackendContext& ctx)
-      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
-    slot_bytes_ = round_up(std::max<std::size_t>(options_.shm_slot_bytes,
-                                                 2 * kAlign * static_cast<std::size_t>(size_)),
-                           2 * kAlign);
+  explicit ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+    slot_bytes_ =
+        round_up(std::max<std::size_t>(options_.shm_slot_bytes, 2 * kAlign * static_cast<std::size_t>(size_)),
+                 2 * kAlign);
     half_bytes_ = slot_bytes_ / 2;
     std::size_t header_bytes = round_up(sizeof(Header) + size_ * sizeof(RankControl), 4096);
     total_bytes_ = header_bytes + slot_bytes_ * static_cast<std::size_t>(size_);
@@ -126,8 +127,8 @@ class ShmBackend final : public Backend {
     ::close(fd);
     if (base == MAP_FAILED) {
       if (rank_ == 0) ::shm_unlink(name.c_str());
-      throw SystemError("shm: mmap of " + std::to_string(total_bytes_) + " bytes failed: " +
-                        std::strerror(errno));
+      throw SystemError("shm: mmap of " + std::to_string(total_bytes_) +
+                        " bytes failed: " + std::strerror(errno));
     }
     base_ = static_cast<char*>(base);
     header_ = reinterpret_cast<Header*>(base_);
@@ -140,8 +141,8 @@ class ShmBackend final : public Backend {
     } else if (header_->magic != kMagic || header_->size != static_cast<std::uint64_t>(size_) ||
                header_->slot_bytes != slot_bytes_) {
       throw ConfigError("shm: segment " + name + " was made for another configuration (size " +
-                        std::to_string(header_->size) + ", slot " +
-                        std::to_string(header_->slot_bytes) + " bytes): all ranks must use the "
+                        std::to_string(header_->size) + ", slot " + std::to_string(header_->slot_bytes) +
+                        " bytes): all ranks must use the "
                         "same shm options");
     }
     control(rank_).pid = static_cast<int>(getpid());
@@ -217,8 +218,7 @@ class ShmBackend final : public Backend {
 
   void check_peer(int r, const Collective& c) {
     RankControl& rc = control(r);
-    if (rc.dead.load(std::memory_order_acquire))
-      throw PeerError(peer_lost(r, c, "died"));
+    if (rc.dead.load(std::memory_order_acquire)) throw PeerError(peer_lost(r, c, "died"));
     int status = pthread_mutex_trylock(&rc.alive);
     if (status == EOWNERDEAD || status == ENOTRECOVERABLE) {
       rc.dead.store(1, std::memory_order_release);
@@ -241,8 +241,8 @@ class ShmBackend final : public Backend {
   void check_abort(const Collective& c) {
     int who = header_->abort_rank.load(std::memory_order_acquire);
     if (who >= 0 && who != rank_)
-      throw PeerError("rank " + std::to_string(who) + " failed (" + header_->abort_reason +
-                      ") while rank " + std::to_string(rank_) + " was in " + c.describe());
+      throw PeerError("rank " + std::to_string(who) + " failed (" + header_->abort_reason + ") while rank " +
+                      std::to_string(rank_) + " was in " + c.describe());
   }
 
   // Waits until every rank reached barrier generation `gen`.
@@ -259,8 +259,7 @@ class ShmBackend final : public Backend {
     auto start = Clock::now();
     auto next_check = start;
     auto check_every = std::min<Clock::duration>(
-        std::chrono::milliseconds(20),
-        std::chrono::duration_cast<Clock::duration>(options_.peer_check / 4));
+        std::chrono::milliseconds(20), std::chrono::duration_cast<Clock::duration>(options_.peer_check / 4));
     for (;;) {
       if (arrived_all()) return;
       auto now = Clock::now();
@@ -284,7 +283,8 @@ class ShmBackend final : public Backend {
     std::string late;
     for (int r = 0; r < size_; ++r)
       if (control(r).generation.load() < gen) late += (late.empty() ? "" : ", ") + std::to_string(r);
-    return c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) + " on rank " + std::to_string(rank_) + " waiting for rank(s) " + late +
+    return c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) + " on rank " +
+           std::to_string(rank_) + " waiting for rank(s) " + late +
            ", which are alive but did not reach it (stuck in compute, or issuing collectives in "
            "another order); raise --timeout if they are just slow";
   }
@@ -307,8 +307,8 @@ class ShmBackend final : public Backend {
       RankControl& rc = control(r);
       if (rc.sequence[parity] != c.sequence)
         throw MismatchError("rank " + std::to_string(r) + " is at collective #" +
-                            std::to_string(rc.sequence[parity]) + " while rank " +
-                            std::to_string(rank_) + " is at " + c.describe());
+                            std::to_string(rc.sequence[parity]) + " while rank " + std::to_string(rank_) +
+                            " is at " + c.describe());
       sigs[static_cast<std::size_t>(r)] = rc.signature[parity];
     }
     check_signatures(c, sigs.data(), size_, rank_);
@@ -360,7 +360,8 @@ class ShmBackend final : public Backend {
       char* mine = slot(rank_, h);
       for (int r = 0; r < size_; ++r)
         if (r != rank_)
-          std::memcpy(mine + seg_begin(r) * esize, send + (offset + seg_begin(r)) * esize, seg_len(r) * esize);
+          std::memcpy(mine + seg_begin(r) * esize, send + (offset + seg_begin(r)) * esize,
+                      seg_len(r) * esize);
       if (first) {
         begin(c);
         first = false;
@@ -391,7 +392,10 @@ class ShmBackend final : public Backend {
       std::size_t m = std::min(chunk, c.count - offset);
       int h = half();
       if (rank_ == c.root) std::memcpy(slot(rank_, h), buf + offset * esize, m * esize);
-      if (offset == 0) begin(c); else barrier(c);
+      if (offset == 0)
+        begin(c);
+      else
+        barrier(c);
       if (rank_ != c.root) std::memcpy(buf + offset * esize, slot(c.root, h), m * esize);
       ++round_;
       offset += m;
@@ -408,7 +412,10 @@ class ShmBackend final : public Backend {
       std::size_t m = std::min(chunk, c.count - offset);
       int h = half();
       std::memcpy(slot(rank_, h), send + offset * esize, m * esize);
-      if (offset == 0) begin(c); else barrier(c);
+      if (offset == 0)
+        begin(c);
+      else
+        barrier(c);
       for (int r = 0; r < size_; ++r) {
         char* dst = recv + (static_cast<std::size_t>(r) * c.count + offset) * esize;
         const char* src = r == rank_ ? send + offset * esize : slot(r, h);
@@ -434,7 +441,10 @@ class ShmBackend final : public Backend {
         if (r != rank_)
           std::memcpy(mine + static_cast<std::size_t>(r) * block * esize,
                       send + (static_cast<std::size_t>(r) * c.count + offset) * esize, m * esize);
-      if (offset == 0) begin(c); else barrier(c);
+      if (offset == 0)
+        begin(c);
+      else
+        barrier(c);
       for (int r = 0; r < size_; ++r)
         inputs[static_cast<std::size_t>(r)] =
             r == rank_ ? send + (static_cast<std::size_t>(rank_) * c.count + offset) * esize

@@ -62,9 +62,9 @@ void recv_exact(int fd, char* out, std::size_t n, Clock::time_point deadline) {
       continue;
     }
     if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    throw Transient{got == 0 ? "the store closed the connection"
-                             : std::string("recv failed: ") + std::strerror(errno),
-                    true};
+    throw Transient{
+        got == 0 ? "the store closed the connection" : std::string("recv failed: ") + std::strerror(errno),
+        true};
   }
 }
 
@@ -89,7 +89,9 @@ StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(option
   connect_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout));
 }
 
-StoreClient::~StoreClient() { close_socket(); }
+StoreClient::~StoreClient() {
+  close_socket();
+}
 
 void StoreClient::close_socket() {
   if (fd_ >= 0) ::close(fd_);
@@ -157,7 +159,8 @@ void StoreClient::connect_until(Clock::time_point deadline) {
                           "with the same token (lockstep run sets it)");
         auto want = wire::handshake_mac(options_.token, wire::kServerLabel, server_nonce, client_nonce);
         if (t != Type::kAuthOk || !wire::mac_equal(a.bytes(wire::kMacBytes), want))
-          throw AuthError("store at " + where + " could not prove it holds this run's token: "
+          throw AuthError("store at " + where +
+                          " could not prove it holds this run's token: "
                           "it belongs to another job, or LOCKSTEP_TOKEN is wrong here");
         fd_ = fd;
         return;
@@ -212,7 +215,6 @@ StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_poi
   }
 }
 
-
 namespace {
 Clock::time_point deadline_after(Seconds s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(s);
@@ -232,7 +234,8 @@ void StoreClient::set_ephemeral(const std::string& key, const std::string& value
   try {
     send_all(fd_, request, deadline);
     std::string msg = recv_message(fd_, deadline);
-    if (msg.empty() || static_cast<Type>(msg[0]) != Type::kOk) throw Error("store: ephemeral set of '" + key + "' refused");
+    if (msg.empty() || static_cast<Type>(msg[0]) != Type::kOk)
+      throw Error("store: ephemeral set of '" + key + "' refused");
   } catch (const Transient& t) {
     close_socket();
     throw PeerError("store: connection lost while setting '" + key + "': " + t.what);
@@ -249,7 +252,9 @@ std::optional<std::string> StoreClient::try_get(const std::string& key) {
   return value;
 }
 
-std::string StoreClient::get(const std::string& key) { return get(key, options_.timeout); }
+std::string StoreClient::get(const std::string& key) {
+  return get(key, options_.timeout);
+}
 
 std::string StoreClient::get(const std::string& key, Seconds timeout) {
   wait({key}, timeout);
@@ -259,8 +264,8 @@ std::string StoreClient::get(const std::string& key, Seconds timeout) {
 }
 
 std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
-  auto reply = call(wire::Writer(Type::kAdd).str(key).i64(delta).frame(),
-                    deadline_after(options_.timeout), false);
+  auto reply =
+      call(wire::Writer(Type::kAdd).str(key).i64(delta).frame(), deadline_after(options_.timeout), false);
   wire::Reader r(reply.message);
   r.type();
   return r.i64();
@@ -276,14 +281,16 @@ std::string StoreClient::compare_set(const std::string& key, const std::string& 
   return r.str();
 }
 
-void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, options_.timeout); }
+void StoreClient::wait(const std::vector<std::string>& keys) {
+  wait(keys, options_.timeout);
+}
 
 void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
   auto deadline = deadline_after(timeout);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
   wire::Writer w(Type::kWait);
-  w.u32(static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 0, UINT32_MAX))).u32(
-      static_cast<std::uint32_t>(keys.size()));
+  w.u32(static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 0, UINT32_MAX)))
+      .u32(static_cast<std::uint32_t>(keys.size()));
   for (const auto& k : keys) w.str(k);
   // The server answers at its own deadline; give the reply a moment to travel.
   auto reply = call(w.frame(), deadline + std::chrono::seconds(5), true);
@@ -292,7 +299,8 @@ void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
     std::uint32_t n = r.u32();
     std::ostringstream missing;
     for (std::uint32_t i = 0; i < n; ++i) missing << (i ? ", " : "") << "'" << r.str() << "'";
-    throw TimeoutError("store: waited " + log::seconds_text(timeout.count()) + " for keys that never appeared: " + missing.str());
+    throw TimeoutError("store: waited " + log::seconds_text(timeout.count()) +
+                       " for keys that never appeared: " + missing.str());
   }
 }
 

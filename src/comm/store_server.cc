@@ -44,7 +44,7 @@ struct Conn {
   std::string server_nonce;
   std::string in;
   std::string out;
-  bool closing = false;  // flush `out`, then close
+  bool closing = false;                // flush `out`, then close
   std::vector<std::string> ephemeral;  // keys deleted when this connection closes
 };
 
@@ -54,8 +54,9 @@ struct Waiter {
   Clock::time_point deadline;
 };
 
-std::string errno_text() { return std::strerror(errno); }
-
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
@@ -77,8 +78,8 @@ class StoreServer::Impl {
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       int e = errno;
       ::close(listen_fd_);
-      throw ConfigError("store: cannot listen on " + options_.host + ":" +
-                        std::to_string(options_.port) + ": " + std::strerror(e) +
+      throw ConfigError("store: cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                        ": " + std::strerror(e) +
                         (e == EADDRINUSE ? " (another job uses this port: pick another "
                                            "MASTER_PORT, or 0 for a free one)"
                                          : ""));
@@ -158,8 +159,7 @@ class StoreServer::Impl {
     for (;;) {
       sockaddr_in addr{};
       socklen_t len = sizeof addr;
-      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or a transient error: the next event retries
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -279,20 +279,18 @@ class StoreServer::Impl {
     wire::Reader r(msg);
     Type type = r.type();
     if (!c.ready) {
-      if (type != Type::kAuth) throw Error("expected AUTH, got message type " +
-                                           std::to_string(static_cast<int>(type)));
+      if (type != Type::kAuth)
+        throw Error("expected AUTH, got message type " + std::to_string(static_cast<int>(type)));
       std::string client_nonce(r.bytes(wire::kNonceBytes));
       std::string_view mac = r.bytes(wire::kMacBytes);
       r.expect_end();
-      auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce,
-                                      client_nonce);
+      auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce, client_nonce);
       if (!wire::mac_equal(mac, want))
         throw AuthError("authentication failed: the client does not hold this run's token");
-      auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce,
-                                       client_nonce);
+      auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce, client_nonce);
       c.ready = true;
-      reply(id, wire::Writer(Type::kAuthOk).bytes(std::string_view(
-                    reinterpret_cast<const char*>(proof.data()), proof.size())));
+      reply(id, wire::Writer(Type::kAuthOk)
+                    .bytes(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size())));
       return;
     }
     switch (type) {
@@ -329,8 +327,8 @@ class StoreServer::Impl {
           char* end = nullptr;
           current = std::strtoll(it->second.c_str(), &end, 10);
           if (it->second.empty() || *end != '\0') {
-            reply(id, wire::Writer(Type::kError)
-                          .str("ADD on key '" + key + "' whose value is not an integer"));
+            reply(id,
+                  wire::Writer(Type::kError).str("ADD on key '" + key + "' whose value is not an integer"));
             return;
           }
         }
@@ -383,8 +381,7 @@ class StoreServer::Impl {
         r.expect_end();
         reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.size())));
         return;
-      default:
-        throw Error("unknown message type " + std::to_string(static_cast<int>(type)));
+      default: throw Error("unknown message type " + std::to_string(static_cast<int>(type)));
     }
   }
 
@@ -453,12 +450,17 @@ class StoreServer::Impl {
   std::multimap<Clock::time_point, std::uint64_t> deadlines_;
 };
 
-StoreServer::StoreServer(StoreServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 StoreServer::~StoreServer() = default;
-int StoreServer::port() const { return impl_->port(); }
-std::uint64_t StoreServer::refused_connections() const { return impl_->refused(); }
-void StoreServer::stop() { impl_->stop(); }
+int StoreServer::port() const {
+  return impl_->port();
+}
+std::uint64_t StoreServer::refused_connections() const {
+  return impl_->refused();
+}
+void StoreServer::stop() {
+  impl_->stop();
+}
 
 std::string random_token() {
   static const char* hex = "0123456789abcdef";

@@ -76,9 +76,9 @@ std::uint16_t f32_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t abs = x & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);  // nan
+  if (abs > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);   // nan
   if (abs >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                                                    // result is subnormal or zero
     if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);
     std::uint32_t exp = abs >> 23;
     std::uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
@@ -115,8 +115,7 @@ const char* collective_name(CollectiveKind kind) {
 namespace {
 constexpr int kCountBits = 40;
 
-std::string describe_fields(CollectiveKind kind, std::size_t count, DType dtype, ReduceOp op,
-                            int root) {
+std::string describe_fields(CollectiveKind kind, std::size_t count, DType dtype, ReduceOp op, int root) {
   std::ostringstream out;
   out << collective_name(kind);
   if (kind == CollectiveKind::barrier) return out.str();
@@ -152,9 +151,10 @@ void check_signatures(const Collective& c, const std::uint64_t* signatures, int 
                              static_cast<DType>((s >> 43) & 7), static_cast<ReduceOp>((s >> 46) & 3),
                              static_cast<int>(s >> 48));
     };
-    throw MismatchError("collective #" + std::to_string(c.sequence) + " differs across ranks: rank 0 issued " +
-                        decode(signatures[0]) + " but rank " + std::to_string(r) + " issued " +
-                        decode(signatures[r]) + " (seen on rank " + std::to_string(rank) +
+    throw MismatchError("collective #" + std::to_string(c.sequence) +
+                        " differs across ranks: rank 0 issued " + decode(signatures[0]) + " but rank " +
+                        std::to_string(r) + " issued " + decode(signatures[r]) + " (seen on rank " +
+                        std::to_string(rank) +
                         "). Every rank must issue the same collectives in the same order");
   }
 }

@@ -33,11 +33,21 @@ std::uint64_t Reader::le(std::size_t n) {
   return v;
 }
 
-Type Reader::type() { return static_cast<Type>(le(1)); }
-std::uint8_t Reader::u8() { return static_cast<std::uint8_t>(le(1)); }
-std::uint16_t Reader::u16() { return static_cast<std::uint16_t>(le(2)); }
-std::uint32_t Reader::u32() { return static_cast<std::uint32_t>(le(4)); }
-std::int64_t Reader::i64() { return static_cast<std::int64_t>(le(8)); }
+Type Reader::type() {
+  return static_cast<Type>(le(1));
+}
+std::uint8_t Reader::u8() {
+  return static_cast<std::uint8_t>(le(1));
+}
+std::uint16_t Reader::u16() {
+  return static_cast<std::uint16_t>(le(2));
+}
+std::uint32_t Reader::u32() {
+  return static_cast<std::uint32_t>(le(4));
+}
+std::int64_t Reader::i64() {
+  return static_cast<std::int64_t>(le(8));
+}
 
 std::string_view Reader::bytes(std::size_t n) {
   if (msg_.size() - pos_ < n) throw Error("malformed message: truncated bytes");
@@ -46,7 +56,9 @@ std::string_view Reader::bytes(std::size_t n) {
   return v;
 }
 
-std::string Reader::str() { return std::string(bytes(u32())); }
+std::string Reader::str() {
+  return std::string(bytes(u32()));
+}
 
 void Reader::expect_end() {
   if (!at_end()) throw Error("malformed message: trailing bytes");

@@ -11,7 +11,9 @@ namespace {
 using namespace lockstep::comm;
 
 // Small signed integers: exact in every dtype, and sums of up to 8 ranks stay exact in f16.
-double value(int rank, std::size_t i) { return static_cast<double>(static_cast<long>((rank * 7 + i * 3) % 13) - 4); }
+double value(int rank, std::size_t i) {
+  return static_cast<double>(static_cast<long>((rank * 7 + i * 3) % 13) - 4);
+}
 
 struct Buffer {
   DType t;
@@ -23,7 +25,9 @@ struct Buffer {
       case DType::f32: reinterpret_cast<float*>(data())[i] = static_cast<float>(v); break;
       case DType::f64: reinterpret_cast<double*>(data())[i] = v; break;
       case DType::f16: reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::bf16: reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_bf16(static_cast<float>(v)); break;
+      case DType::bf16:
+        reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_bf16(static_cast<float>(v));
+        break;
       case DType::i32: reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v); break;
       case DType::i64: reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v); break;
     }
@@ -53,8 +57,7 @@ double reference(ReduceOp op, DType t, int world, std::size_t i) {
     case ReduceOp::sum: return sum;
     case ReduceOp::min: return lo;
     case ReduceOp::max: return hi;
-    case ReduceOp::avg:
-      return (t == DType::i32 || t == DType::i64) ? std::trunc(sum / world) : sum / world;
+    case ReduceOp::avg: return (t == DType::i32 || t == DType::i64) ? std::trunc(sum / world) : sum / world;
   }
   return 0;
 }
@@ -94,8 +97,8 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
   for (std::size_t n : counts) {
     for (DType t : kAllDTypes) {
       auto label = [&](const std::string& what) {
-        return what + " " + dtype_name(t) + " count=" + std::to_string(n) + " world=" + std::to_string(world) +
-               " rank=" + std::to_string(rank);
+        return what + " " + dtype_name(t) + " count=" + std::to_string(n) +
+               " world=" + std::to_string(world) + " rank=" + std::to_string(rank);
       };
       for (ReduceOp op : kAllReduceOps) {
         // allreduce, out of place and in place
@@ -105,12 +108,14 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
         comm.allreduce(inplace.data(), n, t, op)->wait();
         for (std::size_t i = 0; i < n; ++i) {
           double want = reference(op, t, world, i);
-          check.expect(label(std::string("allreduce ") + reduce_op_name(op)), i, out.get(i), want, tolerance(t, want));
-          check.expect(label(std::string("allreduce in-place ") + reduce_op_name(op)), i, inplace.get(i), want,
+          check.expect(label(std::string("allreduce ") + reduce_op_name(op)), i, out.get(i), want,
                        tolerance(t, want));
+          check.expect(label(std::string("allreduce in-place ") + reduce_op_name(op)), i, inplace.get(i),
+                       want, tolerance(t, want));
         }
         // the input of an out-of-place allreduce is left alone
-        for (std::size_t i = 0; i < n; ++i) check.expect(label("allreduce input kept"), i, in.get(i), value(rank, i), 0);
+        for (std::size_t i = 0; i < n; ++i)
+          check.expect(label("allreduce input kept"), i, in.get(i), value(rank, i), 0);
 
         // reduce_scatter: block r of the input is element r*n + i; value() of the global index
         Buffer rs_in(t, n * static_cast<std::size_t>(world)), rs_out(t, n);
@@ -131,17 +136,22 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
           check.expect(label("broadcast root=" + std::to_string(root)), i, b.get(i), value(root, i), 0);
       }
       // allgather, out of place and in place (own block already at its offset)
-      Buffer g_in(t, n), g_out(t, n * static_cast<std::size_t>(world)), g_inplace(t, n * static_cast<std::size_t>(world));
+      Buffer g_in(t, n), g_out(t, n * static_cast<std::size_t>(world)),
+          g_inplace(t, n * static_cast<std::size_t>(world));
       for (std::size_t i = 0; i < n; ++i) g_in.set(i, value(rank, i));
-      for (std::size_t i = 0; i < n; ++i) g_inplace.set(static_cast<std::size_t>(rank) * n + i, value(rank, i));
+      for (std::size_t i = 0; i < n; ++i)
+        g_inplace.set(static_cast<std::size_t>(rank) * n + i, value(rank, i));
       comm.allgather(g_in.data(), g_out.data(), n, t)->wait();
-      comm.allgather(static_cast<char*>(g_inplace.data()) + static_cast<std::size_t>(rank) * n * dtype_size(t),
-                     g_inplace.data(), n, t)->wait();
+      comm.allgather(
+              static_cast<char*>(g_inplace.data()) + static_cast<std::size_t>(rank) * n * dtype_size(t),
+              g_inplace.data(), n, t)
+          ->wait();
       for (int r = 0; r < world; ++r)
         for (std::size_t i = 0; i < n; ++i) {
           std::size_t at = static_cast<std::size_t>(r) * n + i;
           check.expect(label("allgather block " + std::to_string(r)), i, g_out.get(at), value(r, i), 0);
-          check.expect(label("allgather in-place block " + std::to_string(r)), i, g_inplace.get(at), value(r, i), 0);
+          check.expect(label("allgather in-place block " + std::to_string(r)), i, g_inplace.get(at),
+                       value(r, i), 0);
         }
     }
   }

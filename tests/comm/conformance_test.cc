@@ -1,11 +1,12 @@
 // Every backend x collective x dtype x op x count against the reference (conformance.cc),
 // world sizes 1..4, ranks as threads and as real processes.
+#include "conformance.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
-#include "conformance.h"
 #include "testing.h"
 
 namespace lockstep::testing {
@@ -46,12 +47,14 @@ TEST_P(ThreadRanks, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shm, ThreadRanks,
-                         ::testing::Values(Case{"shm", 1, 0}, Case{"shm", 2, 0}, Case{"shm", 3, 0}, Case{"shm", 4, 0},
-                                           Case{"shm", 2, 4096}, Case{"shm", 3, 4096}, Case{"shm", 4, 1024}),
+                         ::testing::Values(Case{"shm", 1, 0}, Case{"shm", 2, 0}, Case{"shm", 3, 0},
+                                           Case{"shm", 4, 0}, Case{"shm", 2, 4096}, Case{"shm", 3, 4096},
+                                           Case{"shm", 4, 1024}),
                          case_name);
 #ifdef LOCKSTEP_HAVE_GLOO
 INSTANTIATE_TEST_SUITE_P(Gloo, ThreadRanks,
-                         ::testing::Values(Case{"gloo", 1, 0}, Case{"gloo", 2, 0}, Case{"gloo", 3, 0}, Case{"gloo", 4, 0}),
+                         ::testing::Values(Case{"gloo", 1, 0}, Case{"gloo", 2, 0}, Case{"gloo", 3, 0},
+                                           Case{"gloo", 4, 0}),
                          case_name);
 #endif
 

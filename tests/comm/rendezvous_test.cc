@@ -22,8 +22,13 @@ std::string config_error(const std::map<std::string, std::string>& env) {
 }
 
 TEST(Rendezvous, ReadsTorchrunVariables) {
-  auto info = rendezvous_info_from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                                    {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}, {"LOCKSTEP_TOKEN", "s"},
+  auto info = rendezvous_info_from({{"RANK", "3"},
+                                    {"WORLD_SIZE", "4"},
+                                    {"LOCAL_RANK", "1"},
+                                    {"LOCAL_WORLD_SIZE", "2"},
+                                    {"MASTER_ADDR", "10.1.2.3"},
+                                    {"MASTER_PORT", "29500"},
+                                    {"LOCKSTEP_TOKEN", "s"},
                                     {"LOCKSTEP_RUN_ID", "job7"}});
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
@@ -36,8 +41,10 @@ TEST(Rendezvous, ReadsTorchrunVariables) {
 }
 
 TEST(Rendezvous, ReadsOpenMpiVariablesWhenRankIsUnset) {
-  auto info = rendezvous_info_from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  auto info = rendezvous_info_from({{"OMPI_COMM_WORLD_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_TRUE(info.from_mpirun);
   EXPECT_EQ(info.rank, 1);
   EXPECT_EQ(info.world_size, 2);
@@ -51,17 +58,23 @@ TEST(Rendezvous, NoVariablesIsAJobOfOne) {
 
 TEST(Rendezvous, BadValuesNameTheVariableAndTheFix) {
   EXPECT_NE(config_error({{"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}).find("RANK is not"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}).find("RANK must be below WORLD_SIZE"),
+  EXPECT_NE(config_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}})
+                .find("RANK must be below WORLD_SIZE"),
             std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x' is not an integer"), std::string::npos);
+  EXPECT_NE(config_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x' is not an integer"),
+            std::string::npos);
   EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}).find("MASTER_PORT"),
             std::string::npos);
   EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}).find("out of range"),
             std::string::npos);
   EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}}).find("MASTER_PORT"), std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCKSTEP_STORE_ADDR", "nocolon"}}).find("host:port"),
+  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCKSTEP_STORE_ADDR", "nocolon"}})
+                .find("host:port"),
             std::string::npos);
-  EXPECT_NE(config_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}, {"LOCAL_RANK", "2"},
+  EXPECT_NE(config_error({{"RANK", "0"},
+                          {"WORLD_SIZE", "4"},
+                          {"MASTER_PORT", "1"},
+                          {"LOCAL_RANK", "2"},
                           {"LOCAL_WORLD_SIZE", "2"}})
                 .find("LOCAL_RANK"),
             std::string::npos);

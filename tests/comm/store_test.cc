@@ -1,3 +1,5 @@
+#include "lockstep/comm/store.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -6,7 +8,6 @@
 
 #include <thread>
 
-#include "lockstep/comm/store.h"
 #include "lockstep/error.h"
 #include "testing.h"
 
@@ -31,7 +32,7 @@ TEST(Store, SetGetDeleteAndCount) {
 TEST(Store, CompareSet) {
   LocalStore store;
   auto c = store.client();
-  EXPECT_EQ(c->compare_set("k", "", "first"), "first");    // absent matches empty
+  EXPECT_EQ(c->compare_set("k", "", "first"), "first");  // absent matches empty
   EXPECT_EQ(c->compare_set("k", "wrong", "second"), "first");
   EXPECT_EQ(c->compare_set("k", "first", "third"), "third");
 }
@@ -135,7 +136,9 @@ TEST(Store, GarbageAndOversizedMessagesCloseOnlyThatConnection) {
   good->set("k", "v");
 
   int garbage = raw_connect(store.port());
-  static const char kJunk[] = "\x05\x00\x00\x00\xff" "junk";  // a 5-byte frame of type 0xff
+  static const char kJunk[] =
+      "\x05\x00\x00\x00\xff"
+      "junk";  // a 5-byte frame of type 0xff
   std::string junk(kJunk, sizeof kJunk - 1);
   ASSERT_GT(::send(garbage, junk.data(), junk.size(), MSG_NOSIGNAL), 0);
   std::string reply = read_until_closed(garbage);
@@ -162,7 +165,8 @@ TEST(Store, ClientWaitsForAServerThatIsNotUpYet) {
   }
   std::unique_ptr<comm::StoreClient> client;
   std::thread connecting([&] {
-    client = std::make_unique<comm::StoreClient>(comm::StoreClientOptions{"127.0.0.1", port, "t", Seconds(20)});
+    client =
+        std::make_unique<comm::StoreClient>(comm::StoreClientOptions{"127.0.0.1", port, "t", Seconds(20)});
   });
   comm::StoreServer server(comm::StoreServerOptions{"127.0.0.1", port, "t"});
   connecting.join();

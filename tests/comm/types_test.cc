@@ -1,9 +1,10 @@
+#include "lockstep/comm/types.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "lockstep/comm/types.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -26,10 +27,10 @@ TEST(Types, EveryBf16ValueRoundTripsThroughF32) {
 }
 
 TEST(Types, F16RoundsToNearestEvenAndSaturatesToInfinity) {
-  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 1.0f / 4096)), 1.0f);           // below half an ulp
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 1.0f / 4096)), 1.0f);                // below half an ulp
   EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 3.0f / 2048)), 1.0f + 2.0f / 1024);  // tie to even
   EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(1e6f))));
-  EXPECT_EQ(f16_to_f32(f32_to_f16(5.96e-8f)), std::ldexp(1.0f, -24));     // smallest subnormal
+  EXPECT_EQ(f16_to_f32(f32_to_f16(5.96e-8f)), std::ldexp(1.0f, -24));  // smallest subnormal
 }
 
 TEST(Types, ParseNamesAndRejectUnknownOnes) {

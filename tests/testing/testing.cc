@@ -81,7 +81,8 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
     child.stdout_path = dir + "/rank" + std::to_string(r) + ".log";
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, child.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, child.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     int rc = posix_spawn(&child.pid, argp[0], &actions, nullptr, argp.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
@@ -101,7 +102,8 @@ int wait_child(const Child& child, double timeout_seconds) {
       kill(child.pid, SIGKILL);
       waitpid(child.pid, &status, 0);
       throw std::runtime_error("child " + std::to_string(child.pid) + " did not exit within " +
-                               std::to_string(timeout_seconds) + " s; output:\n" + read_file(child.stdout_path));
+                               std::to_string(timeout_seconds) + " s; output:\n" +
+                               read_file(child.stdout_path));
     }
     // Polling a child's exit: there is no portable wait-with-timeout for a pid.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

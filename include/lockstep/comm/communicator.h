@@ -70,8 +70,8 @@ class Communicator {
  public:
   // Collective: all ranks call it with the same options. `store` is used during creation and
   // by backends that rendezvous through it; it must outlive the communicator.
-  static std::unique_ptr<Communicator> create(std::shared_ptr<StoreClient> store, int rank,
-                                              int size, CommOptions options = {});
+  static std::unique_ptr<Communicator> create(std::shared_ptr<StoreClient> store, int rank, int size,
+                                              CommOptions options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -88,8 +88,7 @@ class Communicator {
   // recv holds size() * count elements, rank r's contribution at offset r * count.
   WorkPtr allgather(const void* send, void* recv, std::size_t count, DType dtype);
   // send holds size() * count elements; recv gets the reduction of block rank().
-  WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                         ReduceOp op);
+  WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   WorkPtr barrier();
 
   // Collectives issued so far (the next sequence number).

@@ -30,9 +30,9 @@ using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
 struct StoreServerOptions {
-  std::string host = "0.0.0.0";   // address to bind
-  int port = 0;                   // 0: let the kernel pick a free port (see port())
-  std::string token;              // the run's secret; empty is allowed only for tests
+  std::string host = "0.0.0.0";  // address to bind
+  int port = 0;                  // 0: let the kernel pick a free port (see port())
+  std::string token;             // the run's secret; empty is allowed only for tests
   std::size_t max_message_bytes = 64u << 20;
 };
 
@@ -83,8 +83,7 @@ class StoreClient {
   std::int64_t add(const std::string& key, std::int64_t delta);
   // Sets key to desired if its value equals expected (absent key matches an empty expected
   // string). Returns the value held after the call.
-  std::string compare_set(const std::string& key, const std::string& expected,
-                          const std::string& desired);
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired);
   // Blocks until every key exists; TimeoutError names the missing ones.
   void wait(const std::vector<std::string>& keys);
   void wait(const std::vector<std::string>& keys, Seconds timeout);

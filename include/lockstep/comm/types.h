@@ -14,10 +14,9 @@ namespace lockstep::comm {
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
 enum class ReduceOp : std::uint8_t { sum, avg, min, max };
 
-inline constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16,
+inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16,
                                        DType::bf16, DType::i32, DType::i64};
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min,
-                                             ReduceOp::max};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
