@@ -20,6 +20,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -69,10 +70,22 @@ gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
   }
 }
 
+// Gloo writes to sockets without MSG_NOSIGNAL: when a peer dies, the survivor's next write
+// would raise SIGPIPE and kill it before it can report which rank died (Python ignores SIGPIPE
+// at start-up, so PyTorch users never see this). Ignore SIGPIPE unless the program chose a
+// handler itself; writes then fail with EPIPE, which Gloo reports as an IoException.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 class GlooBackend final : public Backend {
  public:
   explicit GlooBackend(const BackendContext& ctx)
       : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), store_(ctx.store), prefix_(ctx.prefix) {
+    ignore_sigpipe_unless_handled();
     store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
     gloo::transport::tcp::attr attr;
     if (auto iface = env::get(env::kGlooIface)) {
