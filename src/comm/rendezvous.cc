@@ -1,5 +1,6 @@
 #include "lockstep/comm/rendezvous.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 extern char** environ;
@@ -51,6 +52,29 @@ EnvMap process_env() {
 
 }  // namespace
 
+std::string first_slurm_host(const std::string& nodelist) {
+  // "node[01-04,07],gpu[1-2]" -> "node01"; "a,b" -> "a"; "node05" -> "node05"
+  std::size_t stop = nodelist.find_first_of(",[");
+  std::string host = nodelist.substr(0, stop);
+  if (stop != std::string::npos && nodelist[stop] == '[') {
+    std::size_t end = nodelist.find_first_of(",-]", stop + 1);
+    host += nodelist.substr(stop + 1, end == std::string::npos ? std::string::npos : end - stop - 1);
+  }
+  return host;
+}
+
+std::vector<std::string> parse_host_list(const std::string& json_list) {
+  std::vector<std::string> hosts;  // ["algo-1","algo-2"]: the quoted strings, in order
+  std::size_t at = 0;
+  while ((at = json_list.find('"', at)) != std::string::npos) {
+    std::size_t end = json_list.find('"', at + 1);
+    if (end == std::string::npos) break;
+    hosts.push_back(json_list.substr(at + 1, end - at - 1));
+    at = end + 1;
+  }
+  return hosts;
+}
+
 RendezvousInfo rendezvous_info_from_env() {
   return rendezvous_info_from(process_env());
 }
@@ -70,6 +94,46 @@ RendezvousInfo rendezvous_info_from(const EnvMap& env) {
     world = lookup(env, world_var);
     info.from_mpirun = true;
   }
+  EnvMap derived;  // values a scheduler implies, used where the torchrun names are absent
+  if (!rank && !world && lookup(env, "SLURM_PROCID") && lookup(env, "SLURM_NTASKS")) {
+    rank_var = "SLURM_PROCID";
+    world_var = "SLURM_NTASKS";
+    rank = lookup(env, rank_var);
+    world = lookup(env, world_var);
+    info.scheduler = "slurm";
+    if (auto l = lookup(env, "SLURM_LOCALID")) derived[env::kLocalRank.name] = *l;
+    auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE");
+    if (!per_node) per_node = lookup(env, "SLURM_TASKS_PER_NODE");  // "2(x3),1": the first count
+    if (per_node) derived[env::kLocalWorldSize.name] = per_node->substr(0, per_node->find_first_of("(,"));
+    auto nodes = lookup(env, "SLURM_JOB_NODELIST");
+    if (!nodes) nodes = lookup(env, "SLURM_NODELIST");
+    if (nodes) derived[env::kMasterAddr.name] = first_slurm_host(*nodes);
+    // Slurm names no port: derive one from the job id so every task computes the same.
+    if (auto job = lookup(env, "SLURM_JOB_ID"))
+      derived[env::kMasterPort.name] = std::to_string(20000 + std::strtol(job->c_str(), nullptr, 10) % 20000);
+  } else if (!rank && !world && lookup(env, "SM_HOSTS") && lookup(env, "SM_CURRENT_HOST")) {
+    // SageMaker starts the entry point once per host: one rank per host, host order = rank.
+    auto hosts = parse_host_list(*lookup(env, "SM_HOSTS"));
+    std::string current = *lookup(env, "SM_CURRENT_HOST");
+    auto it = std::find(hosts.begin(), hosts.end(), current);
+    if (hosts.empty() || it == hosts.end())
+      throw ConfigError("SM_CURRENT_HOST='" + current +
+                        "' is not in SM_HOSTS: the SageMaker environment is inconsistent");
+    rank_var = "SM_CURRENT_HOST";
+    world_var = "SM_HOSTS";
+    rank = std::to_string(it - hosts.begin());
+    world = std::to_string(hosts.size());
+    info.scheduler = "sagemaker";
+    derived[env::kLocalRank.name] = "0";
+    derived[env::kLocalWorldSize.name] = "1";
+    derived[env::kMasterAddr.name] = hosts.front();
+    derived[env::kMasterPort.name] = "29500";
+  }
+  auto lookup_or_derived = [&](const std::string& name) {
+    auto v = lookup(env, name);
+    if (!v) v = lookup(derived, name);
+    return v;
+  };
   if (!rank && !world) {
     // A lone process is a job of one: convenient for single-worker runs and debugging.
     rank = "0";
@@ -85,8 +149,8 @@ RendezvousInfo rendezvous_info_from(const EnvMap& env) {
 
   std::string local_rank_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_RANK" : env::kLocalRank.name;
   std::string local_size_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : env::kLocalWorldSize.name;
-  auto local_size = lookup(env, local_size_var);
-  auto local_rank = lookup(env, local_rank_var);
+  auto local_size = lookup_or_derived(local_size_var);
+  auto local_rank = lookup_or_derived(local_rank_var);
   info.local_world_size = local_size
                               ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, fix_rank))
                               : info.world_size;
@@ -98,8 +162,8 @@ RendezvousInfo rendezvous_info_from(const EnvMap& env) {
                       "=" + std::to_string(info.local_world_size) +
                       ": the local rank must be below the local world size");
 
-  if (auto addr = lookup(env, env::kMasterAddr.name)) info.master_addr = *addr;
-  if (auto port = lookup(env, env::kMasterPort.name))
+  if (auto addr = lookup_or_derived(env::kMasterAddr.name)) info.master_addr = *addr;
+  if (auto port = lookup_or_derived(env::kMasterPort.name))
     info.master_port = static_cast<int>(
         parse_int(env::kMasterPort.name, *port, 1, 65535, "set MASTER_PORT to a free TCP port (1..65535)"));
   if (auto store = lookup(env, env::kStoreAddr.name)) {

@@ -1,7 +1,12 @@
 // A rank for the multi-process tests. Started as one of N processes with the env contract.
 //   comm_worker conformance BACKEND [SLOT_BYTES]   run the conformance table; exit 0 if all match
 //   comm_worker loop BACKEND                        all-reduce until a peer fails; report how
+//   comm_worker env BACKEND WORLD                   check the launcher's env contract, all-reduce
+//   comm_worker die BACKEND                         rank 1 kills itself (first attempt only)
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,6 +19,55 @@
 using namespace lockstep;
 using namespace lockstep::comm;
 
+namespace {
+
+std::string env_or(const char* name, const char* fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+// Checks what lockstep run promises every worker, then all-reduces the ranks: prints
+// "env ok rank R of W" only when everything holds, and a line naming each problem otherwise.
+int check_env(const CommOptions& options, int expected_world) {
+  int problems = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::printf("ENV PROBLEM: %s\n", what.c_str());
+      ++problems;
+    }
+  };
+  for (const char* name :
+       {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "LOCKSTEP_STORE_ADDR", "LOCKSTEP_TOKEN",
+        "LOCKSTEP_RESTART_COUNT", "LOCKSTEP_RUN_ID"})
+    expect(!env_or(name).empty(), std::string(name) + " is not set");
+  int rank = std::atoi(env_or("RANK", "-1").c_str()), world = std::atoi(env_or("WORLD_SIZE", "0").c_str());
+  int local = std::atoi(env_or("LOCAL_RANK", "-1").c_str()),
+      local_world = std::atoi(env_or("LOCAL_WORLD_SIZE", "0").c_str());
+  int group = std::atoi(env_or("GROUP_RANK", "-1").c_str());
+  expect(world == expected_world,
+         "WORLD_SIZE=" + std::to_string(world) + ", expected " + std::to_string(expected_world));
+  expect(rank >= 0 && rank < world, "RANK out of range");
+  expect(local >= 0 && local < local_world, "LOCAL_RANK out of range");
+  expect(rank == group * local_world + local, "RANK != GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK");
+  expect(env_or("ROLE_RANK") == env_or("RANK"), "ROLE_RANK != RANK");
+  expect(env_or("LOCKSTEP_RUN_ID") == env_or("TORCHELASTIC_RUN_ID"), "run ids differ");
+  std::string store = env_or("LOCKSTEP_STORE_ADDR");
+  expect(store.substr(store.rfind(':') + 1) != env_or("MASTER_PORT"), "MASTER_PORT is the store's port");
+  Job job = join_from_env(options);
+  std::int64_t sum = job.comm->rank();
+  job.comm->allreduce(&sum, 1, DType::i64, ReduceOp::sum)->wait();
+  expect(sum == static_cast<std::int64_t>(world) * (world - 1) / 2,
+         "allreduce of ranks gave " + std::to_string(sum));
+  if (problems == 0)
+    std::printf("env ok rank %d of %d on %s\n", job.comm->rank(), job.comm->size(),
+                job.comm->backend_name().c_str());
+  return problems == 0 ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: comm_worker conformance|loop BACKEND [SLOT_BYTES]\n");
@@ -24,6 +78,7 @@ int main(int argc, char** argv) {
   options.backend = argv[2];
   if (argc > 3) options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
   try {
+    if (mode == "env") return check_env(options, argc > 3 ? std::atoi(argv[3]) : -1);
     Job job = join_from_env(options);
     Communicator& comm = *job.comm;
     if (mode == "conformance") {
@@ -32,10 +87,28 @@ int main(int argc, char** argv) {
       std::printf("rank %d: %zu failures on %s\n", comm.rank(), failures.size(), comm.backend_name().c_str());
       return failures.empty() ? 0 : 1;
     }
+    if (mode == "die") {
+      std::vector<float> data(1 << 16, 1.0f);
+      bool first_attempt =
+          std::string(std::getenv("LOCKSTEP_RESTART_COUNT") ? std::getenv("LOCKSTEP_RESTART_COUNT") : "0") ==
+          "0";
+      for (int step = 0; step < 20; ++step) {
+        if (step == 3 && comm.rank() == 1 && first_attempt) {
+          std::fprintf(stderr, "rank 1 is about to be killed\n");
+          std::fflush(stderr);
+          raise(SIGKILL);
+        }
+        comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::avg)->wait();
+      }
+      std::printf("rank %d finished 20 steps\n", comm.rank());
+      return 0;
+    }
     if (mode == "loop") {
       std::vector<float> data(1 << 18, 1.0f);
       comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::sum)->wait();
       job.rendezvous->store()->set("ready/" + std::to_string(comm.rank()), "1");
+      std::printf("ready rank %d pid %d\n", comm.rank(), static_cast<int>(getpid()));
+      std::fflush(stdout);
       for (;;) comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::avg)->wait();
     }
   } catch (const PeerError& e) {

@@ -50,6 +50,48 @@ TEST(Rendezvous, ReadsOpenMpiVariablesWhenRankIsUnset) {
   EXPECT_EQ(info.world_size, 2);
 }
 
+TEST(Rendezvous, ReadsSlurmVariablesWhenRankIsUnset) {
+  auto info = rendezvous_info_from({{"SLURM_PROCID", "5"},
+                                    {"SLURM_NTASKS", "8"},
+                                    {"SLURM_LOCALID", "1"},
+                                    {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                    {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"},
+                                    {"SLURM_JOB_ID", "123456"}});
+  EXPECT_EQ(info.scheduler, "slurm");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.master_addr, "gpu07");
+  EXPECT_EQ(info.master_port, 20000 + 123456 % 20000);
+  // MASTER_PORT, when the job script sets it, wins over the derived one.
+  EXPECT_EQ(
+      rendezvous_info_from(
+          {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "1"}, {"MASTER_PORT", "4242"}})
+          .master_port,
+      4242);
+}
+
+TEST(Rendezvous, FirstSlurmHost) {
+  EXPECT_EQ(comm::first_slurm_host("node05"), "node05");
+  EXPECT_EQ(comm::first_slurm_host("a,b"), "a");
+  EXPECT_EQ(comm::first_slurm_host("node[01-04,07],gpu[1-2]"), "node01");
+  EXPECT_EQ(comm::first_slurm_host("n[3,5]"), "n3");
+}
+
+TEST(Rendezvous, ReadsSageMakerVariablesWhenRankIsUnset) {
+  auto info = rendezvous_info_from(
+      {{"SM_HOSTS", "[\"algo-1\",\"algo-2\",\"algo-3\"]"}, {"SM_CURRENT_HOST", "algo-2"}});
+  EXPECT_EQ(info.scheduler, "sagemaker");
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.world_size, 3);
+  EXPECT_EQ(info.master_addr, "algo-1");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_NE(
+      config_error({{"SM_HOSTS", "[\"algo-1\"]"}, {"SM_CURRENT_HOST", "algo-9"}}).find("SM_CURRENT_HOST"),
+      std::string::npos);
+}
+
 TEST(Rendezvous, NoVariablesIsAJobOfOne) {
   auto info = rendezvous_info_from({});
   EXPECT_EQ(info.rank, 0);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -108,6 +109,98 @@ int wait_child(const Child& child, double timeout_seconds) {
     // Polling a child's exit: there is no portable wait-with-timeout for a pid.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+Process::Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) {
+    if (v == "<unset>")
+      all.erase(k);
+    else
+      all[k] = v;
+  }
+  std::vector<std::string> env_strings, args = argv;
+  for (auto& [k, v] : all) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (auto& s : args) argp.push_back(s.data());
+  argp.push_back(nullptr);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  int rc = posix_spawn(&pid_, argp[0], &actions, nullptr, argp.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  fd_ = fds[0];
+  if (rc != 0) throw std::runtime_error("cannot spawn " + argv[0]);
+}
+
+Process::~Process() {
+  if (exit_code_ < 0 && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (fd_ >= 0) close(fd_);
+}
+
+bool Process::read_some(int timeout_ms) {
+  if (fd_ < 0) return false;
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return true;
+  char buf[4096];
+  ssize_t n = read(fd_, buf, sizeof buf);
+  if (n <= 0) {
+    close(fd_);
+    fd_ = -1;
+    return false;
+  }
+  output_.append(buf, static_cast<std::size_t>(n));
+  return true;
+}
+
+bool Process::read_until(const std::string& text, double timeout_seconds, int times) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  while (count_of(output_, text) < static_cast<std::size_t>(times)) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !read_some(static_cast<int>(left.count()))) return false;
+  }
+  return true;
+}
+
+int Process::wait(double timeout_seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  while (fd_ >= 0) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid_, SIGKILL);
+      throw std::runtime_error("process did not finish within " + std::to_string(timeout_seconds) +
+                               " s; output so far:\n" + output_);
+    }
+    read_some(static_cast<int>(left.count()));
+  }
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return exit_code_;
+}
+
+std::size_t count_of(const std::string& haystack, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + needle.size()))
+    ++n;
+  return n;
 }
 
 std::string read_file(const std::string& path) {

@@ -48,6 +48,32 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
 int wait_child(const Child& child, double timeout_seconds);
 std::string read_file(const std::string& path);
 
+// A child process whose stdout and stderr come back through one pipe, read as it runs.
+class Process {
+ public:
+  // Starts argv[0] (a path) with the test's environment plus `env` (NAME=value overrides;
+  // a value of "<unset>" removes the variable).
+  explicit Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+  ~Process();  // kills the process if it still runs
+  pid_t pid() const { return pid_; }
+  // Reads output until it contains `text` `times` times; false if the process ended or the
+  // deadline passed first.
+  bool read_until(const std::string& text, double timeout_seconds, int times = 1);
+  // Reads all output and waits for the exit; returns the exit code (128 + signal). Throws
+  // after the deadline (the process is killed).
+  int wait(double timeout_seconds);
+  const std::string& output() const { return output_; }
+
+ private:
+  bool read_some(int timeout_ms);
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string output_;
+  int exit_code_ = -1;
+};
+
+std::size_t count_of(const std::string& haystack, const std::string& needle);
+
 // The path of a helper binary built next to the tests (e.g. "comm_worker").
 std::string helper_path(const std::string& name);
 

@@ -2,8 +2,11 @@
 //
 // From the environment, with torchrun's names: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; lockstep's own LOCKSTEP_STORE_ADDR (the launcher's store),
-// LOCKSTEP_TOKEN, LOCKSTEP_RUN_ID, LOCKSTEP_RESTART_COUNT. Under mpirun (OMPI_COMM_WORLD_*) the
-// rank variables are read from Open MPI's when RANK is unset. Or from explicit options.
+// LOCKSTEP_TOKEN, LOCKSTEP_RUN_ID, LOCKSTEP_RESTART_COUNT. When RANK is unset, a scheduler's
+// variables stand in: mpirun (OMPI_COMM_WORLD_*), Slurm srun (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID, the first host of SLURM_JOB_NODELIST as MASTER_ADDR, a port derived from
+// SLURM_JOB_ID unless MASTER_PORT is set), SageMaker (SM_HOSTS, SM_CURRENT_HOST: one rank per
+// host, the first host as MASTER_ADDR, port 29500 unless MASTER_PORT is set). Or explicit options.
 //
 // Where the store is: LOCKSTEP_STORE_ADDR when set (lockstep run hosts it); otherwise rank 0
 // hosts one on MASTER_ADDR:MASTER_PORT and the others connect there.
@@ -14,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/store.h"
@@ -34,7 +38,12 @@ struct RendezvousInfo {
   int restart_count = 0;
   Seconds timeout{300};
   bool from_mpirun = false;  // rank variables came from OMPI_COMM_WORLD_*
+  std::string scheduler;     // "slurm" or "sagemaker" when their variables were used
 };
+
+// Helpers for scheduler variables, exposed for tests.
+std::string first_slurm_host(const std::string& nodelist);               // "n[01-04],m" -> "n01"
+std::vector<std::string> parse_host_list(const std::string& json_list);  // SM_HOSTS
 
 // Parses and validates; reads `env` (tests pass a map) or the process environment.
 RendezvousInfo rendezvous_info_from_env();

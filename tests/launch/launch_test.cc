@@ -1,0 +1,200 @@
+// lockstep run, end to end: real launcher processes, real workers, real signals.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+
+#include "lockstep/comm/store.h"
+#include "testing.h"
+
+namespace lockstep::testing {
+namespace {
+
+const std::string kLockstep = LOCKSTEP_BINARY;
+const std::string kWorker = COMM_WORKER_BINARY;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int free_port() {
+  comm::StoreServer probe(comm::StoreServerOptions{"127.0.0.1", 0, ""});
+  return probe.port();
+}
+
+class EnvContract : public ::testing::TestWithParam<int> {};
+
+TEST_P(EnvContract, WorkersSeeTheTorchrunEnvironmentAndCanAllreduce) {
+  int n = GetParam();
+  Process run(
+      {kLockstep, "run", "--nproc-per-node", std::to_string(n), kWorker, "env", "auto", std::to_string(n)},
+      {{"OMP_NUM_THREADS", "<unset>"}});
+  EXPECT_EQ(run.wait(60), 0) << run.output();
+  EXPECT_EQ(count_of(run.output(), "env ok rank"), static_cast<std::size_t>(n)) << run.output();
+  for (int r = 0; r < n; ++r)
+    EXPECT_NE(run.output().find("[rank " + std::to_string(r) + "] env ok rank " + std::to_string(r) + " of " +
+                                std::to_string(n) + " on shm"),
+              std::string::npos)
+        << run.output();
+}
+INSTANTIATE_TEST_SUITE_P(Workers, EnvContract, ::testing::Values(1, 2, 4));
+
+TEST(Launch, TwoAgentsOnOneMachineFormOneJobOverGloo) {
+  std::string port = std::to_string(free_port());
+  auto agent = [&](int node) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{kLockstep, "run", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                 "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "2",
+                                 "--run-id", "two-nodes", kWorker, "env", "gloo", "4"},
+        std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "shared-secret"}});
+  };
+  auto node0 = agent(0), node1 = agent(1);
+  EXPECT_EQ(node0->wait(120), 0) << node0->output();
+  EXPECT_EQ(node1->wait(120), 0) << node1->output();
+  std::string all = node0->output() + node1->output();
+  EXPECT_EQ(count_of(all, " of 4 on gloo"), 4u) << all;
+  for (int r : {0, 1}) EXPECT_NE(node0->output().find("env ok rank " + std::to_string(r)), std::string::npos);
+  for (int r : {2, 3}) EXPECT_NE(node1->output().find("env ok rank " + std::to_string(r)), std::string::npos);
+}
+
+TEST(Launch, AKilledWorkerStopsTheJobWithASummaryNamingIt) {
+  const double grace = 2;
+  auto start = std::chrono::steady_clock::now();
+  Process run({kLockstep, "run", "--nproc-per-node", "3", "--grace-period", "2", kWorker, "die", "shm"});
+  int code = run.wait(60);
+  double took = seconds_since(start);
+  EXPECT_EQ(code, 128 + SIGKILL) << run.output();
+  EXPECT_LT(took, grace + 5) << run.output();
+  EXPECT_NE(run.output().find("first failure: rank 1 (local rank 1"), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("killed by SIGKILL"), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("| rank 1 is about to be killed"), std::string::npos) << run.output();
+  EXPECT_EQ(count_of(run.output(), "finished 20 steps"), 0u) << run.output();
+}
+
+TEST(Launch, WithARestartTheJobRunsAgainAndSucceeds) {
+  Process run({kLockstep, "run", "--nproc-per-node", "3", "--max-restarts", "1", "--grace-period", "2",
+               kWorker, "die", "shm"});
+  EXPECT_EQ(run.wait(60), 0) << run.output();
+  EXPECT_NE(run.output().find("restarting the whole group"), std::string::npos) << run.output();
+  EXPECT_EQ(count_of(run.output(), "finished 20 steps"), 3u) << run.output();
+}
+
+TEST(Launch, TimeoutStopsAHangingJob) {
+  auto start = std::chrono::steady_clock::now();
+  Process run({kLockstep, "run", "--nproc-per-node", "2", "--timeout", "1", "--grace-period", "1",
+               "/bin/sleep", "60"});
+  EXPECT_EQ(run.wait(30), 124) << run.output();
+  EXPECT_LT(seconds_since(start), 1 + 1 + 5);
+  EXPECT_NE(run.output().find("--timeout"), std::string::npos) << run.output();
+}
+
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  // A zombie no one reaped yet is gone too: it runs nothing and holds nothing.
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat.rfind(')');
+  return close_paren != std::string::npos && stat.size() > close_paren + 2 && stat[close_paren + 2] == 'Z';
+}
+
+TEST(Launch, InterruptStopsEveryWorkerAndLeavesNothingBehind) {
+  Process run({kLockstep, "run", "--nproc-per-node", "2", "--grace-period", "3", kWorker, "loop", "shm"});
+  ASSERT_TRUE(run.read_until("ready rank", 30, 2)) << run.output();
+  std::vector<pid_t> workers;
+  std::smatch m;
+  std::string out = run.output();
+  std::regex pid_re("ready rank \\d+ pid (\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator(); ++it)
+    workers.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
+  ASSERT_EQ(workers.size(), 2u);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(run.pid(), SIGINT), 0);
+  EXPECT_EQ(run.wait(30), 128 + SIGINT) << run.output();
+  EXPECT_LT(seconds_since(start), 3 + 5);
+  for (pid_t pid : workers) EXPECT_TRUE(process_gone(pid)) << "worker " << pid << " survived the launcher";
+  for (const auto& name : shm_segments())
+    for (pid_t pid : workers) EXPECT_NE(name.rfind("lockstep-" + std::to_string(pid) + "-", 0), 0u) << name;
+}
+
+TEST(Launch, TwoJobsAtOnceWithoutNamingPorts) {
+  Process a({kLockstep, "run", "--nproc-per-node", "2", kWorker, "env", "auto", "2"});
+  Process b({kLockstep, "run", "--nproc-per-node", "2", kWorker, "env", "auto", "2"});
+  EXPECT_EQ(a.wait(60), 0) << a.output();
+  EXPECT_EQ(b.wait(60), 0) << b.output();
+  EXPECT_EQ(count_of(a.output() + b.output(), "env ok rank"), 4u);
+}
+
+TEST(Launch, APlainPytorchDdpScriptRunsUnmodifiedAndRanksAgree) {
+  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0)
+    GTEST_SKIP() << "Debian's python3-torch is not installed";
+  Process run({kLockstep, "run", "--nproc-per-node", "2", "/usr/bin/python3", DDP_SCRIPT});
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  std::regex sum_re("PARAMS rank=(\\d) world=2 sum=(\\S+)");
+  std::map<std::string, std::string> sums;
+  std::string out = run.output();
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), sum_re); it != std::sregex_iterator(); ++it)
+    sums[(*it)[1]] = (*it)[2];
+  ASSERT_EQ(sums.size(), 2u) << out;
+  EXPECT_EQ(sums["0"], sums["1"]) << out;
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::string expect;  // in the one-line error
+};
+
+class BadInputs : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputs, OneLineErrorNonZeroExitWithinTenSeconds) {
+  std::vector<std::string> argv{kLockstep, "run"};
+  for (const auto& a : GetParam().args) argv.push_back(a);
+  auto start = std::chrono::steady_clock::now();
+  Process run(argv);
+  int code = run.wait(30);
+  EXPECT_NE(code, 0) << run.output();
+  EXPECT_LT(seconds_since(start), 10);
+  EXPECT_NE(run.output().find(GetParam().expect), std::string::npos) << run.output();
+  EXPECT_EQ(count_of(run.output(), "\n"), 1u) << "expected one line:\n" << run.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Launch, BadInputs,
+    ::testing::Values(
+        BadInput{"ProgramNotFound", {"--nproc-per-node", "2", "no-such-program-xyz"}, "not found"},
+        BadInput{"ZeroWorkers", {"--nproc-per-node", "0", "/bin/true"}, "--nproc-per-node"},
+        BadInput{"NodeRankTooLarge",
+                 {"--nnodes", "2", "--node-rank", "2", "--master-port", "1234", "/bin/true"},
+                 "--node-rank 2 is not below --nnodes 2"},
+        BadInput{"UnreachableMaster",
+                 {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                  std::to_string(free_port()), "--join-timeout", "2", "/bin/true"},
+                 "could not reach"},
+        BadInput{"UnreachableMasterWithinTimeout",
+                 {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                  std::to_string(free_port()), "--timeout", "2", "/bin/true"},
+                 "could not reach"},
+        BadInput{"NotANumber", {"--nproc-per-node", "many", "/bin/true"}, "not a number"}),
+    [](const ::testing::TestParamInfo<BadInput>& param) { return param.param.name; });
+
+TEST(Launch, AWrongTokenIsRefusedWithAOneLineError) {
+  std::string port = std::to_string(free_port());
+  Process node0({kLockstep, "run", "--nnodes", "2", "--node-rank", "0", "--master-port", port,
+                 "--join-timeout", "5", "/bin/true"},
+                {{"LOCKSTEP_TOKEN", "right"}});
+  auto start = std::chrono::steady_clock::now();
+  Process node1({kLockstep, "run", "--nnodes", "2", "--node-rank", "1", "--master-port", port,
+                 "--join-timeout", "20", "/bin/true"},
+                {{"LOCKSTEP_TOKEN", "wrong"}});
+  EXPECT_NE(node1.wait(30), 0) << node1.output();
+  EXPECT_LT(seconds_since(start), 10);
+  EXPECT_NE(node1.output().find("LOCKSTEP_TOKEN"), std::string::npos) << node1.output();
+  EXPECT_EQ(count_of(node1.output(), "\n"), 1u) << node1.output();
+  EXPECT_NE(node0.wait(30), 0);  // node 1 never joined: node 0 gives up after --join-timeout
+  EXPECT_NE(node0.output().find("not every node joined"), std::string::npos) << node0.output();
+}
+
+}  // namespace
+}  // namespace lockstep::testing
