@@ -30,7 +30,9 @@ def run_lockstep(build, backend, ranks, lo, hi):
     out = subprocess.run([os.path.join(build, "tools", "lockstep"), "bench", "allreduce", "--nproc", str(ranks),
                           "--backend", backend, "--min-bytes", str(lo), "--max-bytes", str(hi), "--json"],
                          check=True, capture_output=True, text=True).stdout
-    return {row["bytes"]: row for row in json.loads(out)["rows"]}
+    # The launcher prefixes each worker line with "[rank N] "; rank 0 prints the JSON.
+    text = "\n".join(l[len("[rank 0] "):] for l in out.splitlines() if l.startswith("[rank 0] "))
+    return {row["bytes"]: row for row in json.loads(text)["rows"]}
 
 
 def run_mpi(build, ranks, lo, hi):

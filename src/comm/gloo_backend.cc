@@ -120,12 +120,26 @@ class GlooBackend final : public Backend {
       dispatch(c);
     } catch (const gloo::Exception& e) {
       std::string what = e.what();
-      if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+      if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
+        mark_failed();
         throw TimeoutError("gloo: " + c.describe() + " timed out after " +
                            log::seconds_text(options_.timeout.count()) + " on rank " + std::to_string(rank_) +
                            ": " + what);
-      throw PeerError("gloo: " + dead_ranks() + " while rank " + std::to_string(rank_) + " was in " +
-                      c.describe() + " (" + what + "); the job cannot continue");
+      }
+      std::string dead = dead_ranks();
+      mark_failed();
+      throw PeerError("gloo: " + dead + " while rank " + std::to_string(rank_) + " was in " + c.describe() +
+                      " (" + what + "); the job cannot continue");
+    }
+  }
+
+  // Tells peers that this rank is leaving because of an error, not dying: they must not blame
+  // it when its ephemeral key vanishes.
+  void mark_failed() {
+    try {
+      store_->set(prefix_ + "failed/" + std::to_string(rank_), "1");
+    } catch (const Error&) {
+      // The store is gone too; peers will see their own errors.
     }
   }
 
@@ -135,14 +149,20 @@ class GlooBackend final : public Backend {
     auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.peer_check);
     for (;;) {
       std::string dead;
+      int count = 0;
       try {
-        for (int r = 0; r < size_; ++r)
-          if (r != rank_ && !store_->try_get(prefix_ + "alive/" + std::to_string(r)))
-            dead += (dead.empty() ? "" : ", ") + std::to_string(r);
+        for (int r = 0; r < size_; ++r) {
+          std::string id = std::to_string(r);
+          if (r != rank_ && !store_->try_get(prefix_ + "alive/" + id) &&
+              !store_->try_get(prefix_ + "failed/" + id)) {
+            dead += (dead.empty() ? "" : ", ") + id;
+            ++count;
+          }
+        }
       } catch (const Error&) {
         return "a peer failed (the store is unreachable too)";
       }
-      if (!dead.empty()) return "rank " + dead + " died";
+      if (count > 0) return (count == 1 ? "rank " : "ranks ") + dead + " died";
       if (Clock::now() >= until) return "a peer closed its connection";
       // Bounded poll of a diagnostic, after the failure is already certain.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -2,17 +2,17 @@
 // shared-memory segment per communicator.
 //
 // Segment: a header (one control block per rank, each on its own cache lines) followed by one
-// staging slot per rank of options.shm_slot_bytes, split in two halves used in alternate
-// rounds. Rank 0 creates the segment; once every rank has mapped it, rank 0 unlinks the name,
-// so the memory disappears with the last process even when ranks crash (no /dev/shm litter).
+// staging slot per rank of options.shm_slot_bytes, split in three parts used in turn. Rank 0 creates the
+// segment; once every rank has mapped it, rank 0 unlinks the name, so the memory disappears with the last
+// process even when ranks crash (no /dev/shm litter).
 //
-// Rounds: every collective is a sequence of rounds; a round writes this rank's slot half
-// (round % 2), crosses a barrier, then reads peers' halves. Alternating halves means a rank
-// may start writing round i+1 as soon as it passes round i's barrier: the half it writes was
-// last read in round i-1, and every rank finished those reads before arriving at round i's
-// barrier. The first barrier of each collective also publishes its signature (kind, dtype,
-// count, op, root), in a descriptor slot chosen by sequence parity for the same reason; every
-// rank compares all signatures before touching data, so disagreeing ranks all fail together.
+// Rounds: every collective is a sequence of rounds; round j writes this rank's part j % 3,
+// crosses barrier j, then reads peers' parts. Data written in round j is read at the latest
+// between barriers j+1 and j+2 (the pipelined allreduce below); it is overwritten in round
+// j+3, after the writer passed barrier j+2, which every rank reaches only after those reads.
+// So a rank never waits for readers before writing. The first barrier of each collective also publishes its
+// signature (kind, dtype, count, op, root), in a descriptor slot chosen by sequence parity for the same
+// reason; every rank compares all signatures before touching data, so disagreeing ranks all fail together.
 //
 // Barrier: each rank stores its own monotonically rising generation in its own cache line
 // (no shared counter to fight over) and waits until every rank's generation reaches it.
@@ -24,12 +24,14 @@
 // Algorithms (n bytes per rank, W ranks, H = slot half bytes; cost is memory traffic):
 //   allreduce, n <= one-shot limit: copy in; barrier; every rank reduces all W inputs.
 //     1 barrier, reads W*n. Latency-optimal for small messages.
-//   allreduce, larger: per round a chunk of up to H is split into W segments. Each rank
-//     copies the segments others own into its slot; barrier; rank r reduces segment r straight
-//     from its own input and the peers' slots into its slot; barrier; every rank copies the
-//     other reduced segments out (reduce-scatter + all-gather). Per rank ~2n copied + n reduced,
-//     independent of W. Reduction order is rank order on both paths, so every rank gets
-//     bitwise the same result.
+//   allreduce, larger: per round a chunk of up to H (a slot part) is split into W segments.
+//     Each rank copies the segments others own into its part; barrier; it copies out the
+//     segments its peers reduced in the previous round (all-gather), then reduces segment r
+//     of this round straight from its own input and the peers' parts into its part
+//     (reduce-scatter); after the last round one more barrier and all-gather. One barrier per
+//     round: the all-gather of round i is pipelined behind the barrier of round i+1. Per rank
+//     ~2n copied + n reduced, independent of W. Reduction order is rank order on both paths,
+//     so every rank gets bitwise the same result.
 //   broadcast: root copies a chunk in; barrier; the others copy it out.
 //   allgather: each copies its chunk in; barrier; each copies all chunks out.
 //   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
@@ -44,6 +46,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -58,6 +61,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x6c6f636b73746570ull;  // "lockstep"
 constexpr std::size_t kAlign = 64;
+constexpr std::size_t kParts = 3;  // slot parts used in turn (see "Rounds" above)
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -96,7 +100,7 @@ class ShmBackend final : public Backend {
     slot_bytes_ =
         round_up(std::max<std::size_t>(options_.shm_slot_bytes, 2 * kAlign * static_cast<std::size_t>(size_)),
                  2 * kAlign);
-    half_bytes_ = slot_bytes_ / 2;
+    half_bytes_ = slot_bytes_ / kParts / kAlign * kAlign;
     std::size_t header_bytes = round_up(sizeof(Header) + size_ * sizeof(RankControl), 4096);
     total_bytes_ = header_bytes + slot_bytes_ * static_cast<std::size_t>(size_);
     std::string key = ctx.prefix + "segment";
@@ -190,10 +194,10 @@ class ShmBackend final : public Backend {
 
  private:
   RankControl& control(int r) { return controls_[r]; }
-  char* slot(int r, int half) {
-    return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(half) * half_bytes_;
+  char* slot(int r, int part) {
+    return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(part) * half_bytes_;
   }
-  int half() const { return static_cast<int>(round_ & 1); }
+  int half() const { return static_cast<int>(round_ % kParts); }
 
   void init_segment() {
     header_->magic = kMagic;
@@ -350,37 +354,48 @@ class ShmBackend final : public Backend {
     const char* send = static_cast<const char*>(c.send);
     char* recv = static_cast<char*>(c.recv);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
-    bool first = true;
-    for (std::size_t offset = 0; offset < c.count; offset += chunk) {
-      std::size_t m = std::min(chunk, c.count - offset);
-      std::size_t seg = round_up((m + size_ - 1) / size_, unit);
-      auto seg_begin = [&](int r) { return std::min(m, seg * static_cast<std::size_t>(r)); };
-      auto seg_len = [&](int r) { return seg_begin(r + 1) - seg_begin(r); };
-      int h = half();
-      char* mine = slot(rank_, h);
+    // One chunk's split into W segments, and where its reduced segments wait in the slots.
+    struct Round {
+      std::size_t offset = 0, m = 0, seg = 0;
+      int part = 0;
+      std::size_t begin(int r) const { return std::min(m, seg * static_cast<std::size_t>(r)); }
+      std::size_t len(int r) const { return begin(r + 1) - begin(r); }
+    };
+    auto gather = [&](const Round& g) {
       for (int r = 0; r < size_; ++r)
         if (r != rank_)
-          std::memcpy(mine + seg_begin(r) * esize, send + (offset + seg_begin(r)) * esize,
-                      seg_len(r) * esize);
-      if (first) {
-        begin(c);
-        first = false;
-      } else {
+          std::memcpy(recv + (g.offset + g.begin(r)) * esize, slot(r, g.part) + g.begin(r) * esize,
+                      g.len(r) * esize);
+    };
+    std::optional<Round> previous;
+    for (std::size_t offset = 0; offset < c.count; offset += chunk) {
+      Round now;
+      now.offset = offset;
+      now.m = std::min(chunk, c.count - offset);
+      now.seg = round_up((now.m + size_ - 1) / size_, unit);
+      now.part = half();
+      char* mine = slot(rank_, now.part);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_)
+          std::memcpy(mine + now.begin(r) * esize, send + (offset + now.begin(r)) * esize,
+                      now.len(r) * esize);
+      if (previous)
         barrier(c);
-      }
-      std::size_t my_begin = seg_begin(rank_);
+      else
+        begin(c);
+      if (previous) gather(*previous);
+      std::size_t my_begin = now.begin(rank_);
       for (int r = 0; r < size_; ++r)
         inputs[static_cast<std::size_t>(r)] =
-            r == rank_ ? send + (offset + my_begin) * esize : slot(r, h) + my_begin * esize;
-      reduce(c.dtype, c.op, mine + my_begin * esize, inputs.data(), size_, seg_len(rank_));
-      std::memcpy(recv + (offset + my_begin) * esize, mine + my_begin * esize, seg_len(rank_) * esize);
-      barrier(c);
-      for (int r = 0; r < size_; ++r)
-        if (r != rank_)
-          std::memcpy(recv + (offset + seg_begin(r)) * esize, slot(r, h) + seg_begin(r) * esize,
-                      seg_len(r) * esize);
+            r == rank_ ? send + (offset + my_begin) * esize : slot(r, now.part) + my_begin * esize;
+      reduce(c.dtype, c.op, mine + my_begin * esize, inputs.data(), size_, now.len(rank_));
+      std::memcpy(recv + (offset + my_begin) * esize, mine + my_begin * esize, now.len(rank_) * esize);
+      previous = now;
       ++round_;
     }
+    barrier(c);
+    gather(*previous);
+    ++round_;
   }
 
   void broadcast(const Collective& c) {

@@ -32,6 +32,7 @@ using comm::Seconds;
 using nlohmann::json;
 
 constexpr int kTimeoutExit = 124;
+constexpr auto kSettle = std::chrono::milliseconds(250);
 
 void say(const std::string& line) {
   std::string out = "lockstep run: " + line + "\n";
@@ -303,7 +304,7 @@ class Agent {
     group.start(worker_specs(master_port));
 
     std::optional<json> failure;
-    std::optional<Clock::time_point> kill_at;
+    std::optional<Clock::time_point> kill_at, settle_until;
     auto stop = [&] {
       if (kill_at) return;
       group.terminate_all();
@@ -314,23 +315,31 @@ class Agent {
     bool done_published = false;
     for (;;) {
       bool local_done = group.all_exited();
-      if (local_done && (failure || !done_published)) {
-        if (failure) break;
+      if (local_done && !failure && group.first_failure()) {
+        failure = publish_failure(local_failure_record(*group.first_failure()));  // all exits are in
+      }
+      if (local_done && failure) break;
+      if (local_done && !done_published) {
         store_->set(attempt_key("done/" + std::to_string(o_.node_rank)), "1");
         done_published = true;
       }
+      auto wait =
+          settle_until ? std::min<std::chrono::milliseconds>(tick, std::chrono::milliseconds(20)) : tick;
       if (!local_done) {
-        if (group.poll_once(tick, signal_fd_))
+        if (group.poll_once(wait, signal_fd_))
           handle_signals(failure, [&](const json& f) {
             failure = publish_failure(f);
             stop();
           });
       } else {
-        drain_signal_wait(tick, failure, [&](const json& f) { failure = publish_failure(f); });
+        drain_signal_wait(wait, failure, [&](const json& f) { failure = publish_failure(f); });
       }
-      if (!failure) {
-        if (const Worker* w = group.first_failure()) {
-          failure = publish_failure(local_failure_record(*w));
+      if (!failure && group.first_failure()) {
+        // Let simultaneous exits land before naming the first failure: a killed rank's peers
+        // notice its death, through shared memory, even before the kernel reports it to us.
+        if (!settle_until) settle_until = Clock::now() + kSettle;
+        if (Clock::now() >= *settle_until) {
+          failure = publish_failure(local_failure_record(*group.first_failure()));
           stop();
         }
       }
@@ -398,11 +407,14 @@ class Agent {
     if (::poll(&p, 1, static_cast<int>(tick.count())) > 0) handle_signals(failure, on_failure);
   }
 
+  // A node whose launcher is gone before its workers finished this attempt. (One that finished
+  // may leave: its ephemeral key vanishes with it.)
   std::optional<std::string> lost_agent() {
     for (int n = 0; n < o_.nnodes; ++n) {
       if (n == o_.node_rank) continue;
-      if (!store_->try_get(key("alive/" + std::to_string(n))))
-        return std::to_string(n) + " (" + hosts_[static_cast<std::size_t>(n)] + ")";
+      std::string id = std::to_string(n);
+      if (!store_->try_get(key("alive/" + id)) && !store_->try_get(attempt_key("done/" + id)))
+        return id + " (" + hosts_[static_cast<std::size_t>(n)] + ")";
     }
     return std::nullopt;
   }

@@ -220,6 +220,7 @@ bool WorkerGroup::poll_once(std::chrono::milliseconds timeout, int signal_fd) {
 }
 
 void WorkerGroup::terminate_all() {
+  reap();  // a worker that already died is recorded as such, not as stopped by us
   for (auto& w : workers_) {
     if (w.exit) continue;
     w.stop_requested = true;
@@ -242,10 +243,10 @@ const Worker* WorkerGroup::first_failure() const {
   const Worker* first = nullptr;
   for (const auto& w : workers_) {
     if (!w.exit || w.exit->code == 0 || w.exit->stopped_by_us) continue;
-    // Earliest first; among simultaneous ones, a death by signal before an error exit, since
-    // peers of a killed rank exit with an error a moment later (their PeerError).
-    if (!first || w.exit->when < first->exit->when ||
-        (w.exit->when == first->exit->when && w.exit->signal != 0 && first->exit->signal == 0))
+    // A death by signal before any error exit (peers of a killed rank exit with an error,
+    // sometimes before the kernel even reports the death); otherwise the earliest.
+    bool signal = w.exit->signal != 0, first_signal = first && first->exit->signal != 0;
+    if (!first || (signal && !first_signal) || (signal == first_signal && w.exit->when < first->exit->when))
       first = &w;
   }
   return first;

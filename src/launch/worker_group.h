@@ -70,7 +70,8 @@ class WorkerGroup {
   void kill_all();
 
   bool all_exited() const;
-  // The first worker (by exit time) that failed and was not stopped by us.
+  // The worker whose failure to report (not one stopped by us): a death by signal before any
+  // error exit, else the earliest.
   const Worker* first_failure() const;
   const std::vector<Worker>& workers() const { return workers_; }
 

@@ -52,8 +52,9 @@ TEST(Launch, TwoAgentsOnOneMachineFormOneJobOverGloo) {
         std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "shared-secret"}});
   };
   auto node0 = agent(0), node1 = agent(1);
-  EXPECT_EQ(node0->wait(120), 0) << node0->output();
-  EXPECT_EQ(node1->wait(120), 0) << node1->output();
+  int code0 = node0->wait(120), code1 = node1->wait(120);
+  EXPECT_EQ(code0, 0) << "node 0:\n" << node0->output() << "node 1:\n" << node1->output();
+  EXPECT_EQ(code1, 0) << "node 0:\n" << node0->output() << "node 1:\n" << node1->output();
   std::string all = node0->output() + node1->output();
   EXPECT_EQ(count_of(all, " of 4 on gloo"), 4u) << all;
   for (int r : {0, 1}) EXPECT_NE(node0->output().find("env ok rank " + std::to_string(r)), std::string::npos);
