@@ -26,29 +26,7 @@ double input_value(int rank, std::size_t i) {
 }
 
 void fill(void* buf, DType t, std::size_t n, int rank) {
-  for (std::size_t i = 0; i < n; ++i) {
-    double v = input_value(rank, i);
-    switch (t) {
-      case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-      case DType::f64: static_cast<double*>(buf)[i] = v; break;
-      case DType::f16: static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); break;
-      case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-      case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-    }
-  }
-}
-
-double read(const void* buf, DType t, std::size_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(buf)[i];
-    case DType::f64: return static_cast<const double*>(buf)[i];
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
-    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-  }
-  return 0;
+  for (std::size_t i = 0; i < n; ++i) store_element(t, buf, i, input_value(rank, i));
 }
 
 std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, int world) {
@@ -68,7 +46,7 @@ std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, in
     if (op == ReduceOp::avg && (t == DType::i32 || t == DType::i64)) want = std::trunc(want);
     double tol =
         (t == DType::f16 || t == DType::bf16) ? 0.01 * std::abs(want) + 1e-3 : 1e-6 * std::abs(want) + 1e-9;
-    if (std::abs(read(out, t, i) - want) > tol) ++wrong;
+    if (std::abs(load_element(t, out, i) - want) > tol) ++wrong;
   }
   return wrong;
 }

@@ -101,6 +101,29 @@ std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(x >> 16);
 }
 
+double load_element(DType t, const void* buf, std::size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f64: return static_cast<const double*>(buf)[i];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  }
+  return 0;
+}
+
+void store_element(DType t, void* buf, std::size_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
+    case DType::f64: static_cast<double*>(buf)[i] = v; return;
+    case DType::f16: static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); return;
+    case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); return;
+    case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); return;
+    case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); return;
+  }
+}
+
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::allreduce: return "allreduce";

@@ -20,29 +20,8 @@ struct Buffer {
   std::vector<char> bytes;
   Buffer(DType type, std::size_t n) : t(type), bytes(n * dtype_size(type) + 1) {}
   void* data() { return bytes.data(); }
-  void set(std::size_t i, double v) {
-    switch (t) {
-      case DType::f32: reinterpret_cast<float*>(data())[i] = static_cast<float>(v); break;
-      case DType::f64: reinterpret_cast<double*>(data())[i] = v; break;
-      case DType::f16: reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::bf16:
-        reinterpret_cast<std::uint16_t*>(data())[i] = f32_to_bf16(static_cast<float>(v));
-        break;
-      case DType::i32: reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v); break;
-      case DType::i64: reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v); break;
-    }
-  }
-  double get(std::size_t i) {
-    switch (t) {
-      case DType::f32: return reinterpret_cast<float*>(data())[i];
-      case DType::f64: return reinterpret_cast<double*>(data())[i];
-      case DType::f16: return f16_to_f32(reinterpret_cast<std::uint16_t*>(data())[i]);
-      case DType::bf16: return bf16_to_f32(reinterpret_cast<std::uint16_t*>(data())[i]);
-      case DType::i32: return reinterpret_cast<std::int32_t*>(data())[i];
-      case DType::i64: return static_cast<double>(reinterpret_cast<std::int64_t*>(data())[i]);
-    }
-    return 0;
-  }
+  void set(std::size_t i, double v) { store_element(t, data(), i, v); }
+  double get(std::size_t i) { return load_element(t, data(), i); }
 };
 
 double reference(ReduceOp op, DType t, int world, std::size_t i) {

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,30 @@
 extern char** environ;
 
 namespace lockstep::testing {
+
+namespace {
+
+// This process's environment with `overrides` applied ("<unset>" removes a variable), as the
+// NAME=value strings execve wants.
+std::vector<std::string> environment_with(const std::map<std::string, std::string>& overrides) {
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : overrides) {
+    if (v == "<unset>")
+      all.erase(k);
+    else
+      all[k] = v;
+  }
+  std::vector<std::string> out;
+  for (const auto& [k, v] : all) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace
 
 LocalStore::LocalStore() : token_(comm::random_token()) {
   server_ = std::make_unique<comm::StoreServer>(comm::StoreServerOptions{"127.0.0.1", 0, token_});
@@ -60,19 +85,13 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
   std::vector<Child> children;
   for (int r = 0; r < world; ++r) {
     std::map<std::string, std::string> env;
-    for (char** e = environ; *e; ++e) {
-      std::string kv(*e);
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
     env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
     env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(world);
     env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
     env["LOCKSTEP_TOKEN"] = store.token();
     env["LOCKSTEP_RUN_ID"] = run_id;
     for (const auto& [k, v] : extra_env) env[k] = v;
-    std::vector<std::string> env_strings, args = argv;
-    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<std::string> env_strings = environment_with(env), args = argv;
     std::vector<char*> envp, argp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -94,38 +113,26 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
 }
 
 int wait_child(const Child& child, double timeout_seconds) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
-  for (;;) {
-    int status = 0;
-    pid_t got = waitpid(child.pid, &status, WNOHANG);
-    if (got == child.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(child.pid, SIGKILL);
-      waitpid(child.pid, &status, 0);
-      throw std::runtime_error("child " + std::to_string(child.pid) + " did not exit within " +
-                               std::to_string(timeout_seconds) + " s; output:\n" +
-                               read_file(child.stdout_path));
-    }
-    // Polling a child's exit: there is no portable wait-with-timeout for a pid.
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // A pidfd becomes readable when the process exits: a real wait with a deadline.
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, child.pid, 0));
+  if (pidfd < 0) throw std::runtime_error("pidfd_open failed for child " + std::to_string(child.pid));
+  pollfd p{pidfd, POLLIN, 0};
+  int ready = poll(&p, 1, static_cast<int>(timeout_seconds * 1000));
+  close(pidfd);
+  int status = 0;
+  if (ready <= 0) {
+    kill(child.pid, SIGKILL);
+    waitpid(child.pid, &status, 0);
+    throw std::runtime_error("child " + std::to_string(child.pid) + " did not exit within " +
+                             std::to_string(timeout_seconds) + " s; output:\n" +
+                             read_file(child.stdout_path));
   }
+  waitpid(child.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 Process::Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
-  std::map<std::string, std::string> all;
-  for (char** e = environ; *e; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const auto& [k, v] : env) {
-    if (v == "<unset>")
-      all.erase(k);
-    else
-      all[k] = v;
-  }
-  std::vector<std::string> env_strings, args = argv;
-  for (auto& [k, v] : all) env_strings.push_back(k + "=" + v);
+  std::vector<std::string> env_strings = environment_with(env), args = argv;
   std::vector<char*> envp, argp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);

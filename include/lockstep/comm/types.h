@@ -47,4 +47,9 @@ inline float bf16_to_f32(std::uint16_t b) {
 }
 std::uint16_t f32_to_bf16(float f);
 
+// Element i of a buffer of `dtype`, as a double; and the reverse (rounded to the type). For
+// tests, checks and tools; not for hot loops.
+double load_element(DType dtype, const void* buffer, std::size_t i);
+void store_element(DType dtype, void* buffer, std::size_t i, double value);
+
 }  // namespace lockstep::comm
