@@ -16,7 +16,7 @@
 //
 // Barrier: each rank stores its own monotonically rising generation in its own cache line
 // (no shared counter to fight over) and waits until every rank's generation reaches it.
-// Waiting spins with pause for ~20 us, then yields, then sleeps 50 us between checks. While
+// Waiting spins with pause for ~100 us (not at all when ranks outnumber cores), then yields, then sleeps 50 us between checks. While
 // waiting it checks, every few milliseconds: the abort word (another rank failed), peers'
 // liveness (each rank's progress thread holds a robust mutex in the segment; the kernel marks
 // it owner-dead when the process dies), and the collective's deadline.
@@ -149,6 +149,7 @@ class ShmBackend final : public Backend {
                         " bytes): all ranks must use the "
                         "same shm options");
     }
+    spin_limit_ = static_cast<unsigned>(size_) <= std::thread::hardware_concurrency() ? 2000 : 0;
     control(rank_).pid = static_cast<int>(getpid());
     ctx.store->set(ctx.prefix + "mapped/" + std::to_string(rank_), "1");
     if (rank_ == 0) {
@@ -256,7 +257,7 @@ class ShmBackend final : public Backend {
       while (next < size_ && control(next).generation.load(std::memory_order_acquire) >= gen) ++next;
       return next == size_;
     };
-    for (int spin = 0; spin < 2000; ++spin) {
+    for (int spin = 0; spin < spin_limit_; ++spin) {
       if (arrived_all()) return;
       cpu_relax();
     }
@@ -477,6 +478,9 @@ class ShmBackend final : public Backend {
   Header* header_ = nullptr;
   RankControl* controls_ = nullptr;
   char* slots_ = nullptr;
+  // Pause-spins before yielding: ~100 us when every rank has a core; none when ranks outnumber
+  // cores, since the rank being waited for may need this very core to arrive.
+  int spin_limit_ = 0;
   std::uint64_t generation_ = 0;  // this rank's barrier generation
   std::uint64_t round_ = 0;       // rounds completed; its parity picks the slot half
   Clock::time_point deadline_;
