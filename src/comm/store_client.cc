@@ -93,6 +93,11 @@ StoreClient::~StoreClient() {
   close_socket();
 }
 
+void StoreClient::set_timeout(Seconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.timeout = timeout;
+}
+
 void StoreClient::close_socket() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

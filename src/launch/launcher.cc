@@ -105,6 +105,9 @@ std::string describe_exit(const json& f) {
   if (reason == "interrupted")
     return "the launcher on node " + std::to_string(f.value("node", 0)) + " got " +
            f.value("detail", std::string());
+  if (reason == "store-lost")
+    return "node 0's launcher, which hosts the job's store, stopped answering (" +
+           f.value("detail", std::string()) + ")";
   if (reason == "agent-lost")
     return "the launcher of node " + f.value("detail", std::string()) + " died or lost its connection";
   std::string who = "rank " + std::to_string(f.value("rank", -1)) + " (local rank " +
@@ -196,6 +199,9 @@ class Agent {
                          " s: start one `lockstep run` per node, each with --nnodes " +
                          std::to_string(o_.nnodes) + " and its own --node-rank");
     }
+    // From now on a store that does not answer means node 0's launcher is gone: give up on a
+    // call within seconds (reconnects included), not the join timeout.
+    store_->set_timeout(Seconds(std::max(3.0, 20 * o_.monitor_interval)));
     world_size_ = 0;
     for (int n = 0; n < o_.nnodes; ++n) {
       json a = json::parse(store_->get(keys[static_cast<std::size_t>(n)]));
@@ -263,8 +269,13 @@ class Agent {
 
   // Publishes a failure unless another one came first; returns the one that counts.
   json publish_failure(const json& mine) {
-    std::string current = store_->compare_set(attempt_key("failed"), "", mine.dump());
-    return json::parse(current);
+    if (store_lost_) return mine;
+    try {
+      return json::parse(store_->compare_set(attempt_key("failed"), "", mine.dump()));
+    } catch (const Error&) {
+      store_lost_ = true;  // node 0 is gone: this node stops on its own
+      return mine;
+    }
   }
 
   json local_failure_record(const Worker& w) {
@@ -320,7 +331,13 @@ class Agent {
       }
       if (local_done && failure) break;
       if (local_done && !done_published) {
-        store_->set(attempt_key("done/" + std::to_string(o_.node_rank)), "1");
+        try {
+          store_->set(attempt_key("done/" + std::to_string(o_.node_rank)), "1");
+        } catch (const Error& e) {
+          store_lost_ = true;
+          failure = event_record("store-lost", e.what(), 1);
+          break;
+        }
         done_published = true;
       }
       auto wait =
@@ -352,16 +369,24 @@ class Agent {
       }
       if (now >= next_check) {
         next_check = now + tick;
-        if (!failure) {
-          if (auto f = store_->try_get(attempt_key("failed"))) {
-            failure = json::parse(*f);
-            stop();
-          } else if (auto lost = lost_agent()) {
-            failure = publish_failure(event_record("agent-lost", *lost, 1));
+        try {
+          if (!failure) {
+            if (auto f = store_->try_get(attempt_key("failed"))) {
+              failure = json::parse(*f);
+              stop();
+            } else if (auto lost = lost_agent()) {
+              failure = publish_failure(event_record("agent-lost", *lost, 1));
+              stop();
+            }
+          }
+          if (!failure && done_published && all_nodes_done()) break;
+        } catch (const Error& e) {
+          if (!failure) {
+            failure = event_record("store-lost", e.what(), 1);
             stop();
           }
+          store_lost_ = true;
         }
-        if (!failure && done_published && all_nodes_done()) break;
       }
       if (kill_at && now >= *kill_at) group.kill_all();
     }
@@ -372,6 +397,10 @@ class Agent {
     // A deadline or a Ctrl-C anywhere ends the job on every node: no restart.
     if (failure->value("reason", "") == "timeout") timed_out_ = true;
     if (failure->value("reason", "") == "interrupted") interrupted_ = true;
+    if (store_lost_) {
+      interrupted_ = true;  // no store, no coordinated restart
+      return failure->value("code", 1);
+    }
     // Every node stops its workers before any starts the next attempt.
     store_->set(attempt_key("stopped/" + std::to_string(o_.node_rank)), "1");
     std::vector<std::string> keys;
@@ -484,7 +513,7 @@ class Agent {
   std::vector<std::string> hosts_;
   int attempt_ = 0;
   Clock::time_point attempt_start_;
-  bool interrupted_ = false, timed_out_ = false;
+  bool interrupted_ = false, timed_out_ = false, store_lost_ = false;
 };
 
 }  // namespace

@@ -61,6 +61,25 @@ TEST(Launch, TwoAgentsOnOneMachineFormOneJobOverGloo) {
   for (int r : {2, 3}) EXPECT_NE(node1->output().find("env ok rank " + std::to_string(r)), std::string::npos);
 }
 
+TEST(Launch, WhenNodeZerosLauncherDiesTheOtherNodeStopsWithinSeconds) {
+  std::string port = std::to_string(free_port());
+  auto agent = [&](int node) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{kLockstep, "run", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                 "--master-port", port, "--nproc-per-node", "1", "--grace-period", "1",
+                                 kWorker, "loop", "gloo"},
+        std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "secret"}});
+  };
+  auto node0 = agent(0), node1 = agent(1);
+  ASSERT_TRUE(node1->read_until("ready rank 1", 60)) << node1->output();
+  ASSERT_EQ(::kill(node0->pid(), SIGKILL), 0);
+  auto start = std::chrono::steady_clock::now();
+  int code = node1->wait(60);
+  EXPECT_NE(code, 0) << node1->output();
+  EXPECT_LT(seconds_since(start), 10) << node1->output();
+  EXPECT_NE(node1->output().find("job FAILED"), std::string::npos) << node1->output();
+}
+
 TEST(Launch, AKilledWorkerStopsTheJobWithASummaryNamingIt) {
   const double grace = 2;
   auto start = std::chrono::steady_clock::now();

@@ -91,6 +91,8 @@ class StoreClient {
   std::int64_t num_keys();
 
   const StoreClientOptions& options() const { return options_; }
+  // The deadline for later calls that take none (e.g. shorter once a job is up).
+  void set_timeout(Seconds timeout);
 
  private:
   struct Reply;
