@@ -11,10 +11,11 @@ LOCKSTEP_PACKAGES=(
   libssl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch
+  python3-torch dataset-fashion-mnist
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
-# tests run unmodified, and the peer the benchmarks compare against.
+# tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
+# the real data the data layer's tests read.
 
 install_missing_packages() {
   local missing=()
