@@ -44,6 +44,15 @@ std::vector<std::string> environment_with(const std::map<std::string, std::strin
   return out;
 }
 
+// Pointers into `strings`, null-terminated, as execve and posix_spawn want (`strings` must
+// outlive them).
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
 }  // namespace
 
 LocalStore::LocalStore() : token_(comm::random_token()) {
@@ -92,11 +101,7 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
     env["LOCKSTEP_RUN_ID"] = run_id;
     for (const auto& [k, v] : extra_env) env[k] = v;
     std::vector<std::string> env_strings = environment_with(env), args = argv;
-    std::vector<char*> envp, argp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : args) argp.push_back(s.data());
-    argp.push_back(nullptr);
+    std::vector<char*> envp = c_strings(env_strings), argp = c_strings(args);
     Child child;
     child.stdout_path = dir + "/rank" + std::to_string(r) + ".log";
     posix_spawn_file_actions_t actions;
@@ -133,11 +138,7 @@ int wait_child(const Child& child, double timeout_seconds) {
 
 Process::Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
   std::vector<std::string> env_strings = environment_with(env), args = argv;
-  std::vector<char*> envp, argp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  for (auto& s : args) argp.push_back(s.data());
-  argp.push_back(nullptr);
+  std::vector<char*> envp = c_strings(env_strings), argp = c_strings(args);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t actions;
