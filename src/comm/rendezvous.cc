@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 extern char** environ;
 
@@ -212,26 +213,37 @@ Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
   if (store_->add(prefix_ + "claim/" + std::to_string(info_.rank), 1) != 1)
     throw ConfigError("another process already joined this run as rank " + std::to_string(info_.rank) +
                       ": give each process a distinct RANK in 0.." + std::to_string(info_.world_size - 1));
+  if (info_.world_size > 1 && info_.rank != 0)
+    store_->set_ephemeral(prefix_ + "alive/" + std::to_string(info_.rank), "1");
 }
 
 Rendezvous::~Rendezvous() {
-  if (server_ && info_.world_size > 1) {
-    // Rank 0's store must outlive the peers' last use of it: wait (bounded) until they left.
-    try {
-      store_->add(prefix_ + "left", 1);
-      store_->set(prefix_ + "left/" + std::to_string(info_.rank), "1");
-      std::vector<std::string> keys;
-      for (int r = 0; r < info_.world_size; ++r) keys.push_back(prefix_ + "left/" + std::to_string(r));
-      store_->wait(keys, Seconds(std::min(info_.timeout.count(), 30.0)));
-    } catch (const Error& e) {
-      LOCKSTEP_LOG(warn) << "closing the store before every rank left: " << e.what();
-    }
-  } else if (store_ && info_.world_size > 1) {
+  if (!store_ || info_.world_size == 1) return;
+  if (!server_) {
     try {
       store_->set(prefix_ + "left/" + std::to_string(info_.rank), "1");
     } catch (const Error&) {
       // The store is gone: nobody is waiting for us.
     }
+    return;
+  }
+  // Rank 0's store must outlive the peers' last use of it. A peer is done when it said it left,
+  // or when its ephemeral key vanished (it died: no point waiting for it). Bounded poll.
+  auto deadline = Clock::now() +
+                  std::chrono::duration_cast<Clock::duration>(Seconds(std::min(info_.timeout.count(), 30.0)));
+  try {
+    for (int r = 1; r < info_.world_size; ++r) {
+      std::string id = std::to_string(r);
+      while (!store_->try_get(prefix_ + "left/" + id) && store_->try_get(prefix_ + "alive/" + id)) {
+        if (Clock::now() >= deadline) {
+          LOCKSTEP_LOG(warn) << "closing the store while rank " << id << " may still use it";
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  } catch (const Error& e) {
+    LOCKSTEP_LOG(warn) << "closing the store: " << e.what();
   }
 }
 

@@ -54,6 +54,33 @@ std::vector<std::string> kill_backends() {
 }
 INSTANTIATE_TEST_SUITE_P(Backends, KillOneRank, ::testing::ValuesIn(kill_backends()));
 
+// Without a launcher rank 0 hosts the store, and its exit waits for the peers to leave: a peer
+// that died must not hold it up (it did, for 30 s, before peers held ephemeral keys).
+TEST(KillOneRankWithoutLauncher, RankZeroHostingTheStoreExitsPromptly) {
+  int port;
+  {
+    comm::StoreServer probe(comm::StoreServerOptions{"127.0.0.1", 0, ""});
+    port = probe.port();
+  }
+  auto rank = [&](int r) {
+    return std::make_unique<Process>(std::vector<std::string>{helper_path("comm_worker"), "loop", "shm"},
+                                     std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                        {"WORLD_SIZE", "2"},
+                                                                        {"MASTER_ADDR", "127.0.0.1"},
+                                                                        {"MASTER_PORT", std::to_string(port)},
+                                                                        {"LOCKSTEP_STORE_ADDR", "<unset>"},
+                                                                        {"LOCKSTEP_PEER_CHECK", "2"}});
+  };
+  auto rank0 = rank(0), rank1 = rank(1);
+  ASSERT_TRUE(rank0->read_until("ready rank 0", 30)) << rank0->output();
+  ASSERT_TRUE(rank1->read_until("ready rank 1", 30)) << rank1->output();
+  ASSERT_EQ(::kill(rank1->pid(), SIGKILL), 0);
+  auto killed_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(rank0->wait(60), 3) << rank0->output();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 2.0 + 3.0) << rank0->output();
+}
+
 class Misuse : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Misuse, DifferentCollectivesFailOnEveryRank) {
