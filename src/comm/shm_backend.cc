@@ -16,12 +16,12 @@
 //
 // Barrier: each rank stores its own monotonically rising generation in its own cache line
 // (no shared counter to fight over) and waits until every rank's generation reaches it.
-// Waiting spins with pause for ~100 us (not at all when ranks outnumber cores), then yields, then sleeps 50 us between checks. While
-// waiting it checks, every few milliseconds: the abort word (another rank failed), peers'
-// liveness (each rank's progress thread holds a robust mutex in the segment; the kernel marks
-// it owner-dead when the process dies), and the collective's deadline.
+// Waiting spins with pause for ~100 us (not at all when ranks outnumber cores), then yields, then sleeps 50
+// us between checks. While waiting it checks, every few milliseconds: the abort word (another rank failed),
+// peers' liveness (each rank's progress thread holds a robust mutex in the segment; the kernel marks it
+// owner-dead when the process dies), and the collective's deadline.
 //
-// Algorithms (n bytes per rank, W ranks, H = slot half bytes; cost is memory traffic):
+// Algorithms (n bytes per rank, W ranks, H = slot part bytes; cost is memory traffic):
 //   allreduce, n <= one-shot limit: copy in; barrier; every rank reduces all W inputs.
 //     1 barrier, reads W*n. Latency-optimal for small messages.
 //   allreduce, larger: per round a chunk of up to H (a slot part) is split into W segments.
@@ -100,7 +100,7 @@ class ShmBackend final : public Backend {
     slot_bytes_ =
         round_up(std::max<std::size_t>(options_.shm_slot_bytes, 2 * kAlign * static_cast<std::size_t>(size_)),
                  2 * kAlign);
-    half_bytes_ = slot_bytes_ / kParts / kAlign * kAlign;
+    part_bytes_ = slot_bytes_ / kParts / kAlign * kAlign;
     std::size_t header_bytes = round_up(sizeof(Header) + size_ * sizeof(RankControl), 4096);
     total_bytes_ = header_bytes + slot_bytes_ * static_cast<std::size_t>(size_);
     std::string key = ctx.prefix + "segment";
@@ -196,9 +196,9 @@ class ShmBackend final : public Backend {
  private:
   RankControl& control(int r) { return controls_[r]; }
   char* slot(int r, int part) {
-    return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(part) * half_bytes_;
+    return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(part) * part_bytes_;
   }
-  int half() const { return static_cast<int>(round_ % kParts); }
+  int part() const { return static_cast<int>(round_ % kParts); }
 
   void init_segment() {
     header_->magic = kMagic;
@@ -328,7 +328,7 @@ class ShmBackend final : public Backend {
         ++round_;
         return;
       case CollectiveKind::allreduce:
-        if (c.count * dtype_size(c.dtype) <= std::min(options_.shm_one_shot_bytes, half_bytes_))
+        if (c.count * dtype_size(c.dtype) <= std::min(options_.shm_one_shot_bytes, part_bytes_))
           return allreduce_one_shot(c);
         return allreduce_chunked(c);
       case CollectiveKind::broadcast: return broadcast(c);
@@ -339,7 +339,7 @@ class ShmBackend final : public Backend {
 
   void allreduce_one_shot(const Collective& c) {
     std::size_t bytes = c.count * dtype_size(c.dtype);
-    int h = half();
+    int h = part();
     std::memcpy(slot(rank_, h), c.send, bytes);
     begin(c);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
@@ -351,7 +351,7 @@ class ShmBackend final : public Backend {
   void allreduce_chunked(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
     const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);  // elements per line
-    const std::size_t chunk = std::max<std::size_t>(half_bytes_ / esize / (unit * size_), 1) * unit * size_;
+    const std::size_t chunk = std::max<std::size_t>(part_bytes_ / esize / (unit * size_), 1) * unit * size_;
     const char* send = static_cast<const char*>(c.send);
     char* recv = static_cast<char*>(c.recv);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
@@ -374,7 +374,7 @@ class ShmBackend final : public Backend {
       now.offset = offset;
       now.m = std::min(chunk, c.count - offset);
       now.seg = round_up((now.m + size_ - 1) / size_, unit);
-      now.part = half();
+      now.part = part();
       char* mine = slot(rank_, now.part);
       for (int r = 0; r < size_; ++r)
         if (r != rank_)
@@ -401,12 +401,12 @@ class ShmBackend final : public Backend {
 
   void broadcast(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
-    const std::size_t chunk = half_bytes_ / esize;
+    const std::size_t chunk = part_bytes_ / esize;
     char* buf = static_cast<char*>(c.recv);
     std::size_t offset = 0;
     do {
       std::size_t m = std::min(chunk, c.count - offset);
-      int h = half();
+      int h = part();
       if (rank_ == c.root) std::memcpy(slot(rank_, h), buf + offset * esize, m * esize);
       if (offset == 0)
         begin(c);
@@ -420,13 +420,13 @@ class ShmBackend final : public Backend {
 
   void allgather(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
-    const std::size_t chunk = half_bytes_ / esize;
+    const std::size_t chunk = part_bytes_ / esize;
     const char* send = static_cast<const char*>(c.send);
     char* recv = static_cast<char*>(c.recv);
     std::size_t offset = 0;
     do {
       std::size_t m = std::min(chunk, c.count - offset);
-      int h = half();
+      int h = part();
       std::memcpy(slot(rank_, h), send + offset * esize, m * esize);
       if (offset == 0)
         begin(c);
@@ -444,14 +444,14 @@ class ShmBackend final : public Backend {
 
   void reduce_scatter(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
-    const std::size_t block = std::max<std::size_t>(half_bytes_ / esize / static_cast<std::size_t>(size_), 1);
+    const std::size_t block = std::max<std::size_t>(part_bytes_ / esize / static_cast<std::size_t>(size_), 1);
     const char* send = static_cast<const char*>(c.send);
     char* recv = static_cast<char*>(c.recv);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
     std::size_t offset = 0;
     do {
       std::size_t m = std::min(block, c.count - offset);
-      int h = half();
+      int h = part();
       char* mine = slot(rank_, h);
       for (int r = 0; r < size_; ++r)
         if (r != rank_)
@@ -473,7 +473,7 @@ class ShmBackend final : public Backend {
 
   int rank_, size_;
   CommOptions options_;
-  std::size_t slot_bytes_ = 0, half_bytes_ = 0, total_bytes_ = 0;
+  std::size_t slot_bytes_ = 0, part_bytes_ = 0, total_bytes_ = 0;
   char* base_ = nullptr;
   Header* header_ = nullptr;
   RankControl* controls_ = nullptr;
@@ -482,7 +482,7 @@ class ShmBackend final : public Backend {
   // cores, since the rank being waited for may need this very core to arrive.
   int spin_limit_ = 0;
   std::uint64_t generation_ = 0;  // this rank's barrier generation
-  std::uint64_t round_ = 0;       // rounds completed; its parity picks the slot half
+  std::uint64_t round_ = 0;       // rounds completed; round % 3 picks the slot part
   Clock::time_point deadline_;
 };
 

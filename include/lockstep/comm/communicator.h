@@ -57,7 +57,7 @@ struct CommOptions {
   std::string name = "default";  // keeps several communicators of one job apart
   Seconds timeout{300};          // longest any one collective may take
   Seconds peer_check{5};         // a dead peer is reported within this
-  // shm: bytes of shared memory each rank owns for staging (two halves used in turn).
+  // shm: bytes of shared memory each rank owns for staging (three parts used in turn).
   std::size_t shm_slot_bytes = 1u << 20;
   // shm: messages up to this size take the one-shot path (every rank reduces everything).
   std::size_t shm_one_shot_bytes = 64u << 10;
