@@ -46,6 +46,7 @@ struct WorkState {
   bool done = false;
   std::exception_ptr error;
   double seconds = 0;
+  Clock::time_point started{}, finished{};
   Collective collective;
 };
 
@@ -61,10 +62,12 @@ void Communicator::Queue::run(std::unique_lock<std::mutex>& lock, WorkState& w) 
       LOCKSTEP_LOG(error) << e.what();
     }
   }
-  double seconds = Seconds(Clock::now() - start).count();
+  auto end = Clock::now();
   lock.lock();
   if (error && !broken) broken = error;
-  w.seconds = seconds;
+  w.seconds = Seconds(end - start).count();
+  w.started = start;
+  w.finished = end;
   w.error = error;
   w.done = true;
   running = false;
@@ -104,6 +107,16 @@ void Work::wait(Seconds timeout) {
 double Work::seconds() const {
   std::lock_guard<std::mutex> lock(state_->queue->mu);
   return state_->seconds;
+}
+
+std::chrono::steady_clock::time_point Work::started() const {
+  std::lock_guard<std::mutex> lock(state_->queue->mu);
+  return state_->started;
+}
+
+std::chrono::steady_clock::time_point Work::finished() const {
+  std::lock_guard<std::mutex> lock(state_->queue->mu);
+  return state_->finished;
 }
 
 std::uint64_t Work::sequence() const {

@@ -45,6 +45,10 @@ class Work {
   void wait(Seconds timeout = Seconds(1e9));
   // Seconds the progress thread spent running this collective (0 until done).
   double seconds() const;
+  // When the collective began and ended running (steady clock; both epoch until it has).
+  // A trace or an overlap check reads these instead of timing the caller.
+  std::chrono::steady_clock::time_point started() const;
+  std::chrono::steady_clock::time_point finished() const;
   std::uint64_t sequence() const;
 
  private:
