@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""The PyTorch peer of ddp_bench: the same model, batch, optimizer and JSON line, on Debian's
+python3-torch. Alone it trains one process; under a torchrun-compatible launcher (lockstep run
+or torchrun) it uses torch.nn.parallel.DistributedDataParallel over gloo.
+
+    /usr/bin/python3 bench/torch_ddp.py --model mlp|wide [--batch 64] [--steps N] [--no-sync]
+"""
+import argparse
+import contextlib
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def build(model):
+    widths = {"mlp": [784, 1024, 1024, 10], "wide": [784, 2048, 2048, 2048, 10]}[model]
+    layers = [torch.nn.Flatten()]
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25)
+    ap.add_argument("--no-sync", action="store_true")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    model = build(args.model)
+    rank, world, ddp = 0, 1, None
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    net = ddp if ddp is not None else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    torch.manual_seed(100 + rank)
+    pool = [(torch.rand(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))) for _ in range(8)]
+
+    fwd = bwd = optim = 0.0
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if ddp is not None:
+                dist.barrier()
+            start = time.perf_counter()
+            fwd = bwd = optim = 0.0
+        x, y = pool[step % len(pool)]
+        ctx = ddp.no_sync() if (ddp is not None and args.no_sync) else contextlib.nullcontext()
+        with ctx:
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            t1 = time.perf_counter()
+            opt.zero_grad()
+            loss.backward()
+            t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        fwd += t1 - t0
+        bwd += t2 - t1
+        optim += t3 - t2
+    if ddp is not None:
+        dist.barrier()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        n = args.steps
+        print(json.dumps({"model": args.model, "world": world, "batch": args.batch, "threads": args.threads,
+                          "ddp": ddp is not None, "no_sync": args.no_sync, "bucket_cap_mb": args.bucket_cap_mb,
+                          "samples_per_s": round(args.batch * world * n / elapsed, 1), "step_s": elapsed / n,
+                          "forward_s": fwd / n, "backward_s": bwd / n, "optimizer_s": optim / n}), flush=True)
+    if ddp is not None:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+// DistributedDataParallel for libtorch modules.
+//
+// Wrap a model that every rank built identically; DistributedDataParallel checks that the
+// ranks agree on every parameter's name, dtype and shape (a ConfigError naming the first
+// difference otherwise, on every rank), then copies rank 0's parameters and buffers to all.
+// After that, every backward pass through a forward of the wrapper leaves in each
+// parameter's grad the average of that gradient over all ranks, so an unchanged optimizer
+// keeps the replicas identical.
+//
+// How (see docs/ddp.md): trainable parameters are packed, in reverse registration order and
+// per dtype, into flat buckets (the first one small, so communication starts early). A hook on
+// each parameter's gradient accumulator marks it ready; once every parameter of a bucket is
+// ready, the bucket is all-reduced (averaged) on the communicator's progress thread while
+// backward keeps computing the rest. A callback queued on the autograd engine waits for all
+// buckets before backward() returns, so optimizer.step() needs nothing more. After the first
+// synchronised step, the buckets are rebuilt once in the order gradients actually arrived.
+//
+//   auto comm = lockstep::comm::join_from_env().comm;        // under `lockstep run`
+//   auto model = std::make_shared<Net>();
+//   lockstep::DistributedDataParallel ddp(model, *comm);
+//   torch::optim::SGD opt(ddp.parameters(), 0.1);
+//   auto loss = torch::nll_loss(ddp.forward(x), y);
+//   opt.zero_grad(); loss.backward(); opt.step();            // grads are already averaged
+//
+// Gradient accumulation: forwards run inside `auto guard = ddp.no_sync();` only accumulate
+// locally; the next forward outside it reduces the sum.
+//
+// Thread-safety: one training thread per wrapper. The communicator must outlive the wrapper
+// and must not be used by another thread while a backward pass is reducing.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+
+namespace lockstep {
+
+// What is sent on the wire for float32/float64 buckets. fp16 and bf16 halve (or quarter) the
+// bytes; the sum is formed in float32 and rounded once, so the error is that of rounding each
+// rank's gradient and the result to the 16-bit type (relative 2^-11 for fp16, 2^-8 for bf16).
+enum class CommHook { none, fp16, bf16 };
+CommHook parse_comm_hook(const std::string& name);  // "none" | "fp16" | "bf16"; ConfigError else
+const char* comm_hook_name(CommHook hook);
+
+struct DdpOptions {
+  double bucket_cap_mb = 25;            // a bucket closes once it holds at least this much
+  double first_bucket_cap_mb = 1;       // ...except the first, so the first reduction starts early
+  bool broadcast_buffers = true;        // copy rank 0's buffers (BatchNorm stats) at each training forward
+  bool find_unused_parameters = false;  // reduce zeros for parameters that got no gradient
+  bool gradient_as_bucket_view = true;  // grads live in the buckets: no copy in or out
+  CommHook comm_hook = CommHook::none;
+};
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct BucketStats {
+  int index = 0;
+  int parameters = 0;
+  std::size_t bytes = 0;  // as sent, after compression
+  SteadyTime queued{}, started{}, finished{};
+};
+
+// One synchronised backward pass. A step run under no_sync() leaves these untouched.
+struct DdpStats {
+  std::uint64_t step = 0;           // synchronised backward passes so far
+  double backward_seconds = 0;      // backward's start (or first gradient) to its last gradient
+  double comm_seconds = 0;          // summed run time of the bucket all-reduces
+  double exposed_comm_seconds = 0;  // backward's end waiting for communication
+  std::size_t bytes_allreduced = 0;
+  int bucket_count = 0;
+  int buckets_started_before_backward_end = 0;  // the overlap, counted
+  SteadyTime backward_begin{}, backward_end{}, reduced{};
+  std::vector<BucketStats> buckets;
+};
+
+// The non-template engine behind DistributedDataParallel, usable directly for a module whose
+// forward the caller runs itself: call before_forward() before it and after_forward() after.
+class Reducer {
+ public:
+  Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  void before_forward();
+  // output: the forward's result when it is one tensor (times backward from its gradient).
+  void after_forward(const torch::Tensor* output);
+
+  void set_sync(bool enabled);
+  bool sync() const;
+  const DdpStats& stats() const;
+  const DdpOptions& options() const;
+  // Parameter names per bucket, in the order buckets are reduced.
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+// Scope guard returned by no_sync(): restores synchronisation when it goes out of scope.
+class NoSync {
+ public:
+  explicit NoSync(Reducer& reducer) : reducer_(&reducer), previous_(reducer.sync()) {
+    reducer.set_sync(false);
+  }
+  NoSync(NoSync&& other) noexcept : reducer_(other.reducer_), previous_(other.previous_) {
+    other.reducer_ = nullptr;
+  }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+  NoSync& operator=(NoSync&&) = delete;
+  ~NoSync() {
+    if (reducer_) reducer_->set_sync(previous_);
+  }
+
+ private:
+  Reducer* reducer_;
+  bool previous_;
+};
+
+template <class M>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<M> module, comm::Communicator& comm, DdpOptions options = {})
+      : module_(std::move(module)), reducer_(module_, comm, std::move(options)) {}
+  DistributedDataParallel(torch::nn::ModuleHolder<M> holder, comm::Communicator& comm,
+                          DdpOptions options = {})
+      : DistributedDataParallel(holder.ptr(), comm, std::move(options)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    reducer_.before_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<std::decay_t<decltype(output)>, torch::Tensor>) {
+      reducer_.after_forward(&output);
+    } else {
+      reducer_.after_forward(nullptr);
+    }
+    return output;
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  [[nodiscard]] NoSync no_sync() { return NoSync(reducer_); }
+
+  // The wrapped module: its names and state carry no wrapper prefix, so a checkpoint of it
+  // loads into a plain, unwrapped model.
+  const std::shared_ptr<M>& module() const { return module_; }
+  std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+
+  const DdpStats& stats() const { return reducer_.stats(); }
+  Reducer& reducer() { return reducer_; }
+
+ private:
+  std::shared_ptr<M> module_;
+  Reducer reducer_;
+};
+
+template <class M>
+DistributedDataParallel(torch::nn::ModuleHolder<M>, comm::Communicator&, DdpOptions = {})
+    -> DistributedDataParallel<M>;
+
+}  // namespace lockstep

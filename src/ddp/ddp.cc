@@ -1,0 +1,537 @@
+// The reducer behind DistributedDataParallel.
+//
+// Threading model: forward runs on the training thread. On CPU the autograd engine runs
+// backward, hence every ready hook and the end-of-backward callback, on the thread that
+// called backward(); a CUDA engine runs them on its device threads. Either way they touch
+// the reducer under `mu`. The all-reduces run on the communicator's progress thread and only
+// touch the bucket buffers, which autograd no longer writes once their bucket is launched.
+//
+// Per synchronised step:
+//   before_forward  rebuild buckets once (rank 0's arrival order), broadcast buffers, arm
+//   ready hook      first one queues the end-of-backward callback; copy or adopt the grad
+//                   into its bucket view; a bucket whose last grad arrived is launched,
+//                   always in bucket order so every rank issues the same collectives
+//   callback        unused parameters -> zeros (or an error naming them, after reducing so
+//                   no peer hangs); wait for every bucket; copy results back; stats
+#include "lockstep/ddp/ddp.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "lockstep/error.h"
+#include "signature.h"
+
+namespace lockstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kInt: return "int32";
+    case torch::kLong: return "int64";
+    default: return c10::toString(t);
+  }
+}
+
+double seconds_between(SteadyTime a, SteadyTime b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+comm::DType comm_dtype(torch::ScalarType t, const std::string& what) {
+  switch (t) {
+    case torch::kFloat: return comm::DType::f32;
+    case torch::kDouble: return comm::DType::f64;
+    case torch::kHalf: return comm::DType::f16;
+    case torch::kBFloat16: return comm::DType::bf16;
+    case torch::kInt: return comm::DType::i32;
+    case torch::kLong: return comm::DType::i64;
+    default:
+      throw ConfigError("DistributedDataParallel: " + what + " has dtype " + dtype_name(t) +
+                        ", which lockstep cannot reduce (float32/64, float16, bfloat16, int32, int64)");
+  }
+}
+
+// A tensor sharing `flat`'s memory at `offset` with `like`'s shape, but not an autograd view
+// of it: optimizers call grad.detach_(), which autograd refuses on views.
+torch::Tensor alias_into(const torch::Tensor& flat, std::int64_t offset, const torch::Tensor& like) {
+  torch::NoGradGuard no_grad;
+  auto alias = torch::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, like.sizes(), like.contiguous().strides());
+  return alias;
+}
+
+bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides();
+}
+
+// Runs `fn` on a CPU tensor holding `t`'s bytes (t itself when it lives on the CPU), then
+// copies back. The seam where a device build would pass device memory to its own backend.
+template <class Fn>
+void on_host(torch::Tensor& t, Fn&& fn) {
+  if (t.is_cpu()) {
+    fn(t);
+    return;
+  }
+  auto host = t.to(torch::kCPU);
+  fn(host);
+  t.copy_(host);
+}
+
+void broadcast_flat(comm::Communicator& comm, std::vector<torch::Tensor> tensors, const std::string& what) {
+  // One broadcast per dtype, of everything flattened.
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  torch::NoGradGuard no_grad;
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> flat_parts;
+    for (auto& t : group) flat_parts.push_back(t.detach().reshape(-1).to(torch::kCPU));
+    auto flat = torch::cat(flat_parts);
+    comm.broadcast(flat.data_ptr(), flat.numel(), comm_dtype(dtype, what), 0)->wait();
+    std::int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+CommHook parse_comm_hook(const std::string& name) {
+  if (name == "none" || name.empty()) return CommHook::none;
+  if (name == "fp16") return CommHook::fp16;
+  if (name == "bf16") return CommHook::bf16;
+  throw ConfigError("unknown gradient compression '" + name + "': use none, fp16 or bf16");
+}
+
+const char* comm_hook_name(CommHook hook) {
+  switch (hook) {
+    case CommHook::none: return "none";
+    case CommHook::fp16: return "fp16";
+    case CommHook::bf16: return "bf16";
+  }
+  return "?";
+}
+
+struct Reducer::Impl : std::enable_shared_from_this<Impl> {
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: the tensor holds it weakly
+    std::uintptr_t hook_key = 0;
+    int bucket = -1;
+    torch::Tensor view;  // this parameter's slice of its bucket
+  };
+  struct Bucket {
+    torch::Tensor flat;
+    torch::Tensor wire;  // compressed copy, when a comm hook applies
+    std::vector<int> params;
+    int pending = 0;
+    comm::WorkPtr work;
+    SteadyTime queued{};
+  };
+
+  Impl(std::shared_ptr<torch::nn::Module> m, comm::Communicator& c, DdpOptions o)
+      : module(std::move(m)), comm(c), options(std::move(o)) {}
+
+  std::shared_ptr<torch::nn::Module> module;
+  comm::Communicator& comm;
+  DdpOptions options;
+
+  mutable std::mutex mu;
+  std::vector<Param> params;  // trainable ones, registration order
+  std::vector<Bucket> buckets;
+  std::vector<char> ready;
+  std::vector<int> arrival;  // readiness order of the first synchronised step
+  std::size_t next_launch = 0;
+  bool sync = true;
+  bool armed = false;  // this forward's backward reduces
+  bool callback_queued = false;
+  bool rebuilt = false;
+  bool broken = false;  // a backward failed midway; the ranks may disagree now
+  SteadyTime backward_begin{}, last_ready{};
+  bool backward_seen = false;
+  DdpStats stats;
+
+  void check_and_broadcast();
+  void install_hooks();
+  void build_buckets(const std::vector<int>& order);
+  void rebuild_from_arrival();
+  void on_ready(int index);
+  void launch_ready();
+  void launch(int b);
+  void finish_backward();
+};
+
+void Reducer::Impl::check_and_broadcast() {
+  std::vector<ddp_detail::ParamSignature> mine;
+  for (auto& item : module->named_parameters()) {
+    auto& p = item.value();
+    mine.push_back({item.key(), dtype_name(p.scalar_type()), p.sizes().vec()});
+  }
+  ddp_detail::check_same_parameters(comm, mine);
+  if (comm.size() == 1) return;
+  std::vector<torch::Tensor> state = module->parameters();
+  if (!state.empty()) broadcast_flat(comm, state, "a parameter");
+  if (options.broadcast_buffers) {
+    auto buffers = module->buffers();
+    if (!buffers.empty()) broadcast_flat(comm, buffers, "a buffer");
+  }
+}
+
+void Reducer::Impl::install_hooks() {
+  struct ReadyHook : torch::autograd::FunctionPostHook {
+    ReadyHook(std::weak_ptr<Impl> i, int n) : impl(std::move(i)), index(n) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      if (auto p = impl.lock()) p->on_ready(index);
+      return outputs;
+    }
+    std::weak_ptr<Impl> impl;
+    int index;
+  };
+  for (auto& item : module->named_parameters()) {
+    auto& p = item.value();
+    auto& name = item.key();
+    if (!p.requires_grad()) continue;
+    Param param;
+    param.name = name;
+    param.tensor = p;
+    comm_dtype(p.scalar_type(), "parameter '" + name + "'");
+    params.push_back(std::move(param));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+    p.hook_key = p.accumulator->add_post_hook(std::make_unique<ReadyHook>(weak_from_this(), int(i)));
+  }
+  ready.assign(params.size(), 0);
+}
+
+// Buckets follow `order`, one open bucket per (dtype, device). A bucket closes once it holds at
+// least its cap: the first per dtype has the small cap so the first reduction starts early.
+void Reducer::Impl::build_buckets(const std::vector<int>& order) {
+  std::vector<torch::Tensor> old_grads(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) old_grads[i] = params[i].tensor.grad();
+
+  struct Open {
+    std::vector<int> params;
+    std::int64_t bytes = 0;
+    bool first = true;
+  };
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<int>> layout;
+  auto cap_bytes = [](double mb) { return std::int64_t(mb * 1024 * 1024); };
+  for (int i : order) {
+    auto& t = params[i].tensor;
+    auto& o = open[{int(t.scalar_type()), t.device().str()}];
+    o.params.push_back(i);
+    o.bytes += t.numel() * std::int64_t(t.element_size());
+    if (o.bytes >= cap_bytes(o.first ? options.first_bucket_cap_mb : options.bucket_cap_mb)) {
+      layout.push_back(std::move(o.params));
+      o = Open{{}, 0, false};
+    }
+  }
+  // Leftover open buckets, in the order their first parameter appeared.
+  std::vector<std::pair<int, std::vector<int>>> rest;
+  for (auto& [key, o] : open) {
+    if (o.params.empty()) continue;
+    auto pos = std::find(order.begin(), order.end(), o.params.front()) - order.begin();
+    rest.emplace_back(int(pos), std::move(o.params));
+  }
+  std::sort(rest.begin(), rest.end());
+  for (auto& r : rest) layout.push_back(std::move(r.second));
+
+  torch::NoGradGuard no_grad;
+  buckets.clear();
+  buckets.resize(layout.size());
+  for (std::size_t b = 0; b < layout.size(); ++b) {
+    auto& bucket = buckets[b];
+    bucket.params = layout[b];
+    std::int64_t numel = 0;
+    for (int i : bucket.params) numel += params[i].tensor.numel();
+    auto& first = params[bucket.params.front()].tensor;
+    bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
+    if (options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
+        first.element_size() >= 4) {
+      auto wire_type = options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16;
+      bucket.wire = torch::zeros({numel}, bucket.flat.options().dtype(wire_type));
+    }
+    std::int64_t offset = 0;
+    for (int i : bucket.params) {
+      auto& p = params[i];
+      p.bucket = int(b);
+      p.view = alias_into(bucket.flat, offset, p.tensor);
+      offset += p.tensor.numel();
+      if (old_grads[i].defined()) p.view.copy_(old_grads[i]);
+      if (options.gradient_as_bucket_view && old_grads[i].defined()) p.tensor.mutable_grad() = p.view;
+    }
+  }
+}
+
+// All ranks take rank 0's order, so their buckets match.
+void Reducer::Impl::rebuild_from_arrival() {
+  rebuilt = true;
+  std::vector<std::int64_t> order(params.size(), -1);
+  std::vector<char> seen(params.size(), 0);
+  std::size_t k = 0;
+  for (int i : arrival) {
+    if (!seen[i]) order[k++] = i, seen[i] = 1;
+  }
+  for (int i = int(params.size()) - 1; i >= 0; --i) {
+    if (!seen[i]) order[k++] = i;
+  }
+  if (comm.size() > 1) comm.broadcast(order.data(), order.size(), comm::DType::i64, 0)->wait();
+  std::vector<int> as_int(order.begin(), order.end());
+  std::vector<int> current;
+  for (auto& b : buckets) current.insert(current.end(), b.params.begin(), b.params.end());
+  if (as_int != current) build_buckets(as_int);
+  arrival.clear();
+}
+
+void Reducer::Impl::on_ready(int index) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!armed) return;
+  auto now = Clock::now();
+  if (!backward_seen) backward_seen = true, backward_begin = now;
+  if (!callback_queued) {
+    callback_queued = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
+      if (auto p = weak.lock()) p->finish_backward();
+    });
+  }
+  auto& p = params[index];
+  if (ready[index]) {
+    broken = true;
+    throw Error("DistributedDataParallel: parameter '" + p.name +
+                "' received a gradient twice in one backward pass. Run a new forward through the "
+                "wrapper before each backward, or pass retain_graph only under no_sync()");
+  }
+  ready[index] = 1;
+  if (!rebuilt) arrival.push_back(index);
+  last_ready = now;
+  torch::NoGradGuard no_grad;
+  auto& grad = p.tensor.mutable_grad();
+  if (options.gradient_as_bucket_view) {
+    if (!same_memory(grad, p.view)) {
+      p.view.copy_(grad);
+      grad = p.view;
+    }
+  } else {
+    p.view.copy_(grad);
+  }
+  if (--buckets[p.bucket].pending == 0) launch_ready();
+}
+
+void Reducer::Impl::launch_ready() {
+  while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(int(next_launch++));
+}
+
+void Reducer::Impl::launch(int b) {
+  auto& bucket = buckets[b];
+  torch::NoGradGuard no_grad;
+  auto& send = bucket.wire.defined() ? bucket.wire : bucket.flat;
+  if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
+  bucket.queued = Clock::now();
+  if (!send.is_cpu()) {
+    // A device bucket goes through host memory; a device backend (NCCL) would take it as is.
+    auto host = send.to(torch::kCPU);
+    comm.allreduce(host.data_ptr(), host.numel(), comm_dtype(host.scalar_type(), "a bucket"),
+                   comm::ReduceOp::avg)
+        ->wait();
+    send.copy_(host);
+    bucket.work = nullptr;
+  } else {
+    bucket.work = comm.allreduce(send.data_ptr(), send.numel(), comm_dtype(send.scalar_type(), "a bucket"),
+                                 comm::ReduceOp::avg);
+  }
+}
+
+void Reducer::Impl::finish_backward() {
+  std::lock_guard<std::mutex> lock(mu);
+  auto callback_begin = Clock::now();
+  torch::NoGradGuard no_grad;
+  std::vector<int> missing;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (ready[i]) continue;
+    missing.push_back(int(i));
+    auto& p = params[i];
+    // Zeros stand in for the missing gradient, so the peers' all-reduce completes either way.
+    p.view.zero_();
+    if (options.gradient_as_bucket_view && options.find_unused_parameters) p.tensor.mutable_grad() = p.view;
+    ready[i] = 1;
+    --buckets[p.bucket].pending;
+  }
+  launch_ready();
+
+  std::exception_ptr error;
+  DdpStats s;
+  s.step = stats.step + 1;
+  s.bucket_count = int(buckets.size());
+  s.backward_begin = backward_begin;
+  s.backward_end = last_ready;
+  s.backward_seconds = seconds_between(backward_begin, last_ready);
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    auto& bucket = buckets[b];
+    BucketStats bs;
+    bs.index = int(b);
+    bs.parameters = int(bucket.params.size());
+    auto& sent = bucket.wire.defined() ? bucket.wire : bucket.flat;
+    bs.bytes = sent.numel() * sent.element_size();
+    bs.queued = bucket.queued;
+    try {
+      if (bucket.work) {
+        bucket.work->wait();
+        bs.started = bucket.work->started();
+        bs.finished = bucket.work->finished();
+        s.comm_seconds += bucket.work->seconds();
+      }
+      if (bucket.wire.defined()) bucket.flat.copy_(bucket.wire);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    bucket.work = nullptr;
+    bucket.pending = int(bucket.params.size());
+    s.bytes_allreduced += bs.bytes;
+    if (bs.started != SteadyTime{} && bs.started < last_ready) ++s.buckets_started_before_backward_end;
+    s.buckets.push_back(bs);
+  }
+  if (!options.gradient_as_bucket_view) {
+    for (auto& p : params) {
+      auto& grad = p.tensor.mutable_grad();
+      if (grad.defined()) {
+        grad.copy_(p.view);
+      } else if (options.find_unused_parameters) {
+        grad = p.view.clone();
+      }
+    }
+  }
+  s.reduced = Clock::now();
+  s.exposed_comm_seconds = seconds_between(callback_begin, s.reduced);
+  stats = std::move(s);
+  std::fill(ready.begin(), ready.end(), 0);
+  next_launch = 0;
+  armed = false;
+  callback_queued = false;
+  backward_seen = false;
+  if (error) {
+    broken = true;
+    std::rethrow_exception(error);
+  }
+  if (!missing.empty() && !options.find_unused_parameters) {
+    std::ostringstream m;
+    m << "DistributedDataParallel: on rank " << comm.rank() << ", " << missing.size()
+      << " parameter(s) received no gradient in this backward pass: ";
+    for (std::size_t k = 0; k < missing.size() && k < 5; ++k) {
+      auto& p = params[missing[k]];
+      m << (k ? ", " : "") << "'" << p.name << "' " << p.tensor.sizes();
+    }
+    if (missing.size() > 5) m << " and " << missing.size() - 5 << " more";
+    m << ". Every trainable parameter must contribute to the loss of every synchronised step. If some "
+         "are used only on some steps, pass find_unused_parameters = true; if they are never used, "
+         "freeze them (requires_grad(false)) or remove them.";
+    throw ConfigError(m.str());
+  }
+}
+
+Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options)
+    : impl_(std::make_shared<Impl>(std::move(module), comm, std::move(options))) {
+  if (impl_->options.bucket_cap_mb <= 0 || impl_->options.first_bucket_cap_mb <= 0) {
+    throw ConfigError("DistributedDataParallel: bucket caps must be positive (bucket_cap_mb = " +
+                      std::to_string(impl_->options.bucket_cap_mb) +
+                      ", first_bucket_cap_mb = " + std::to_string(impl_->options.first_bucket_cap_mb) + ")");
+  }
+  impl_->check_and_broadcast();
+  impl_->install_hooks();
+  std::vector<int> reverse;
+  for (int i = int(impl_->params.size()) - 1; i >= 0; --i) reverse.push_back(i);
+  impl_->build_buckets(reverse);
+  for (auto& b : impl_->buckets) b.pending = int(b.params.size());
+}
+
+Reducer::~Reducer() {
+  for (auto& p : impl_->params) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+  }
+}
+
+void Reducer::before_forward() {
+  auto& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.broken) {
+    throw Error(
+        "DistributedDataParallel: an earlier backward pass failed while reducing, so the ranks "
+        "may no longer agree; stop this worker and restart the job (lockstep run "
+        "--max-restarts resumes from the last checkpoint)");
+  }
+  if (s.armed && s.callback_queued) {
+    // The last backward began reducing but never reached its end-of-backward callback (it
+    // threw), so some buckets may be in flight on some ranks only.
+    throw Error(
+        "DistributedDataParallel: the previous backward pass stopped midway; the ranks may no "
+        "longer agree. Stop this worker and restart the job");
+  }
+  bool training = s.module->is_training() && torch::GradMode::is_enabled();
+  if (training && s.stats.step > 0 && !s.rebuilt) s.rebuild_from_arrival();
+  if (training && s.options.broadcast_buffers && s.comm.size() > 1) {
+    auto buffers = s.module->buffers();
+    if (!buffers.empty()) broadcast_flat(s.comm, buffers, "a buffer");
+  }
+  s.armed = s.sync && torch::GradMode::is_enabled() && !s.params.empty();
+  s.backward_seen = false;
+  std::fill(s.ready.begin(), s.ready.end(), 0);
+  for (auto& b : s.buckets) b.pending = int(b.params.size());
+  s.next_launch = 0;
+}
+
+void Reducer::after_forward(const torch::Tensor* output) {
+  if (!impl_->armed || !output || !output->requires_grad()) return;
+  // The output's gradient is the first thing backward computes: it marks backward's start.
+  output->register_hook([weak = std::weak_ptr<Impl>(impl_)](const torch::Tensor&) {
+    if (auto p = weak.lock()) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      if (p->armed && !p->backward_seen) p->backward_seen = true, p->backward_begin = Clock::now();
+    }
+  });
+}
+
+void Reducer::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->sync = enabled;
+}
+
+bool Reducer::sync() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->sync;
+}
+
+const DdpStats& Reducer::stats() const {
+  return impl_->stats;
+}
+const DdpOptions& Reducer::options() const {
+  return impl_->options;
+}
+
+std::vector<std::vector<std::string>> Reducer::bucket_layout() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::vector<std::string>> out;
+  for (auto& b : impl_->buckets) {
+    out.emplace_back();
+    for (int i : b.params) out.back().push_back(impl_->params[i].name);
+  }
+  return out;
+}
+
+}  // namespace lockstep
