@@ -16,10 +16,11 @@
 //
 // Barrier: each rank stores its own monotonically rising generation in its own cache line
 // (no shared counter to fight over) and waits until every rank's generation reaches it.
-// Waiting spins with pause for ~100 us (not at all when ranks outnumber cores), then yields, then sleeps 50
-// us between checks. While waiting it checks, every few milliseconds: the abort word (another rank failed),
-// peers' liveness (each rank's progress thread holds a robust mutex in the segment; the kernel marks it
-// owner-dead when the process dies), and the collective's deadline.
+// Waiting spins with pause for ~100 us (not at all when ranks outnumber cores), then sleeps on a
+// futex in the late rank's control block, which that rank wakes when it arrives. While waiting it checks,
+// every few milliseconds: the abort word (another rank failed), peers' liveness (each rank's progress thread
+// holds a robust mutex in the segment; the kernel marks it owner-dead when the process dies), and the
+// collective's deadline.
 //
 // Algorithms (n bytes per rank, W ranks, H = slot part bytes; cost is memory traffic):
 //   allreduce, n <= one-shot limit: copy in; barrier; every rank reduces all W inputs.
@@ -36,10 +37,12 @@
 //   allgather: each copies its chunk in; barrier; each copies all chunks out.
 //   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +66,17 @@ constexpr std::uint64_t kMagic = 0x6c6f636b73746570ull;  // "lockstep"
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kParts = 3;  // slot parts used in turn (see "Rounds" above)
 
+// Futexes on words in the shared segment (not FUTEX_PRIVATE: the waiters are other processes).
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, Clock::duration timeout) {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -73,7 +87,9 @@ inline void cpu_relax() {
 
 struct alignas(kAlign) RankControl {
   std::atomic<std::uint64_t> generation;  // barrier generation reached; its own line
-  char pad0[kAlign - sizeof(std::atomic<std::uint64_t>)];
+  std::atomic<std::uint32_t> wake_word;   // generation's low half: what sleeping peers futex-wait on
+  std::atomic<std::uint32_t> sleepers;    // peers asleep on wake_word
+  char pad0[kAlign - sizeof(std::atomic<std::uint64_t>) - 2 * sizeof(std::atomic<std::uint32_t>)];
   std::uint64_t sequence[2];  // descriptor slots, indexed by sequence parity
   std::uint64_t signature[2];
   std::atomic<int> dead;      // set by whichever peer first finds the owner dead
@@ -212,6 +228,8 @@ class ShmBackend final : public Backend {
     for (int r = 0; r < size_; ++r) {
       RankControl& rc = control(r);
       new (&rc.generation) std::atomic<std::uint64_t>(0);
+      new (&rc.wake_word) std::atomic<std::uint32_t>(0);
+      new (&rc.sleepers) std::atomic<std::uint32_t>(0);
       new (&rc.dead) std::atomic<int>(0);
       new (&rc.departed) std::atomic<int>(0);
       pthread_mutex_init(&rc.alive, &attr);
@@ -261,8 +279,7 @@ class ShmBackend final : public Backend {
       if (arrived_all()) return;
       cpu_relax();
     }
-    auto start = Clock::now();
-    auto next_check = start;
+    auto next_check = Clock::now();
     auto check_every = std::min<Clock::duration>(
         std::chrono::milliseconds(20), std::chrono::duration_cast<Clock::duration>(options_.peer_check / 4));
     for (;;) {
@@ -275,12 +292,17 @@ class ShmBackend final : public Backend {
         if (now >= deadline_) throw TimeoutError(timeout_message(gen, c));
         next_check = now + check_every;
       }
-      if (now - start < std::chrono::milliseconds(1)) {
-        sched_yield();
-      } else {
-        // Backoff while a peer computes; bounded, and re-checked above. Not synchronisation.
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Sleep on the first late rank's wake word until it arrives (it wakes sleepers) or the
+      // next check is due. A sleeper is woken with the scheduler's credit for sleeping, so
+      // when the cores are busy (DDP: backward computing beside the progress threads) the
+      // ranks' progress threads still run together instead of waiting out time slices.
+      RankControl& late = control(next);
+      late.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      std::uint32_t seen = late.wake_word.load(std::memory_order_seq_cst);
+      if (late.generation.load(std::memory_order_seq_cst) < gen) {
+        futex_wait(&late.wake_word, seen, std::min<Clock::duration>(next_check - now, check_every));
       }
+      late.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
@@ -296,7 +318,10 @@ class ShmBackend final : public Backend {
 
   void barrier(const Collective& c) {
     ++generation_;
-    control(rank_).generation.store(generation_, std::memory_order_release);
+    RankControl& mine = control(rank_);
+    mine.generation.store(generation_, std::memory_order_seq_cst);
+    mine.wake_word.store(static_cast<std::uint32_t>(generation_), std::memory_order_seq_cst);
+    if (mine.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&mine.wake_word);
     wait_all(generation_, c);
   }
 
