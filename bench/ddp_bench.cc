@@ -9,12 +9,14 @@
 // with no communication). Rank 0 prints one JSON line: samples/s over all ranks and the mean
 // per-step breakdown (forward, backward, exposed communication, optimizer).
 //
+// --crash-rank/--crash-step make one rank die mid-backward, for the fault tests.
 // With --verify, every rank also checks that all ranks end with bitwise-equal parameters and
 // exits 3 if not (the launcher tests use it as a real multi-process DDP run).
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -75,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--shm-slot-mb", slot_mb, "shm backend staging slot per rank")->capture_default_str();
   app.add_flag("--no-sync", no_sync, "DDP without communication (every step under no_sync)");
   app.add_flag("--verify", verify, "check that all ranks end with bitwise-equal parameters");
+  int crash_rank = -1, crash_step = -1;
+  app.add_option("--crash-rank", crash_rank, "this rank kills itself (SIGKILL) ...");
+  app.add_option("--crash-step", crash_step, "... during the backward of this step (fault tests)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -125,6 +130,10 @@ int main(int argc, char** argv) {
       auto loss = torch::cross_entropy_loss(out, y);
       auto t1 = Clock::now();
       optimizer.zero_grad();
+      if (step == crash_step && rank == crash_rank) {
+        // Dies inside backward, once the first bucket has been handed to the communicator.
+        out.register_hook([](const torch::Tensor&) { std::raise(SIGKILL); });
+      }
       loss.backward();
       auto t2 = Clock::now();
       optimizer.step();
@@ -142,6 +151,17 @@ int main(int argc, char** argv) {
     }
     if (job) job->comm->barrier()->wait();
     double elapsed = since(start);
+    if (ddp && std::getenv("DDP_BENCH_TIMELINE")) {
+      auto& s = ddp->stats();
+      auto ms = [&](lockstep::SteadyTime t) {
+        return std::chrono::duration<double, std::milli>(t - s.backward_begin).count();
+      };
+      std::fprintf(stderr, "rank %d backward 0..%.2f ms, reduced at %.2f\n", rank, ms(s.backward_end),
+                   ms(s.reduced));
+      for (auto& b : s.buckets)
+        std::fprintf(stderr, "rank %d bucket %d %zu bytes queued %.2f started %.2f finished %.2f\n", rank,
+                     b.index, b.bytes, ms(b.queued), ms(b.started), ms(b.finished));
+    }
 
     if (verify && job) {
       // Every rank's parameters against rank 0's, bit for bit.

@@ -124,6 +124,10 @@ struct Case {
   std::string backend = "shm";
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " on " << c.world << " " << c.backend << " ranks";
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   auto& c = info.param;
   std::string name = c.model + "_w" + std::to_string(c.world) + "_" + c.backend;
@@ -495,6 +499,30 @@ TEST(Ddp, BucketsAreRebuiltFromTheArrivalOrder) {
   EXPECT_EQ(first_two(before[0]), (std::set<std::string>{"b.weight", "b.bias"}));  // reverse registration
   EXPECT_EQ(first_two(after[0]), (std::set<std::string>{"a.weight", "a.bias"}));   // arrival order
   EXPECT_EQ(after[0], after[1]);
+}
+
+// Real processes under the launcher: ddp_bench trains a few steps and checks that every rank
+// ends with rank 0's parameters bit for bit (exit 3 otherwise).
+TEST(DdpProcesses, RanksUnderTheLauncherEndBitwiseEqual) {
+  for (std::string backend : {"shm", "gloo"}) {
+    testing::Process run({LOCKSTEP_BINARY, "run", "--nproc-per-node", backend == "shm" ? "2" : "3",
+                          "--backend", backend, DDP_BENCH, "--model", "mlp", "--steps", "4", "--warmup", "1",
+                          "--verify", "--bucket-cap-mb", "2"});
+    EXPECT_EQ(run.wait(120), 0) << run.output();
+    EXPECT_NE(run.output().find("\"ddp\": true"), std::string::npos) << run.output();
+  }
+}
+
+// A rank killed inside backward: the job ends (the launcher stops the peer, which would
+// otherwise find the death itself within the communicator's peer check) and names the rank.
+TEST(DdpProcesses, ARankDyingInBackwardEndsTheJobNamingIt) {
+  testing::Process run({LOCKSTEP_BINARY, "run", "--nproc-per-node", "2", "--backend", "shm", DDP_BENCH,
+                        "--model", "mlp", "--steps", "50", "--warmup", "1", "--crash-rank", "1",
+                        "--crash-step", "3"});
+  int code = run.wait(60);
+  EXPECT_NE(code, 0) << run.output();
+  EXPECT_NE(run.output().find("rank 1"), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("SIGKILL"), std::string::npos) << run.output();
 }
 
 TEST(Ddp, BadOptionsAreConfigErrors) {

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""DDP training throughput, lockstep against PyTorch, in one run on this machine.
+
+For each model (mlp 784-1024-1024-10, wide 784-2048x3-10), per-worker batch 64, one intra-op
+thread and one BLAS thread per worker, it runs interleaved, --repeat times:
+  lockstep 1 process (no DDP)         build/bench/ddp_bench
+  lockstep DDP, 2 workers             lockstep run --nproc-per-node 2 ddp_bench
+  lockstep DDP, 2 workers, bf16 wire  ... --comm-hook bf16
+  lockstep 2 workers under no_sync    (no communication: the ceiling)
+  PyTorch 1 process                   /usr/bin/python3 bench/torch_ddp.py
+  PyTorch DDP (gloo), 2 workers       lockstep run --nproc-per-node 2 python3 torch_ddp.py
+and prints a markdown table of median samples/s (and range), scaling efficiency (2-worker
+throughput over twice the same side's single process), exposed-communication fraction of the
+step, and lockstep DDP over PyTorch DDP.
+
+    /usr/bin/python3 bench/compare_ddp.py [--build build] [--repeat 3] [--models mlp,wide] [--json out.json]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = {"mlp": 60, "wide": 15, "cnn": 30}
+
+
+def run(cmd, env):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    for line in out.stdout.splitlines():
+        line = line.split("] ", 1)[-1] if line.startswith("[rank") else line
+        if line.startswith("{"):
+            return json.loads(line)
+    raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+
+
+def blas():
+    try:
+        return os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
+    except OSError:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", default="mlp,wide")
+    ap.add_argument("--json", help="also write every measurement here")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    lockstep = os.path.join(build, "tools", "lockstep")
+    bench = os.path.join(build, "bench", "ddp_bench")
+    peer = ["/usr/bin/python3", os.path.join(HERE, "torch_ddp.py")]
+    two = [lockstep, "run", "--nproc-per-node", "2"]
+
+    results = {}
+    for model in args.models.split(","):
+        common = ["--model", model, "--steps", str(STEPS[model])]
+        sides = {
+            "lockstep 1 process": [bench] + common,
+            "lockstep DDP 2 workers": two + [bench] + common,
+            "lockstep DDP 2 workers, bf16 wire": two + [bench] + common + ["--comm-hook", "bf16"],
+            "lockstep 2 workers, no_sync": two + [bench] + common + ["--no-sync"],
+            "PyTorch 1 process": peer + common,
+            "PyTorch DDP 2 workers (gloo)": two + peer + common,
+        }
+        got = {k: [] for k in sides}
+        for _ in range(args.repeat):
+            for name, cmd in sides.items():
+                got[name].append(run(cmd, env))
+        results[model] = got
+
+    print(f"DDP training throughput, per-worker batch 64, 1 intra-op + 1 BLAS thread per worker, "
+          f"median of {args.repeat} interleaved runs; {os.cpu_count()} cores, {platform.machine()}, "
+          f"BLAS {blas()}\n")
+    print("| model | side | samples/s (range) | scaling eff. | exposed comm / step | vs PyTorch DDP |")
+    print("|---|---|---|---|---|---|")
+    for model, got in results.items():
+        med = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in got.items()}
+        single = {"lockstep": med["lockstep 1 process"], "PyTorch": med["PyTorch 1 process"]}
+        for name, runs in got.items():
+            rates = [r["samples_per_s"] for r in runs]
+            world = runs[0]["world"]
+            eff = f"{med[name] / (world * single[name.split()[0]]):.0%}" if world > 1 else ""
+            exposed = ""
+            if "exposed_comm_s" in runs[0] and world > 1 and not runs[0].get("no_sync"):
+                exposed = f"{statistics.median(r['exposed_comm_s'] / r['step_s'] for r in runs):.0%}"
+            ratio = f"{med[name] / med['PyTorch DDP 2 workers (gloo)']:.2f}x" if "DDP" in name else ""
+            print(f"| {model} | {name} | {med[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {eff} | "
+                  f"{exposed} | {ratio} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
