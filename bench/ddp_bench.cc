@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "unmeasured steps first")->capture_default_str();
   app.add_option("--threads", threads, "torch intra-op threads per worker")->capture_default_str();
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP bucket cap")->capture_default_str();
+  double first_bucket_cap_mb = 1;
+  app.add_option("--first-bucket-cap-mb", first_bucket_cap_mb, "DDP first bucket cap")->capture_default_str();
   app.add_option("--comm-hook", hook, "none | fp16 | bf16")->capture_default_str();
   app.add_option("--backend", backend, "shm | gloo | auto")->capture_default_str();
   double slot_mb = 1;
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
       world = job->comm->size();
       lockstep::DdpOptions o;
       o.bucket_cap_mb = bucket_cap_mb;
+      o.first_bucket_cap_mb = first_bucket_cap_mb;
       o.comm_hook = lockstep::parse_comm_hook(hook);
       ddp.emplace(model, *job->comm, o);
     }
