@@ -10,6 +10,8 @@
 // per-step breakdown (forward, backward, exposed communication, optimizer).
 //
 // --crash-rank/--crash-step make one rank die mid-backward, for the fault tests.
+// DDP_BENCH_TIMELINE=1 prints the last step's bucket timeline per rank to stderr (queued,
+// started, finished, relative to backward's start): where exposed communication comes from.
 // With --verify, every rank also checks that all ranks end with bitwise-equal parameters and
 // exits 3 if not (the launcher tests use it as a real multi-process DDP run).
 #include <torch/torch.h>

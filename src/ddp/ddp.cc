@@ -76,19 +76,6 @@ bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
          a.strides() == b.strides();
 }
 
-// Runs `fn` on a CPU tensor holding `t`'s bytes (t itself when it lives on the CPU), then
-// copies back. The seam where a device build would pass device memory to its own backend.
-template <class Fn>
-void on_host(torch::Tensor& t, Fn&& fn) {
-  if (t.is_cpu()) {
-    fn(t);
-    return;
-  }
-  auto host = t.to(torch::kCPU);
-  fn(host);
-  t.copy_(host);
-}
-
 void broadcast_flat(comm::Communicator& comm, std::vector<torch::Tensor> tensors, const std::string& what) {
   // One broadcast per dtype, of everything flattened.
   std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
