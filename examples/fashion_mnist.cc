@@ -1,0 +1,199 @@
+// Fashion-MNIST on N workers with the Trainer: the README's main job.
+//
+//   lockstep run --nproc-per-node 2 build/examples/fashion_mnist --model cnn --output-dir runs/demo
+//   build/examples/fashion_mnist evaluate --model cnn --checkpoint runs/demo/checkpoint-2345
+//   build/examples/fashion_mnist predict --model cnn --checkpoint runs/demo/checkpoint-2345 --index 0 1 2
+//
+// `train` (the default) accepts every Trainer flag (--help lists them); `evaluate` and `predict`
+// load a checkpoint into a plain model in one process, without the launcher or DDP.
+#include "lockstep/train/fashion_mnist.h"
+
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/trainer.h"
+
+using lockstep::data::FashionMnist;
+using namespace lockstep::train;
+
+// 784-512-256-10 with ReLU.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 512))),
+        fc2(register_module("fc2", torch::nn::Linear(512, 256))),
+        fc3(register_module("fc3", torch::nn::Linear(256, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(fc1(x.flatten(1)));
+    return fc3(torch::relu(fc2(h)));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+// Two 3x3 convolutions (16 and 32 channels) with batch norm and 2x2 pooling, then 1568-128-10:
+// about 2,100 samples/s per core here, and above 0.91 test accuracy in 4-5 epochs.
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(16))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(32))),
+        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
+    h = torch::max_pool2d(torch::relu(bn2(conv2(h))), 2);
+    return fc2(torch::relu(fc1(h.flatten(1))));
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Conv2d conv2;
+  torch::nn::BatchNorm2d bn2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Cnn);
+
+static Model make_model(const std::string& name) {
+  if (name == "mlp") return Model::of(Mlp());
+  if (name == "cnn") return Model::of(Cnn());
+  throw lockstep::ConfigError("--model must be mlp or cnn (got '" + name + "')");
+}
+
+static int train(int argc, const char* const* argv) {
+  std::string model_name = "cnn", data_dir = lockstep::data::kFashionMnistDir;
+  std::size_t train_limit = 0, eval_limit = 0;
+  TrainingArguments defaults;  // what works for this job; every flag overrides
+  defaults.output_dir = "runs/fashion_mnist";
+  defaults.num_train_epochs = 5;
+  defaults.learning_rate = 2e-3;
+  defaults.lr_scheduler_type = "cosine";
+  defaults.weight_decay = 0.01;
+  defaults.logging_steps = 100;
+  defaults.eval_strategy = "epoch";
+  defaults.metric_for_best_model = "eval_accuracy";
+  TrainingArguments args = parse_arguments(
+      argc, argv,
+      [&](CLI::App& app) {
+        app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+        app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")
+            ->capture_default_str();
+        app.add_option("--train-limit", train_limit, "use only the first N training images (0: all)");
+        app.add_option("--eval-limit", eval_limit, "use only the first N test images (0: all)");
+      },
+      "fashion_mnist train: a classifier on Fashion-MNIST with the lockstep Trainer", defaults);
+  set_seed(args.seed);  // the same initial weights on every rank and every run
+  Model model = make_model(model_name);
+  auto train_set = std::make_shared<FashionMnistDataset>(FashionMnist::Split::train, data_dir, train_limit);
+  auto test_set = std::make_shared<FashionMnistDataset>(FashionMnist::Split::test, data_dir, eval_limit);
+  Trainer trainer(model, train_set, test_set, args);
+  TrainResult result = trainer.train();
+  nlohmann::json m = trainer.evaluate();
+  if (trainer.communicator().rank() == 0) {
+    std::string checkpoint = latest_checkpoint(args.output_dir);
+    std::printf(
+        "trained %lld steps in %.1f s (%.0f samples/s); test accuracy %.4f on %lld images, loss %.4f\n",
+        static_cast<long long>(result.global_step), result.seconds, result.samples_per_second,
+        m["eval_accuracy"].get<double>(), static_cast<long long>(m["eval_samples"].get<std::int64_t>()),
+        m["eval_loss"].get<double>());
+    m["checkpoint"] = checkpoint;
+    m["model"] = model_name;
+    m["train_seconds"] = result.seconds;
+    m["global_step"] = result.global_step;
+    std::ofstream(std::filesystem::path(args.output_dir) / "eval_results.json") << m.dump(2) << "\n";
+    if (!checkpoint.empty())
+      std::printf("saved %s; reload it in one process with:\n  %s evaluate --model %s --checkpoint %s\n",
+                  checkpoint.c_str(), argv[0], model_name.c_str(), checkpoint.c_str());
+  }
+  return 0;
+}
+
+// Loads a checkpoint into a plain (not distributed) model.
+static Model load_plain(const std::string& model_name, const std::string& checkpoint) {
+  Model model = make_model(model_name);
+  std::filesystem::path file = checkpoint;
+  if (std::filesystem::is_directory(file)) file /= "model.pt";
+  load_module(*model.module, file.string());
+  model.module->eval();
+  return model;
+}
+
+static int evaluate(int argc, const char* const* argv) {
+  CLI::App app{"fashion_mnist evaluate: test accuracy of a checkpoint, in one process"};
+  std::string model_name = "cnn", checkpoint, data_dir = lockstep::data::kFashionMnistDir;
+  std::size_t limit = 0;
+  app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
+  app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--eval-limit", limit, "use only the first N test images (0: all)");
+  CLI11_PARSE(app, argc, argv);
+  Model model = load_plain(model_name, checkpoint);
+  FashionMnistDataset test(FashionMnist::Split::test, data_dir, limit);
+  torch::NoGradGuard no_grad;
+  std::int64_t correct = 0;
+  double loss = 0;
+  for (std::size_t start = 0; start < test.size(); start += 500) {
+    std::vector<std::size_t> idx;
+    for (std::size_t i = start; i < std::min(test.size(), start + 500); ++i) idx.push_back(i);
+    Batch b = test.get(idx);
+    auto out = model.forward(b.input);
+    loss +=
+        torch::nn::functional::cross_entropy(out, b.target).item<double>() * static_cast<double>(idx.size());
+    correct += out.argmax(1).eq(b.target).sum().item<std::int64_t>();
+  }
+  std::printf("test accuracy %.4f on %zu images, loss %.4f (%s, one process)\n",
+              static_cast<double>(correct) / static_cast<double>(test.size()), test.size(),
+              loss / static_cast<double>(test.size()), checkpoint.c_str());
+  return 0;
+}
+
+static int predict(int argc, const char* const* argv) {
+  CLI::App app{"fashion_mnist predict: classify test images with a checkpoint"};
+  std::string model_name = "cnn", checkpoint, data_dir = lockstep::data::kFashionMnistDir;
+  std::vector<std::size_t> indices = {0, 1, 2, 3, 4};
+  app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
+  app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--index", indices, "test images to classify")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  Model model = load_plain(model_name, checkpoint);
+  FashionMnistDataset test(FashionMnist::Split::test, data_dir);
+  torch::NoGradGuard no_grad;
+  Batch b = test.get(indices);
+  auto probs = torch::softmax(model.forward(b.input), 1);
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    auto row = probs[static_cast<std::int64_t>(i)];
+    int guess = static_cast<int>(row.argmax().item<std::int64_t>());
+    int truth = static_cast<int>(b.target[static_cast<std::int64_t>(i)].item<std::int64_t>());
+    std::printf("image %zu: %-11s (%.1f%%)  truth: %-11s %s\n", indices[i], FashionMnist::class_name(guess),
+                100.0 * row[guess].item<double>(), FashionMnist::class_name(truth),
+                guess == truth ? "" : "<- wrong");
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
+    if (command == "evaluate") return evaluate(argc - 1, argv + 1);
+    if (command == "predict") return predict(argc - 1, argv + 1);
+    if (command == "train") return train(argc - 1, argv + 1);
+    if (!command.empty()) {
+      std::fprintf(stderr, "fashion_mnist: unknown command '%s': use train, evaluate or predict\n",
+                   command.c_str());
+      return 2;
+    }
+    return train(argc, argv);
+  } catch (const lockstep::ConfigError& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,50 @@
+// Checkpoints: a directory OUTPUT_DIR/checkpoint-<step>/ holding
+//   model.pt            the plain module's parameters and buffers (torch::save format, no wrapper
+//                       prefix: torch::load(net, ".../model.pt") works in any libtorch program)
+//   optimizer.pt        torch::save of the optimiser (moments, momentum buffers, step counts)
+//   scheduler.json      the learning-rate schedule and the step it is at
+//   trainer_state.json  global step, epoch, sampler position, every rank's RNG state, best
+//                       metric and checkpoint, log history
+//   training_args.json  the arguments of the run that wrote it
+// Rank 0 writes it into OUTPUT_DIR/.tmp-checkpoint-<step>-<pid>/, flushes every file to disk,
+// and renames the directory into place, so a checkpoint-<step>/ directory is always complete:
+// a process killed mid-write leaves only a .tmp-* directory, which readers ignore and the next
+// save removes.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::train {
+
+// Saves parameters and buffers (nested per submodule, as torch::save does).
+void save_module(const torch::nn::Module& module, const std::string& path);
+
+// Loads a module saved by save_module or torch::save into `module`, after checking that every
+// parameter and buffer is there with the same shape and dtype and that the file holds nothing
+// else. A mismatch is a ConfigError naming the first differing parameter, e.g.
+// "checkpoint .../model.pt does not fit this model: parameter 'fc1.weight' is float32[128, 784]
+// in the model but float32[256, 784] in the checkpoint".
+void load_module(torch::nn::Module& module, const std::string& path);
+
+// The complete checkpoint directories under output_dir, oldest (lowest step) first.
+std::vector<std::string> list_checkpoints(const std::string& output_dir);
+// The newest of them, or "" when there is none.
+std::string latest_checkpoint(const std::string& output_dir);
+// The step in a "checkpoint-<step>" name, or -1.
+std::int64_t checkpoint_step(const std::string& path);
+
+// Deletes the oldest checkpoints until at most `limit` remain (0: no limit), never the ones
+// named in `keep` (the latest and the best). Returns the paths deleted.
+std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int limit,
+                                            const std::vector<std::string>& keep);
+
+// Writes `text` to `path` through a temporary file, fsync and rename.
+void write_file_durably(const std::string& path, const std::string& text);
+// fsyncs a file or a directory (after creating or renaming entries in it).
+void sync_path(const std::string& path);
+
+}  // namespace lockstep::train

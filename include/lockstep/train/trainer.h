@@ -1,0 +1,153 @@
+// Trainer: the training loop a DDP job needs, with the Hugging Face Trainer's arguments.
+//
+//   auto job = lockstep::comm::join_from_env();          // or let the Trainer join
+//   lockstep::train::Trainer trainer(lockstep::train::Model::of(net), train_set, test_set, args);
+//   trainer.train();                                     // resumes, logs, evaluates, saves
+//
+// What train() does, per optimiser step: takes per_device_train_batch_size x
+// gradient_accumulation_steps samples from this rank's DistributedSampler (set_epoch is called
+// for you), runs forward/backward per micro-batch under no_sync for all but the last (so only
+// the last all-reduces), with the loss divided so the gradient is the mean over the effective
+// batch (per-device x accumulation x world); clips the global norm after the all-reduce; steps
+// the optimiser and the schedule. Rank 0 prints the effective batch at start, a progress bar on
+// a terminal (plain lines otherwise), and writes OUTPUT_DIR/metrics.jsonl; with --trace every
+// rank writes OUTPUT_DIR/trace/rank_N.json. Evaluation counts every real sample once across
+// ranks. Checkpoints: see checkpoint.h; a worker restarted by `lockstep run --max-restarts`
+// resumes from the newest checkpoint by itself.
+//
+// Threading: one Trainer per process, used from one thread.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/rendezvous.h"
+#include "lockstep/train/arguments.h"
+
+namespace lockstep::train {
+
+// One batch: inputs and integer class targets.
+struct Batch {
+  torch::Tensor input, target;
+};
+
+// A map-style dataset. get() is called from loader threads at once: it must be thread-safe.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  virtual Batch get(const std::vector<std::size_t>& indices) const = 0;
+};
+
+// A module plus how to call it, so the Trainer needs no template.
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+
+  template <class M>
+  static Model of(std::shared_ptr<M> m) {
+    return Model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }};
+  }
+  template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+  static Model of(const Holder& holder) {
+    return of(holder.ptr());
+  }
+};
+
+struct TrainerState {
+  std::int64_t global_step = 0;  // optimiser steps done
+  std::int64_t max_steps = 0;    // the run's length in steps
+  std::int64_t steps_per_epoch = 0;
+  std::uint64_t epoch = 0;          // the epoch in progress
+  std::int64_t steps_in_epoch = 0;  // steps of that epoch done
+  std::optional<double> best_metric;
+  std::string best_checkpoint;  // directory name, e.g. "checkpoint-400"
+  nlohmann::json log_history = nlohmann::json::array();
+  double fractional_epoch() const;
+};
+
+// Set by callbacks to change the course of training.
+struct TrainerControl {
+  bool should_stop = false;
+};
+
+class TrainerCallback {
+ public:
+  virtual ~TrainerCallback() = default;
+  virtual void on_train_begin(const TrainerState&) {}
+  virtual void on_step_end(const TrainerState&, TrainerControl&) {}
+  virtual void on_log(const TrainerState&, const nlohmann::json& /*entry*/) {}
+  virtual void on_evaluate(const TrainerState&, const nlohmann::json& /*metrics*/, TrainerControl&) {}
+  virtual void on_save(const TrainerState&, const std::string& /*checkpoint_dir*/) {}
+  virtual void on_train_end(const TrainerState&) {}
+};
+
+// Stops training when the metric has not improved by more than `threshold` for `patience`
+// evaluations in a row.
+class EarlyStoppingCallback : public TrainerCallback {
+ public:
+  EarlyStoppingCallback(std::string metric, bool greater_is_better, int patience, double threshold);
+  void on_evaluate(const TrainerState& state, const nlohmann::json& metrics,
+                   TrainerControl& control) override;
+  int evaluations_without_improvement() const { return bad_; }
+
+ private:
+  std::string metric_;
+  bool greater_;
+  int patience_;
+  double threshold_;
+  std::optional<double> best_;
+  int bad_ = 0;
+};
+
+struct TrainResult {
+  std::int64_t global_step = 0;
+  double train_loss = 0;  // mean over the run's logged steps
+  double seconds = 0;
+  double samples_per_second = 0;
+  nlohmann::json last_eval;  // empty when no evaluation ran
+  bool stopped_early = false;
+};
+
+class Trainer {
+ public:
+  // `comm`: the job's communicator; null makes the Trainer join from the environment (world
+  // size 1 when started without a launcher) with args.backend.
+  Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
+          std::shared_ptr<const Dataset> eval_dataset, TrainingArguments args,
+          std::vector<std::shared_ptr<TrainerCallback>> callbacks = {}, comm::Communicator* comm = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainResult train();
+  // Collective: eval_loss, eval_accuracy, eval_samples over the whole eval dataset.
+  nlohmann::json evaluate();
+  // Collective: writes OUTPUT_DIR/checkpoint-<step> and returns its path.
+  std::string save_checkpoint();
+
+  const TrainerState& state() const;
+  const TrainingArguments& args() const;
+  comm::Communicator& communicator();
+  // Loss of one batch; cross entropy unless replaced (before train()).
+  void set_loss(std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> loss);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Seeds torch's default generator (call before building the model, for reproducible weights).
+void set_seed(std::uint64_t seed);
+
+}  // namespace lockstep::train

@@ -1,0 +1,799 @@
+#include "lockstep/train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "../ddp/signature.h"
+#include "lockstep/data/evaluation.h"
+#include "lockstep/data/loader.h"
+#include "lockstep/data/sampler.h"
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/schedule.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace lockstep::train {
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Autocast to bfloat16 on the CPU for the scope, as torch.autocast("cpu") does.
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(bool on) : on_(on) {
+    if (!on_) return;
+    previous_ = at::autocast::is_cpu_enabled();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(previous_);
+  }
+  CpuAutocast(const CpuAutocast&) = delete;
+  CpuAutocast& operator=(const CpuAutocast&) = delete;
+
+ private:
+  bool on_;
+  bool previous_ = false;
+};
+
+std::string to_hex(const torch::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  auto t = bytes.contiguous();
+  const auto* p = t.data_ptr<std::uint8_t>();
+  std::string out;
+  out.reserve(static_cast<std::size_t>(t.numel()) * 2);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    out.push_back(digits[p[i] >> 4]);
+    out.push_back(digits[p[i] & 15]);
+  }
+  return out;
+}
+
+torch::Tensor from_hex(const std::string& hex) {
+  auto t = torch::empty({static_cast<std::int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* p = t.data_ptr<std::uint8_t>();
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw ConfigError("trainer_state.json holds a corrupt RNG state");
+  };
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    p[i / 2] = static_cast<std::uint8_t>(nibble(hex[i]) * 16 + nibble(hex[i + 1]));
+  return t;
+}
+
+torch::Tensor rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_rng_state(const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// Chrome trace events (JSON array format), one file per rank.
+class TraceWriter {
+ public:
+  TraceWriter(const std::string& path, int rank) : out_(path, std::ios::trunc), rank_(rank) {
+    if (!out_) throw ConfigError("cannot write the trace file " + path + ": check --output-dir");
+    origin_steady_ = Clock::now();
+    origin_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+    out_ << "[\n";
+    meta("process_name", 0, "rank " + std::to_string(rank));
+    meta("thread_name", 1, "training loop");
+    meta("thread_name", 2, "gradient all-reduce");
+  }
+  ~TraceWriter() { out_ << "\n]\n"; }
+  void span(const char* name, int tid, Clock::time_point begin, Clock::time_point end,
+            const nlohmann::json& args = {}) {
+    if (end < begin) end = begin;
+    nlohmann::json e = {{"name", name},    {"ph", "X"},
+                        {"pid", rank_},    {"tid", tid},
+                        {"ts", us(begin)}, {"dur", std::max<double>(0, seconds_between(begin, end) * 1e6)}};
+    if (!args.is_null()) e["args"] = args;
+    emit(e);
+  }
+  void flush() { out_.flush(); }
+
+ private:
+  double us(Clock::time_point t) const {
+    return static_cast<double>(origin_us_) + seconds_between(origin_steady_, t) * 1e6;
+  }
+  void meta(const char* what, int tid, const std::string& name) {
+    emit({{"name", what}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", name}}}});
+  }
+  void emit(const nlohmann::json& e) {
+    out_ << (first_ ? "" : ",\n") << e.dump();
+    first_ = false;
+  }
+  std::ofstream out_;
+  int rank_;
+  bool first_ = true;
+  Clock::time_point origin_steady_;
+  long long origin_us_ = 0;
+};
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%02ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+int restart_count_from_env() {
+  for (const char* name : {"LOCKSTEP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) return std::atoi(v);
+  }
+  return 0;
+}
+
+// Time of one logging window, summed over its steps.
+struct Window {
+  std::int64_t steps = 0;
+  double samples = 0, loss_sum = 0, loss_count = 0;
+  double data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0, total = 0;
+  double grad_norm = 0;
+  Clock::time_point begin = Clock::now();
+};
+
+}  // namespace
+
+double TrainerState::fractional_epoch() const {
+  if (steps_per_epoch <= 0) return static_cast<double>(epoch);
+  return static_cast<double>(epoch) +
+         static_cast<double>(steps_in_epoch) / static_cast<double>(steps_per_epoch);
+}
+
+EarlyStoppingCallback::EarlyStoppingCallback(std::string metric, bool greater_is_better, int patience,
+                                             double threshold)
+    : metric_(std::move(metric)), greater_(greater_is_better), patience_(patience), threshold_(threshold) {
+  if (patience_ < 1) throw ConfigError("early stopping needs a patience of at least 1 evaluation");
+}
+
+void EarlyStoppingCallback::on_evaluate(const TrainerState&, const nlohmann::json& metrics,
+                                        TrainerControl& control) {
+  if (!metrics.contains(metric_))
+    throw ConfigError("early stopping watches '" + metric_ +
+                      "', which the evaluation does not report (it reports " + metrics.dump() + ")");
+  double value = metrics.at(metric_).get<double>();
+  bool better = !best_ || (greater_ ? value > *best_ + threshold_ : value < *best_ - threshold_);
+  if (better) {
+    best_ = value;
+    bad_ = 0;
+  } else if (++bad_ >= patience_) {
+    control.should_stop = true;
+  }
+}
+
+void set_seed(std::uint64_t seed) {
+  torch::manual_seed(seed);
+}
+
+struct Trainer::Impl {
+  Model model;
+  std::shared_ptr<const Dataset> train_set, eval_set;
+  TrainingArguments args;
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks;
+  comm::Job job;  // when the Trainer joined by itself
+  comm::Communicator* comm = nullptr;
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss_fn;
+
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Reducer> reducer;
+  Schedule schedule;
+  TrainerState state;
+  bool improved_since_save = false;
+  std::optional<double> last_metric;
+  std::unique_ptr<TraceWriter> trace;
+  std::ofstream metrics;
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  bool tty() const { return !args.disable_tqdm && ::isatty(STDERR_FILENO); }
+
+  void say(const std::string& line) const {
+    if (rank() != 0) return;
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  void build_optimizer() {
+    auto params = model.module->parameters();
+    if (args.optim == "sgd") {
+      optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(args.learning_rate)
+                                                                  .momentum(args.sgd_momentum)
+                                                                  .weight_decay(args.weight_decay));
+    } else {
+      optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(args.learning_rate)
+                                                                    .betas({args.adam_beta1, args.adam_beta2})
+                                                                    .eps(args.adam_epsilon)
+                                                                    .weight_decay(args.weight_decay));
+    }
+  }
+
+  void set_lr(double lr) {
+    for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+  }
+
+  void log(const nlohmann::json& entry) {
+    state.log_history.push_back(entry);
+    if (rank() == 0 && metrics.is_open()) {
+      metrics << entry.dump() << "\n";
+      metrics.flush();
+    }
+    for (auto& cb : callbacks) cb->on_log(state, entry);
+  }
+
+  void open_outputs() {
+    std::error_code ec;
+    fs::create_directories(args.output_dir, ec);
+    if (ec) throw ConfigError("cannot create --output-dir " + args.output_dir + ": " + ec.message());
+    if (rank() == 0) {
+      metrics.open(fs::path(args.output_dir) / "metrics.jsonl", std::ios::app);
+      if (!metrics) throw ConfigError("cannot write " + args.output_dir + "/metrics.jsonl");
+      // A save killed midway leaves a .tmp- directory behind: nothing else refers to it.
+      for (const auto& entry : fs::directory_iterator(args.output_dir, ec))
+        if (entry.path().filename().string().rfind(".tmp-checkpoint-", 0) == 0)
+          fs::remove_all(entry.path(), ec);
+    }
+    if (args.trace) {
+      fs::create_directories(fs::path(args.output_dir) / "trace", ec);
+      trace = std::make_unique<TraceWriter>(
+          (fs::path(args.output_dir) / "trace" / ("rank_" + std::to_string(rank()) + ".json")).string(),
+          rank());
+    }
+  }
+
+  // ----- checkpoints --------------------------------------------------------------------------
+
+  std::string resume_target() const {
+    const std::string& r = args.resume_from_checkpoint;
+    if (r == "latest" || (r.empty() && restart_count_from_env() > 0))
+      return latest_checkpoint(args.output_dir);
+    if (r.empty()) return "";
+    if (!fs::exists(fs::path(r) / "trainer_state.json"))
+      throw ConfigError("--resume-from-checkpoint " + r +
+                        " is not a checkpoint directory (no trainer_state.json); pass a checkpoint-<step> "
+                        "directory or 'latest'");
+    return r;
+  }
+
+  void load_checkpoint(const std::string& dir, data::DistributedSampler& sampler) {
+    load_module(*model.module, (fs::path(dir) / "model.pt").string());
+    torch::load(*optimizer, (fs::path(dir) / "optimizer.pt").string());
+    std::ifstream in(fs::path(dir) / "trainer_state.json");
+    nlohmann::json s = nlohmann::json::parse(in);
+    state.global_step = s.at("global_step").get<std::int64_t>();
+    state.epoch = s.at("epoch").get<std::uint64_t>();
+    state.steps_in_epoch = s.at("steps_in_epoch").get<std::int64_t>();
+    if (s.contains("best_metric") && !s["best_metric"].is_null())
+      state.best_metric = s["best_metric"].get<double>();
+    state.best_checkpoint = s.value("best_checkpoint", "");
+    state.log_history = s.value("log_history", nlohmann::json::array());
+    int saved_world = s.at("world_size").get<int>();
+    const auto& rngs = s.at("rng_states");
+    if (saved_world == world()) {
+      set_rng_state(from_hex(rngs.at(static_cast<std::size_t>(rank())).get<std::string>()));
+      sampler.set_epoch(state.epoch);
+      sampler.load_state({state.epoch, s.at("sampler_position").get<std::size_t>()});
+    } else {
+      say("lockstep: warning: " + dir + " was written by " + std::to_string(saved_world) +
+          " workers, this run has " + std::to_string(world()) +
+          ": the data order of this epoch and the RNG streams start afresh");
+      torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
+      sampler.set_epoch(state.epoch);
+      std::size_t pos = static_cast<std::size_t>(state.steps_in_epoch) * per_step();
+      sampler.load_state({state.epoch, std::min(pos, sampler.num_samples())});
+    }
+    say("lockstep: resumed from " + dir + " at step " + std::to_string(state.global_step) + " (epoch " +
+        std::to_string(state.epoch) + ", " + std::to_string(state.steps_in_epoch) + " steps into it)");
+  }
+
+  std::size_t per_step() const {
+    return static_cast<std::size_t>(args.per_device_train_batch_size) *
+           static_cast<std::size_t>(args.gradient_accumulation_steps);
+  }
+
+  std::string save(std::size_t sampler_position) {
+    auto t0 = Clock::now();
+    const std::string mine = to_hex(rng_state());
+    std::vector<std::string> rngs = ddp_detail::allgather_strings(*comm, mine);
+    const std::string name = "checkpoint-" + std::to_string(state.global_step);
+    const fs::path final_dir = fs::path(args.output_dir) / name;
+    if (improved_since_save) {
+      state.best_checkpoint = name;
+      improved_since_save = false;
+    }
+    std::string error;
+    if (rank() == 0) {
+      try {
+        const fs::path tmp = fs::path(args.output_dir) / (".tmp-" + name + "-" + std::to_string(::getpid()));
+        fs::remove_all(tmp);
+        fs::create_directories(tmp);
+        save_module(*model.module, (tmp / "model.pt").string());
+        sync_path((tmp / "model.pt").string());
+        if (const char* fault = std::getenv("LOCKSTEP_FAULT_INJECT");
+            fault && std::string(fault) == "kill-during-save")
+          std::raise(SIGKILL);  // for the tests: dies with a half-written checkpoint on disk
+        torch::save(*optimizer, (tmp / "optimizer.pt").string());
+        sync_path((tmp / "optimizer.pt").string());
+        nlohmann::json sched = {{"type", schedule.type},
+                                {"warmup_steps", schedule.warmup},
+                                {"total_steps", schedule.total},
+                                {"last_step", state.global_step},
+                                {"base_lr", args.learning_rate},
+                                {"last_lr", args.learning_rate * schedule.multiplier(state.global_step)}};
+        write_file_durably((tmp / "scheduler.json").string(), sched.dump(2));
+        write_file_durably((tmp / "training_args.json").string(), args.to_json().dump(2));
+        nlohmann::json s = {
+            {"global_step", state.global_step},
+            {"max_steps", state.max_steps},
+            {"epoch", state.epoch},
+            {"steps_in_epoch", state.steps_in_epoch},
+            {"fractional_epoch", state.fractional_epoch()},
+            {"sampler_position", sampler_position},
+            {"world_size", world()},
+            {"seed", args.seed},
+            {"rng_states", rngs},
+            {"best_metric", state.best_metric ? nlohmann::json(*state.best_metric) : nlohmann::json()},
+            {"best_checkpoint", state.best_checkpoint},
+            {"log_history", state.log_history}};
+        write_file_durably((tmp / "trainer_state.json").string(), s.dump(1));
+        sync_path(tmp.string());
+        if (fs::exists(final_dir)) {  // saved again at the same step (after a resume): replace
+          const fs::path old =
+              fs::path(args.output_dir) / (".tmp-old-" + name + "-" + std::to_string(::getpid()));
+          fs::rename(final_dir, old);
+          fs::rename(tmp, final_dir);
+          fs::remove_all(old);
+        } else {
+          fs::rename(tmp, final_dir);
+        }
+        sync_path(args.output_dir);
+        std::vector<std::string> keep = {final_dir.string()};
+        if (!state.best_checkpoint.empty()) keep.push_back(state.best_checkpoint);
+        rotate_checkpoints(args.output_dir, args.save_total_limit, keep);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
+    std::int32_t failed = error.empty() ? 0 : 1;
+    comm->allreduce(&failed, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+    if (failed)
+      throw Error("rank 0 could not write checkpoint " + final_dir.string() +
+                  (error.empty() ? "" : ": " + error));
+    for (auto& cb : callbacks) cb->on_save(state, final_dir.string());
+    if (trace) trace->span("checkpoint", 1, t0, Clock::now(), {{"dir", name}});
+    return final_dir.string();
+  }
+
+  // ----- evaluation ---------------------------------------------------------------------------
+
+  // Rank 0's buffers (BatchNorm running statistics) to every rank, so every rank evaluates the
+  // model a checkpoint holds. Training forwards update each rank's copy on its own data.
+  void broadcast_buffers() {
+    if (world() == 1) return;
+    torch::NoGradGuard no_grad;
+    for (auto& b : model.module->buffers()) {
+      if (!b.defined() || b.numel() == 0) continue;
+      comm::DType dt;
+      switch (b.scalar_type()) {
+        case torch::kFloat: dt = comm::DType::f32; break;
+        case torch::kDouble: dt = comm::DType::f64; break;
+        case torch::kLong: dt = comm::DType::i64; break;
+        case torch::kInt: dt = comm::DType::i32; break;
+        default:
+          throw ConfigError("cannot broadcast a buffer of type " +
+                            std::string(c10::toString(b.scalar_type())));
+      }
+      auto c = b.contiguous();
+      comm->broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), dt, 0)->wait();
+      if (!c.is_same(b)) b.copy_(c);
+    }
+  }
+
+  nlohmann::json evaluate() {
+    if (!eval_set) throw ConfigError("evaluation needs an eval dataset: pass one to the Trainer");
+    auto t0 = Clock::now();
+    broadcast_buffers();
+    data::DistributedSampler sampler(eval_set->size(), rank(), world(), /*shuffle=*/false);
+    data::LoaderOptions lo;
+    lo.batch_size = static_cast<std::size_t>(args.per_device_eval_batch_size);
+    lo.num_workers = args.dataloader_num_workers;
+    auto ds = eval_set;
+    data::DataLoader<Batch> loader(
+        sampler.indices(), [ds](const auto& idx) { return ds->get(idx); }, lo);
+    bool was_training = model.module->is_training();
+    model.module->eval();
+    torch::NoGradGuard no_grad;
+    data::EvalTotals local;
+    std::size_t k = 0;
+    while (auto batch = loader.next()) {
+      const std::int64_t n = batch->target.size(0);
+      std::vector<std::int64_t> real;
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!sampler.is_padding(k + static_cast<std::size_t>(i))) real.push_back(i);
+      k += static_cast<std::size_t>(n);
+      if (real.empty()) continue;
+      torch::Tensor x = batch->input, y = batch->target;
+      if (static_cast<std::int64_t>(real.size()) != n) {
+        auto keep = torch::tensor(real, torch::kLong);
+        x = x.index_select(0, keep);
+        y = y.index_select(0, keep);
+      }
+      torch::Tensor out;
+      {
+        CpuAutocast autocast(args.bf16);
+        out = model.forward(x);
+      }
+      out = out.to(torch::kFloat);
+      local.loss_sum += loss_fn(out, y).item<double>() * static_cast<double>(y.size(0));
+      local.correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+      local.count += y.size(0);
+    }
+    model.module->train(was_training);
+    auto total = data::allreduce_totals(*comm, local);
+    nlohmann::json m = {{"eval_loss", total.mean_loss()},
+                        {"eval_accuracy", total.accuracy()},
+                        {"eval_samples", total.count},
+                        {"eval_seconds", seconds_between(t0, Clock::now())}};
+    if (trace) trace->span("evaluate", 1, t0, Clock::now(), m);
+    return m;
+  }
+
+  // Called inside train(): records the metric, logs, runs the callbacks.
+  void evaluate_during_training(TrainerControl& control) {
+    nlohmann::json m = evaluate();
+    m["step"] = state.global_step;
+    m["epoch"] = state.fractional_epoch();
+    const double value = m.at(args.metric_for_best_model).get<double>();
+    last_metric = value;
+    bool greater = args.best_is_greater();
+    if (!state.best_metric || (greater ? value > *state.best_metric : value < *state.best_metric)) {
+      state.best_metric = value;
+      improved_since_save = true;
+    }
+    say("eval @ step " + std::to_string(state.global_step) + ": loss " +
+        std::to_string(m["eval_loss"].get<double>()) + ", accuracy " +
+        std::to_string(m["eval_accuracy"].get<double>()) + " (" +
+        std::to_string(m["eval_samples"].get<std::int64_t>()) + " samples)");
+    log(m);
+    for (auto& cb : callbacks) cb->on_evaluate(state, m, control);
+  }
+
+  // ----- training -----------------------------------------------------------------------------
+
+  void progress(const Window& w, double loss, double samples_per_s, Clock::time_point start,
+                std::int64_t first_step) {
+    if (rank() != 0) return;
+    const double done = static_cast<double>(state.global_step - first_step);
+    const double elapsed = seconds_between(start, Clock::now());
+    const double eta =
+        done > 0 ? elapsed / done * static_cast<double>(state.max_steps - state.global_step) : 0;
+    const double frac = static_cast<double>(state.global_step) /
+                        static_cast<double>(std::max<std::int64_t>(1, state.max_steps));
+    char line[256];
+    if (tty()) {
+      const int width = 24, filled = static_cast<int>(frac * width);
+      std::string bar(static_cast<std::size_t>(filled), '#');
+      bar.resize(width, ' ');
+      std::snprintf(line, sizeof line, "\r%3d%% |%s| %lld/%lld [%s<%s, %.0f samples/s, loss %.4f]   ",
+                    static_cast<int>(frac * 100), bar.c_str(), static_cast<long long>(state.global_step),
+                    static_cast<long long>(state.max_steps), format_duration(elapsed).c_str(),
+                    format_duration(eta).c_str(), samples_per_s, loss);
+      std::fputs(line, stderr);
+      if (state.global_step >= state.max_steps) std::fputs("\n", stderr);
+      std::fflush(stderr);
+    } else {
+      (void)w;
+      std::snprintf(
+          line, sizeof line,
+          "step %lld/%lld (epoch %.2f): loss %.4f, lr %.3g, %.0f samples/s, exposed comm %.1f%%, ETA %s",
+          static_cast<long long>(state.global_step), static_cast<long long>(state.max_steps),
+          state.fractional_epoch(), loss, args.learning_rate * schedule.multiplier(state.global_step - 1),
+          samples_per_s, w.total > 0 ? 100.0 * w.exposed / w.total : 0.0, format_duration(eta).c_str());
+      say(line);
+    }
+  }
+
+  TrainResult train() {
+    auto start = Clock::now();
+    torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
+    data::DistributedSampler sampler(train_set->size(), rank(), world(), /*shuffle=*/true, args.seed);
+    const std::size_t num_samples = sampler.num_samples();
+    state.steps_per_epoch = static_cast<std::int64_t>((num_samples + per_step() - 1) / per_step());
+    state.max_steps = args.max_steps > 0
+                          ? args.max_steps
+                          : static_cast<std::int64_t>(std::ceil(args.num_train_epochs *
+                                                                static_cast<double>(state.steps_per_epoch)));
+    schedule =
+        Schedule{args.lr_scheduler_type,
+                 warmup_steps_for(args.warmup_steps, args.warmup_ratio, state.max_steps), state.max_steps};
+    build_optimizer();
+    open_outputs();
+
+    bool resumed_mid_epoch = false;
+    if (std::string from = resume_target(); !from.empty()) {
+      load_checkpoint(from, sampler);
+      resumed_mid_epoch = true;
+    } else if (!args.resume_from_checkpoint.empty() || restart_count_from_env() > 0) {
+      say("lockstep: no checkpoint in " + args.output_dir + " yet: starting from step 0");
+    }
+
+    DdpOptions ddp;
+    ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
+    ddp.find_unused_parameters = args.ddp_find_unused_parameters;
+    ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
+    reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
+    model.module->train();
+
+    const std::int64_t effective = static_cast<std::int64_t>(per_step()) * world();
+    char head[512];
+    std::snprintf(
+        head, sizeof head,
+        "lockstep: %d worker%s x %d per device x %d accumulation = %lld samples per step; %lld steps "
+        "(%.2f epochs of %lld steps), %s, lr %g (%s), backend %s",
+        world(), world() == 1 ? "" : "s", args.per_device_train_batch_size, args.gradient_accumulation_steps,
+        static_cast<long long>(effective), static_cast<long long>(state.max_steps),
+        static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
+        static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
+        args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
+    say(head);
+    for (auto& cb : callbacks) cb->on_train_begin(state);
+
+    TrainerControl control;
+    Window window;
+    double run_loss_sum = 0, run_loss_count = 0, run_samples = 0;
+    const std::int64_t first_step = state.global_step;
+    std::int64_t last_saved = -1, last_eval = -1;
+    nlohmann::json last_eval_metrics;
+    auto params = model.module->parameters();
+
+    while (state.global_step < state.max_steps && !control.should_stop) {
+      if (!resumed_mid_epoch) sampler.set_epoch(state.epoch);
+      resumed_mid_epoch = false;
+      data::LoaderOptions lo;
+      lo.batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
+      lo.num_workers = args.dataloader_num_workers;
+      auto ds = train_set;
+      data::DataLoader<Batch> loader(
+          sampler.remaining(), [ds](const auto& idx) { return ds->get(idx); }, lo);
+      std::size_t position = sampler.state().position;
+
+      while (state.global_step < state.max_steps && !control.should_stop && position < num_samples) {
+        const auto step_begin = Clock::now();
+        const std::size_t step_samples = std::min(per_step(), num_samples - position);
+        const int micro = static_cast<int>((step_samples + lo.batch_size - 1) / lo.batch_size);
+        double fwd = 0, bwd = 0, data_wait = 0, exposed = 0, comm_s = 0;
+        for (int m = 0; m < micro; ++m) {
+          auto t0 = Clock::now();
+          auto batch = loader.next();
+          auto t1 = Clock::now();
+          if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
+          const double n = static_cast<double>(batch->target.size(0));
+          reducer->set_sync(m == micro - 1);
+          reducer->before_forward();
+          torch::Tensor loss;
+          {
+            CpuAutocast autocast(args.bf16);
+            torch::Tensor out = model.forward(batch->input);
+            reducer->after_forward(&out);
+            loss = loss_fn(out.to(torch::kFloat), batch->target);
+          }
+          window.loss_sum += loss.item<double>() * n;
+          window.loss_count += n;
+          // The mean over this micro-batch, weighted to make the mean over the whole step.
+          auto scaled = loss * (n / static_cast<double>(step_samples));
+          auto t2 = Clock::now();
+          scaled.backward();
+          auto t3 = Clock::now();
+          data_wait += seconds_between(t0, t1);
+          fwd += seconds_between(t1, t2);
+          bwd += seconds_between(t2, t3);
+          if (trace) {
+            trace->span("data wait", 1, t0, t1);
+            trace->span("forward", 1, t1, t2, {{"micro_batch", m}});
+            trace->span(m == micro - 1 ? "backward + all-reduce" : "backward (no_sync)", 1, t2, t3);
+          }
+        }
+        const DdpStats& st = reducer->stats();
+        exposed = st.exposed_comm_seconds;
+        comm_s = st.comm_seconds;
+        if (trace)
+          for (const auto& b : st.buckets)
+            trace->span("all-reduce", 2, b.started, b.finished,
+                        {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
+
+        auto o0 = Clock::now();
+        if (args.max_grad_norm > 0) {
+          window.grad_norm = torch::nn::utils::clip_grad_norm_(params, args.max_grad_norm);
+        }
+        set_lr(args.learning_rate * schedule.multiplier(state.global_step));
+        optimizer->step();
+        optimizer->zero_grad();
+        auto o1 = Clock::now();
+        if (trace) trace->span("optimizer", 1, o0, o1);
+
+        position += step_samples;
+        ++state.global_step;
+        ++state.steps_in_epoch;
+        window.steps += 1;
+        window.samples += static_cast<double>(step_samples) * world();
+        window.data += data_wait;
+        window.forward += fwd;
+        window.backward += bwd - exposed;
+        window.exposed += exposed;
+        window.comm += comm_s;
+        window.optimizer += seconds_between(o0, o1);
+        window.total += seconds_between(step_begin, o1);
+
+        const bool epoch_done = position >= num_samples;
+        const bool last = state.global_step >= state.max_steps;
+        if (state.global_step % args.logging_steps == 0 || last) {
+          // Every rank's numbers, averaged: one small allreduce per logging step.
+          double v[9] = {window.loss_sum, window.loss_count, window.data,
+                         window.forward,  window.backward,   window.exposed,
+                         window.comm,     window.optimizer,  window.total};
+          comm->allreduce(v, 9, comm::DType::f64, comm::ReduceOp::sum)->wait();
+          const double w = static_cast<double>(world()), steps = static_cast<double>(window.steps);
+          const double loss = v[1] > 0 ? v[0] / v[1] : 0;
+          const double wall = seconds_between(window.begin, Clock::now());
+          const double sps = wall > 0 ? window.samples / wall : 0;
+          run_loss_sum += v[0];
+          run_loss_count += v[1];
+          nlohmann::json entry = {
+              {"step", state.global_step},
+              {"epoch", state.fractional_epoch()},
+              {"loss", loss},
+              {"learning_rate", args.learning_rate * schedule.multiplier(state.global_step - 1)},
+              {"samples_per_second", sps},
+              {"world_size", world()},
+              {"step_seconds", v[8] / w / steps},
+              {"data_seconds", v[2] / w / steps},
+              {"forward_seconds", v[3] / w / steps},
+              {"backward_seconds", v[4] / w / steps},
+              {"exposed_comm_seconds", v[5] / w / steps},
+              {"comm_seconds", v[6] / w / steps},
+              {"optimizer_seconds", v[7] / w / steps},
+              {"exposed_comm_fraction", v[8] > 0 ? v[5] / v[8] : 0.0}};
+          if (args.max_grad_norm > 0) entry["grad_norm"] = window.grad_norm;
+          log(entry);
+          progress(window, loss, sps, start, first_step);
+          window = Window{};
+        } else if (tty()) {
+          progress(window, window.loss_count > 0 ? window.loss_sum / window.loss_count : 0,
+                   window.samples / std::max(1e-9, seconds_between(window.begin, Clock::now())), start,
+                   first_step);
+        }
+        run_samples += static_cast<double>(step_samples) * world();
+
+        if ((args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
+            (args.eval_strategy == "epoch" && epoch_done)) {
+          evaluate_during_training(control);
+          last_eval = state.global_step;
+        }
+        if (epoch_done) {
+          ++state.epoch;
+          state.steps_in_epoch = 0;
+        }
+        const std::size_t saved_position = epoch_done ? 0 : position;
+        if ((args.save_strategy == "steps" && state.global_step % args.save_steps == 0) ||
+            (args.save_strategy == "epoch" && epoch_done)) {
+          save(saved_position);
+          last_saved = state.global_step;
+        }
+        for (auto& cb : callbacks) cb->on_step_end(state, control);
+        if (trace) trace->flush();
+        if ((last || control.should_stop) && args.save_strategy != "no" && last_saved != state.global_step) {
+          save(saved_position);
+          last_saved = state.global_step;
+        }
+      }
+    }
+    (void)last_eval;
+    for (auto& cb : callbacks) cb->on_train_end(state);
+    TrainResult r;
+    r.global_step = state.global_step;
+    r.train_loss = run_loss_count > 0 ? run_loss_sum / run_loss_count : 0;
+    r.seconds = seconds_between(start, Clock::now());
+    r.samples_per_second = r.seconds > 0 ? run_samples / r.seconds : 0;
+    r.stopped_early = control.should_stop;
+    for (auto it = state.log_history.rbegin(); it != state.log_history.rend(); ++it)
+      if (it->contains("eval_loss")) {
+        r.last_eval = *it;
+        break;
+      }
+    (void)last_eval_metrics;
+    return r;
+  }
+};
+
+Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
+                 std::shared_ptr<const Dataset> eval_dataset, TrainingArguments args,
+                 std::vector<std::shared_ptr<TrainerCallback>> callbacks, comm::Communicator* comm)
+    : impl_(std::make_unique<Impl>()) {
+  args.validate();
+  if (!model.module || !model.forward)
+    throw ConfigError("the Trainer needs a model: use Model::of(your_module)");
+  if (!train_dataset || train_dataset->size() == 0)
+    throw ConfigError("the Trainer needs a non-empty training dataset");
+  impl_->model = std::move(model);
+  impl_->train_set = std::move(train_dataset);
+  impl_->eval_set = std::move(eval_dataset);
+  impl_->args = std::move(args);
+  impl_->callbacks = std::move(callbacks);
+  if (impl_->args.early_stopping_patience > 0)
+    impl_->callbacks.push_back(std::make_shared<EarlyStoppingCallback>(
+        impl_->args.metric_for_best_model, impl_->args.best_is_greater(), impl_->args.early_stopping_patience,
+        impl_->args.early_stopping_threshold));
+  if (comm) {
+    impl_->comm = comm;
+  } else {
+    comm::CommOptions options;
+    options.backend = impl_->args.backend;
+    impl_->job = comm::join_from_env(options);
+    impl_->comm = impl_->job.comm.get();
+  }
+  if (impl_->args.eval_strategy != "no" && !impl_->eval_set)
+    throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
+  impl_->loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+  };
+}
+
+Trainer::~Trainer() = default;
+TrainResult Trainer::train() {
+  return impl_->train();
+}
+nlohmann::json Trainer::evaluate() {
+  return impl_->evaluate();
+}
+std::string Trainer::save_checkpoint() {
+  if (!impl_->optimizer)
+    throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
+  return impl_->save(0);
+}
+const TrainerState& Trainer::state() const {
+  return impl_->state;
+}
+const TrainingArguments& Trainer::args() const {
+  return impl_->args;
+}
+comm::Communicator& Trainer::communicator() {
+  return *impl_->comm;
+}
+void Trainer::set_loss(std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss) {
+  impl_->loss_fn = std::move(loss);
+}
+
+}  // namespace lockstep::train
