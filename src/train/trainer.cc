@@ -156,6 +156,21 @@ int restart_count_from_env() {
   return 0;
 }
 
+// LOCKSTEP_FAULT_INJECT, for the tests: "kill-during-save:STEP" makes rank 0 die with a
+// half-written checkpoint-STEP on disk; "kill-after-step:STEP:RANK" makes RANK die right after
+// optimiser step STEP. Both act in the first attempt only (LOCKSTEP_RESTART_COUNT 0), so a
+// restarted job runs through.
+bool fault_requested(const char* kind, std::int64_t step, int rank) {
+  const char* spec = std::getenv("LOCKSTEP_FAULT_INJECT");
+  if (!spec || restart_count_from_env() != 0) return false;
+  std::string s = spec, prefix = std::string(kind) + ":";
+  if (s.rfind(prefix, 0) != 0) return false;
+  long long want_step = -1;
+  int want_rank = 0;
+  if (std::sscanf(s.c_str() + prefix.size(), "%lld:%d", &want_step, &want_rank) < 1) return false;
+  return want_step == step && want_rank == rank;
+}
+
 // Time of one logging window, summed over its steps.
 struct Window {
   std::int64_t steps = 0;
@@ -341,9 +356,7 @@ struct Trainer::Impl {
         fs::create_directories(tmp);
         save_module(*model.module, (tmp / "model.pt").string());
         sync_path((tmp / "model.pt").string());
-        if (const char* fault = std::getenv("LOCKSTEP_FAULT_INJECT");
-            fault && std::string(fault) == "kill-during-save")
-          std::raise(SIGKILL);  // for the tests: dies with a half-written checkpoint on disk
+        if (fault_requested("kill-during-save", state.global_step, rank())) std::raise(SIGKILL);
         torch::save(*optimizer, (tmp / "optimizer.pt").string());
         sync_path((tmp / "optimizer.pt").string());
         nlohmann::json sched = {{"type", schedule.type},
@@ -713,6 +726,7 @@ struct Trainer::Impl {
           last_saved = state.global_step;
         }
         for (auto& cb : callbacks) cb->on_step_end(state, control);
+        if (fault_requested("kill-after-step", state.global_step, rank())) std::raise(SIGKILL);
         if (trace) trace->flush();
         if ((last || control.should_stop) && args.save_strategy != "no" && last_saved != state.global_step) {
           save(saved_position);

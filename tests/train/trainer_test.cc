@@ -1,0 +1,515 @@
+// The Trainer: accumulation, clipping, evaluation, early stopping, checkpoint files (ranks as
+// threads over real shm communicators), and whole runs of the Fashion-MNIST example under the
+// launcher: training lowers the loss, a killed and restarted run ends bitwise equal to an
+// uninterrupted one, a kill during a save leaves the previous checkpoint usable, rotation.
+#include "lockstep/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/fashion_mnist.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using namespace lockstep;
+using namespace lockstep::train;
+
+namespace {
+
+struct TinyImpl : torch::nn::Module {
+  explicit TinyImpl(int hidden = 16)
+      : fc1(register_module("fc1", torch::nn::Linear(784, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x.flatten(1)))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Tiny);
+
+std::string fresh_dir(const std::string& name) {
+  fs::path p = fs::path(::testing::TempDir()) / ("lockstep_train_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::shared_ptr<const FashionMnistDataset> fashion(data::FashionMnist::Split split, std::size_t limit) {
+  return std::make_shared<FashionMnistDataset>(split, data::kFashionMnistDir, limit);
+}
+
+// The same starting weights for every rank and every configuration.
+Tiny seeded_tiny(int hidden = 16) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(1234);
+  return Tiny(hidden);
+}
+
+std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+TrainingArguments quiet_args(const std::string& out) {
+  TrainingArguments a;
+  a.output_dir = out;
+  a.save_strategy = "no";
+  a.logging_steps = 1000;
+  a.disable_tqdm = true;
+  a.max_grad_norm = 0;
+  a.lr_scheduler_type = "constant";
+  return a;
+}
+
+// Trains on `world` thread-ranks and returns rank 0's parameters.
+std::vector<torch::Tensor> train_threads(int world, TrainingArguments args) {
+  std::vector<torch::Tensor> result;
+  auto train_set = fashion(data::FashionMnist::Split::train, 512);
+  comm::CommOptions options;
+  options.backend = "shm";
+  // Built before the threads start: Trainer::train seeds torch's (process-wide) generator.
+  std::vector<Tiny> nets;
+  for (int r = 0; r < world; ++r) nets.push_back(seeded_tiny());
+  lockstep::testing::run_ranks_as_threads(world, options, [&](comm::Communicator& comm) {
+    Tiny net = nets[static_cast<std::size_t>(comm.rank())];
+    Trainer trainer(Model::of(net), train_set, nullptr, args, {}, &comm);
+    trainer.train();
+    if (comm.rank() == 0) result = snapshot(*net);
+  });
+  return result;
+}
+
+}  // namespace
+
+TEST(Trainer, AccumulationMatchesALargerBatchAndMoreWorkers) {
+  // Step k of each run sees the same 24 samples: the sampler's permutation split over ranks.
+  auto args = quiet_args(fresh_dir("accumulation"));
+  args.optim = "sgd";
+  args.learning_rate = 0.05;
+  args.max_steps = 4;
+  args.per_device_train_batch_size = 4;
+  args.gradient_accumulation_steps = 3;
+  auto accumulated = train_threads(2, args);
+  args.per_device_train_batch_size = 12;
+  args.gradient_accumulation_steps = 1;
+  auto big_batch = train_threads(2, args);
+  args.per_device_train_batch_size = 24;
+  auto one_worker = train_threads(1, args);
+  auto start = snapshot(*seeded_tiny());
+  // float32 summation order differs (micro-batch sums, rank sums): a few ulps per step.
+  EXPECT_LT(max_difference(big_batch, one_worker), 1e-5);
+  EXPECT_LT(max_difference(accumulated, big_batch), 1e-5);
+  EXPECT_LT(max_difference(accumulated, one_worker), 1e-5);
+  EXPECT_GT(max_difference(accumulated, start), 1e-3);  // it trained at all
+}
+
+TEST(Trainer, ClippingBoundsTheGlobalNormOfTheUpdate) {
+  auto norm_of_update = [&](double max_norm) {
+    auto args = quiet_args(fresh_dir("clip"));
+    args.optim = "sgd";
+    args.sgd_momentum = 0;
+    args.learning_rate = 1.0;
+    args.max_steps = 1;
+    args.per_device_train_batch_size = 16;
+    args.max_grad_norm = max_norm;
+    auto after = train_threads(2, args);
+    auto before = snapshot(*seeded_tiny());
+    double sq = 0;
+    for (std::size_t i = 0; i < after.size(); ++i) sq += (after[i] - before[i]).pow(2).sum().item<double>();
+    return std::sqrt(sq);
+  };
+  EXPECT_NEAR(norm_of_update(1e-3), 1e-3, 1e-6);  // lr 1 x the clipped gradient
+  EXPECT_GT(norm_of_update(0), 1e-2);             // unclipped, the gradient is far larger
+}
+
+TEST(Trainer, EvaluationCountsEveryRealSampleOnceAcrossRanks) {
+  auto eval_set = fashion(data::FashionMnist::Split::test, 101);  // 101 = 3 x 34 - 1: padding
+  auto train_set = fashion(data::FashionMnist::Split::train, 64);
+  auto args = quiet_args(fresh_dir("eval"));
+  args.per_device_eval_batch_size = 16;
+  nlohmann::json single;
+  {
+    Tiny net = seeded_tiny();
+    comm::CommOptions options;
+    lockstep::testing::run_ranks_as_threads(1, options, [&](comm::Communicator& comm) {
+      single = Trainer(Model::of(net), train_set, eval_set, args, {}, &comm).evaluate();
+    });
+  }
+  std::vector<nlohmann::json> per_rank(3);
+  comm::CommOptions options;
+  options.backend = "shm";
+  std::vector<Tiny> nets = {seeded_tiny(), seeded_tiny(), seeded_tiny()};
+  lockstep::testing::run_ranks_as_threads(3, options, [&](comm::Communicator& comm) {
+    Tiny net = nets[static_cast<std::size_t>(comm.rank())];
+    per_rank[static_cast<std::size_t>(comm.rank())] =
+        Trainer(Model::of(net), train_set, eval_set, args, {}, &comm).evaluate();
+  });
+  EXPECT_EQ(single["eval_samples"].get<int>(), 101);
+  for (const auto& m : per_rank) {
+    EXPECT_EQ(m["eval_samples"].get<int>(), 101);
+    EXPECT_EQ(m["eval_accuracy"].get<double>(), single["eval_accuracy"].get<double>());
+    EXPECT_NEAR(m["eval_loss"].get<double>(), single["eval_loss"].get<double>(), 1e-6);
+  }
+}
+
+TEST(Trainer, EarlyStoppingCallbackCountsEvaluationsWithoutImprovement) {
+  EarlyStoppingCallback cb("eval_loss", /*greater_is_better=*/false, /*patience=*/2, /*threshold=*/0.01);
+  TrainerState state;
+  TrainerControl control;
+  for (double loss : {1.0, 0.9, 0.895, 0.93}) {  // 0.895 is better by less than the threshold
+    cb.on_evaluate(state, {{"eval_loss", loss}}, control);
+    if (loss < 0.92) {
+      EXPECT_FALSE(control.should_stop) << loss;
+    }
+  }
+  EXPECT_TRUE(control.should_stop);
+  EarlyStoppingCallback acc("eval_accuracy", true, 1, 0);
+  TrainerControl c2;
+  acc.on_evaluate(state, {{"eval_accuracy", 0.5}}, c2);
+  acc.on_evaluate(state, {{"eval_accuracy", 0.6}}, c2);
+  EXPECT_FALSE(c2.should_stop);
+  EXPECT_THROW(acc.on_evaluate(state, {{"eval_loss", 0.6}}, c2), ConfigError);  // metric not reported
+}
+
+TEST(Trainer, EarlyStoppingEndsARunThatStoppedImprovingOnEveryRank) {
+  auto args = quiet_args(fresh_dir("early"));
+  args.learning_rate = 0;  // nothing improves after the first evaluation
+  args.max_steps = 100;
+  args.per_device_train_batch_size = 8;
+  args.eval_strategy = "steps";
+  args.eval_steps = 2;
+  args.early_stopping_patience = 1;
+  auto train_set = fashion(data::FashionMnist::Split::train, 512);
+  auto eval_set = fashion(data::FashionMnist::Split::test, 64);
+  std::vector<std::int64_t> steps(2);
+  comm::CommOptions options;
+  options.backend = "shm";
+  std::vector<Tiny> nets = {seeded_tiny(), seeded_tiny()};
+  lockstep::testing::run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+    Tiny net = nets[static_cast<std::size_t>(comm.rank())];
+    Trainer trainer(Model::of(net), train_set, eval_set, args, {}, &comm);
+    auto r = trainer.train();
+    EXPECT_TRUE(r.stopped_early);
+    steps[static_cast<std::size_t>(comm.rank())] = r.global_step;
+  });
+  EXPECT_EQ(steps[0], 4);  // evaluated at 2 (best) and 4 (no better): stop
+  EXPECT_EQ(steps[1], 4);
+}
+
+TEST(Trainer, ConfigurationErrorsAreReportedBeforeTraining) {
+  auto train_set = fashion(data::FashionMnist::Split::train, 64);
+  comm::CommOptions options;
+  lockstep::testing::run_ranks_as_threads(1, options, [&](comm::Communicator& comm) {
+    auto args = quiet_args(fresh_dir("config"));
+    args.eval_strategy = "epoch";
+    Tiny net = seeded_tiny();
+    try {
+      Trainer t(Model::of(net), train_set, nullptr, args, {}, &comm);
+      ADD_FAILURE() << "no error for an eval strategy without an eval dataset";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("eval dataset"), std::string::npos) << e.what();
+    }
+    args = quiet_args(fresh_dir("config"));
+    args.per_device_train_batch_size = 0;
+    EXPECT_THROW(Trainer(Model::of(net), train_set, nullptr, args, {}, &comm), ConfigError);
+  });
+}
+
+TEST(Checkpoint, AModuleLoadsOnlyIntoTheSameShapesAndSaysWhichParameterDiffers) {
+  std::string dir = fresh_dir("module");
+  Tiny saved = seeded_tiny(16);
+  save_module(*saved, dir + "/model.pt");
+  Tiny same(16);
+  load_module(*same, dir + "/model.pt");
+  EXPECT_EQ(max_difference(snapshot(*same), snapshot(*saved)), 0.0);
+  // torch::load reads the same file: no wrapper prefix, plain libtorch format.
+  Tiny plain(16);
+  torch::load(plain, dir + "/model.pt");
+  EXPECT_EQ(max_difference(snapshot(*plain), snapshot(*saved)), 0.0);
+
+  Tiny wider(32);
+  try {
+    load_module(*wider, dir + "/model.pt");
+    ADD_FAILURE() << "a checkpoint of another shape loaded";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'fc1.weight' is float32[32, 784] in the model but float32[16, 784] in the checkpoint"),
+              std::string::npos)
+        << m;
+  }
+  auto other = std::make_shared<torch::nn::Module>();
+  other->register_module("fc1", torch::nn::Linear(784, 16));
+  other->register_module("head", torch::nn::Linear(16, 10));
+  try {
+    load_module(*other, dir + "/model.pt");
+    ADD_FAILURE() << "a checkpoint with other layer names loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'head'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_module(*same, dir + "/missing.pt"), ConfigError);
+}
+
+TEST(Checkpoint, RotationKeepsTheLatestAndTheBestAndIgnoresPartialDirectories) {
+  std::string dir = fresh_dir("rotation");
+  for (int step : {10, 20, 30, 40, 50}) {
+    fs::create_directories(dir + "/checkpoint-" + std::to_string(step));
+    std::ofstream(dir + "/checkpoint-" + std::to_string(step) + "/trainer_state.json") << "{}";
+  }
+  fs::create_directories(dir + "/checkpoint-60");         // no trainer_state.json: incomplete
+  fs::create_directories(dir + "/.tmp-checkpoint-70-1");  // a save that was killed
+  EXPECT_EQ(latest_checkpoint(dir), dir + "/checkpoint-50");
+  auto deleted = rotate_checkpoints(dir, 2, {dir + "/checkpoint-50", dir + "/checkpoint-20"});
+  EXPECT_EQ(deleted.size(), 3u);
+  auto left = list_checkpoints(dir);
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(fs::path(left[0]).filename(), "checkpoint-20");
+  EXPECT_EQ(fs::path(left[1]).filename(), "checkpoint-50");
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint-123"), 123);
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint-12a"), -1);
+}
+
+// ----- whole runs of the example under the launcher -----------------------------------------
+
+namespace {
+
+std::vector<std::string> launch(int nproc, std::vector<std::string> flags,
+                                std::vector<std::string> launcher_flags = {}) {
+  std::vector<std::string> argv = {LOCKSTEP_BINARY, "run", "--nproc-per-node", std::to_string(nproc)};
+  argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
+  argv.push_back(FASHION_MNIST);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Every tensor of two torch archives (nested per submodule), compared bitwise.
+void expect_archives_equal(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b,
+                           const std::string& at) {
+  auto keys = a.keys();
+  ASSERT_EQ(keys, b.keys()) << at;
+  for (const auto& k : keys) {
+    torch::Tensor ta, tb;
+    if (a.try_read(k, ta) && b.try_read(k, tb)) {
+      EXPECT_TRUE(torch::equal(ta, tb)) << at << k << " differs";
+      continue;
+    }
+    torch::serialize::InputArchive ca, cb;
+    ASSERT_TRUE(a.try_read(k, ca) && b.try_read(k, cb)) << at << k << " is neither a tensor nor a submodule";
+    expect_archives_equal(ca, cb, at + k + ".");
+  }
+}
+
+void expect_modules_equal(const std::string& a, const std::string& b) {
+  torch::serialize::InputArchive x, y;
+  x.load_from(a);
+  y.load_from(b);
+  expect_archives_equal(x, y, "");
+}
+
+void collect_tensors(torch::serialize::InputArchive& a, std::vector<torch::Tensor>& out) {
+  for (const auto& k : a.keys()) {
+    torch::Tensor t;
+    torch::serialize::InputArchive child;
+    if (a.try_read(k, t)) {
+      out.push_back(t);
+    } else if (a.try_read(k, child)) {
+      collect_tensors(child, out);
+    }
+  }
+}
+
+// libtorch keys optimiser state by each parameter's address in the process that saved it, so
+// two processes' files differ in keys: compare the state tensors themselves, as a multiset.
+void expect_optimizer_states_equal(const std::string& a, const std::string& b) {
+  torch::serialize::InputArchive x, y;
+  x.load_from(a);
+  y.load_from(b);
+  std::vector<torch::Tensor> ta, tb;
+  collect_tensors(x, ta);
+  collect_tensors(y, tb);
+  ASSERT_EQ(ta.size(), tb.size());
+  ASSERT_GT(ta.size(), 0u);
+  std::vector<bool> used(tb.size(), false);
+  for (const auto& t : ta) {
+    bool found = false;
+    for (std::size_t j = 0; j < tb.size() && !found; ++j) {
+      if (!used[j] && t.sizes() == tb[j].sizes() && t.scalar_type() == tb[j].scalar_type() &&
+          torch::equal(t, tb[j]))
+        used[j] = found = true;
+    }
+    EXPECT_TRUE(found) << "an optimiser state tensor of shape " << t.sizes() << " has no bitwise equal in "
+                       << b;
+  }
+}
+
+const std::vector<std::string> kShortRun = {
+    "--train-limit",   "640", "--eval-limit", "200", "--per-device-train-batch-size", "16", "--disable-tqdm",
+    "--eval-strategy", "no"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST(TrainerRuns, AShortRunOnTwoWorkersLowersTheLoss) {
+  std::string out = fresh_dir("short");
+  lockstep::testing::Process run(
+      launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "40", "--logging-steps", "5",
+                                 "--save-strategy", "no", "--trace", "--output-dir", out})));
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  EXPECT_NE(run.output().find("2 workers x 16 per device x 1 accumulation = 32 samples per step"),
+            std::string::npos)
+      << run.output();
+  auto log = read_jsonl(out + "/metrics.jsonl");
+  ASSERT_GE(log.size(), 8u);
+  EXPECT_EQ(log.front()["world_size"].get<int>(), 2);
+  EXPECT_LT(log.back()["loss"].get<double>(), 0.7 * log.front()["loss"].get<double>());
+  for (const char* key : {"samples_per_second", "exposed_comm_fraction", "learning_rate", "forward_seconds",
+                          "backward_seconds", "optimizer_seconds", "data_seconds"})
+    EXPECT_TRUE(log.back().contains(key)) << key;
+  EXPECT_TRUE(list_checkpoints(out).empty());  // --save-strategy no
+
+  // --trace: one Chrome trace per rank, valid JSON, with every phase of a step.
+  for (int rank : {0, 1}) {
+    std::ifstream in(out + "/trace/rank_" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "no trace for rank " << rank;
+    nlohmann::json trace = nlohmann::json::parse(in);
+    std::map<std::string, int> count;
+    for (const auto& e : trace) {
+      count[e["name"].get<std::string>()] += 1;
+      if (e["ph"] == "X") {
+        EXPECT_GE(e["dur"].get<double>(), 0);
+      }
+      EXPECT_EQ(e["pid"].get<int>(), rank);
+    }
+    EXPECT_EQ(count["forward"], 40);
+    EXPECT_EQ(count["backward + all-reduce"], 40);
+    EXPECT_EQ(count["optimizer"], 40);
+    EXPECT_EQ(count["data wait"], 40);
+    EXPECT_GE(count["all-reduce"], 40);  // at least one bucket per step, on the comm track
+  }
+}
+
+TEST(TrainerRuns, Bf16AutocastAndGradientAccumulationTrain) {
+  std::string out = fresh_dir("bf16");
+  lockstep::testing::Process run(
+      launch(2, with(kShortRun, {"--model", "cnn", "--max-steps", "16", "--logging-steps", "4", "--bf16",
+                                 "--gradient-accumulation-steps", "2", "--per-device-train-batch-size", "8",
+                                 "--save-strategy", "no", "--output-dir", out})));
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  EXPECT_NE(run.output().find("2 workers x 8 per device x 2 accumulation = 32 samples per step"),
+            std::string::npos)
+      << run.output();
+  auto log = read_jsonl(out + "/metrics.jsonl");
+  ASSERT_EQ(log.size(), 4u);
+  EXPECT_LT(log.back()["loss"].get<double>(), log.front()["loss"].get<double>());
+}
+
+TEST(TrainerRuns, AKilledAndRestartedRunEndsBitwiseEqualToAnUninterruptedOne) {
+  // 640 samples, 2 workers x 16: 20 steps per epoch. Checkpoint 13 is mid-epoch; step 30 is in
+  // the second epoch. The CNN has BatchNorm buffers; cosine schedule with warm-up; AdamW.
+  const std::vector<std::string> flags =
+      with(kShortRun, {"--model", "cnn", "--max-steps", "30", "--save-strategy", "steps", "--save-steps",
+                       "13", "--warmup-steps", "3", "--lr-scheduler-type", "cosine",
+                       "--dataloader-num-workers", "2", "--logging-steps", "10"});
+  std::string straight = fresh_dir("straight"), killed = fresh_dir("killed");
+  lockstep::testing::Process a(launch(2, with(flags, {"--output-dir", straight})));
+  ASSERT_EQ(a.wait(240), 0) << a.output();
+  lockstep::testing::Process b(launch(2, with(flags, {"--output-dir", killed}), {"--max-restarts", "1"}),
+                               {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:17:1"}});
+  ASSERT_EQ(b.wait(240), 0) << b.output();
+  EXPECT_NE(b.output().find("SIGKILL"), std::string::npos) << b.output();  // rank 1 really died
+  EXPECT_NE(b.output().find("resumed from " + killed + "/checkpoint-13 at step 13"), std::string::npos)
+      << b.output();
+  ASSERT_TRUE(fs::exists(straight + "/checkpoint-30/model.pt"));
+  ASSERT_TRUE(fs::exists(killed + "/checkpoint-30/model.pt"));
+  expect_modules_equal(straight + "/checkpoint-30/model.pt", killed + "/checkpoint-30/model.pt");
+  expect_optimizer_states_equal(straight + "/checkpoint-30/optimizer.pt",
+                                killed + "/checkpoint-30/optimizer.pt");
+
+  // The checkpoint loads into a plain model in one process; another model is refused by name.
+  lockstep::testing::Process eval({FASHION_MNIST, "evaluate", "--model", "cnn", "--checkpoint",
+                                   killed + "/checkpoint-30", "--eval-limit", "200"});
+  EXPECT_EQ(eval.wait(60), 0) << eval.output();
+  EXPECT_NE(eval.output().find("test accuracy"), std::string::npos) << eval.output();
+  lockstep::testing::Process wrong(
+      {FASHION_MNIST, "evaluate", "--model", "mlp", "--checkpoint", killed + "/checkpoint-30"});
+  EXPECT_EQ(wrong.wait(60), 2) << wrong.output();
+  EXPECT_NE(
+      wrong.output().find("parameter 'fc1.weight' is float32[512, 784] in the model but float32[128, 1568]"),
+      std::string::npos)
+      << wrong.output();
+}
+
+TEST(TrainerRuns, AKillDuringASaveLeavesThePreviousCheckpointUsable) {
+  std::string out = fresh_dir("killsave");
+  const std::vector<std::string> flags =
+      with(kShortRun, {"--model", "mlp", "--max-steps", "12", "--save-strategy", "steps", "--save-steps", "5",
+                       "--output-dir", out});
+  lockstep::testing::Process a(launch(2, flags), {{"LOCKSTEP_FAULT_INJECT", "kill-during-save:10"}});
+  EXPECT_EQ(a.wait(180), 128 + 9) << a.output();
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-5/trainer_state.json"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-10"));
+  bool partial = false;
+  for (const auto& e : fs::directory_iterator(out))
+    partial |= e.path().filename().string().rfind(".tmp-checkpoint-10-", 0) == 0;
+  EXPECT_TRUE(partial) << "the kill did not happen inside the save";
+  EXPECT_EQ(latest_checkpoint(out), out + "/checkpoint-5");
+
+  lockstep::testing::Process eval({FASHION_MNIST, "evaluate", "--model", "mlp", "--checkpoint",
+                                   out + "/checkpoint-5", "--eval-limit", "100"});
+  EXPECT_EQ(eval.wait(60), 0) << eval.output();
+
+  lockstep::testing::Process resume(launch(2, with(flags, {"--resume-from-checkpoint", "latest"})));
+  ASSERT_EQ(resume.wait(180), 0) << resume.output();
+  EXPECT_NE(resume.output().find("resumed from " + out + "/checkpoint-5 at step 5"), std::string::npos)
+      << resume.output();
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-12/trainer_state.json"));
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path() << " left behind";
+}
+
+TEST(TrainerRuns, RotationKeepsTheLatestAndTheBestCheckpoint) {
+  std::string out = fresh_dir("rotate");
+  lockstep::testing::Process run(
+      launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "16", "--save-strategy", "steps",
+                                 "--save-steps", "4", "--save-total-limit", "1", "--eval-strategy", "steps",
+                                 "--eval-steps", "4", "--output-dir", out})));
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  auto left = list_checkpoints(out);
+  ASSERT_GE(left.size(), 1u);
+  ASSERT_LE(left.size(), 2u);
+  EXPECT_EQ(left.back(), out + "/checkpoint-16");
+  nlohmann::json state = nlohmann::json::parse(std::ifstream(out + "/checkpoint-16/trainer_state.json"));
+  std::string best = state["best_checkpoint"].get<std::string>();
+  ASSERT_FALSE(best.empty());
+  EXPECT_TRUE(fs::exists(out + "/" + best + "/model.pt")) << best << " was deleted";
+  int evals = 0;
+  for (const auto& e : read_jsonl(out + "/metrics.jsonl")) evals += e.contains("eval_loss") ? 1 : 0;
+  EXPECT_EQ(evals, 4);
+}
