@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
@@ -59,15 +60,52 @@ struct CnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(Cnn);
 
+// 784-2048-2048-2048-10 (12.6 M parameters, 50 MB of gradients per step): communication weighs
+// much more than in the other two, which is what `lockstep doctor` demonstrations need.
+struct WideImpl : torch::nn::Module {
+  WideImpl() {
+    int in = 784;
+    for (int i = 0; i < 3; ++i, in = 2048)
+      layers.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(in, 2048)));
+    head = register_module("head", torch::nn::Linear(2048, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = x.flatten(1);
+    for (auto& l : layers) h = torch::relu(l(h));
+    return head(h);
+  }
+  std::vector<torch::nn::Linear> layers;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Wide);
+
 static Model make_model(const std::string& name) {
   if (name == "mlp") return Model::of(Mlp());
   if (name == "cnn") return Model::of(Cnn());
-  throw lockstep::ConfigError("--model must be mlp or cnn (got '" + name + "')");
+  if (name == "wide") return Model::of(Wide());
+  throw lockstep::ConfigError("--model must be mlp, cnn or wide (got '" + name + "')");
 }
+
+// A dataset that takes `delay` longer per batch than it needs: starves the workers on purpose.
+class SlowDataset : public Dataset {
+ public:
+  SlowDataset(std::shared_ptr<const Dataset> inner, int delay_ms)
+      : inner_(std::move(inner)), delay_ms_(delay_ms) {}
+  std::size_t size() const override { return inner_->size(); }
+  Batch get(const std::vector<std::size_t>& indices) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));  // simulated slow storage or decoding
+    return inner_->get(indices);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  int delay_ms_;
+};
 
 static int train(int argc, const char* const* argv) {
   std::string model_name = "cnn", data_dir = lockstep::data::kFashionMnistDir;
   std::size_t train_limit = 0, eval_limit = 0;
+  int data_delay_ms = 0;
   TrainingArguments defaults;  // what works for this job; every flag overrides
   defaults.output_dir = "runs/fashion_mnist";
   defaults.num_train_epochs = 5;
@@ -80,7 +118,9 @@ static int train(int argc, const char* const* argv) {
   TrainingArguments args = parse_arguments(
       argc, argv,
       [&](CLI::App& app) {
-        app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+        app.add_option("--model", model_name, "mlp | cnn | wide")->capture_default_str();
+        app.add_option("--data-delay-ms", data_delay_ms,
+                       "make every training batch this much slower to load (demo)");
         app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")
             ->capture_default_str();
         app.add_option("--train-limit", train_limit, "use only the first N training images (0: all)");
@@ -89,7 +129,9 @@ static int train(int argc, const char* const* argv) {
       "fashion_mnist train: a classifier on Fashion-MNIST with the lockstep Trainer", defaults);
   set_seed(args.seed);  // the same initial weights on every rank and every run
   Model model = make_model(model_name);
-  auto train_set = std::make_shared<FashionMnistDataset>(FashionMnist::Split::train, data_dir, train_limit);
+  std::shared_ptr<const Dataset> train_set =
+      std::make_shared<FashionMnistDataset>(FashionMnist::Split::train, data_dir, train_limit);
+  if (data_delay_ms > 0) train_set = std::make_shared<SlowDataset>(train_set, data_delay_ms);
   auto test_set = std::make_shared<FashionMnistDataset>(FashionMnist::Split::test, data_dir, eval_limit);
   Trainer trainer(model, train_set, test_set, args);
   TrainResult result = trainer.train();
@@ -127,7 +169,7 @@ static int evaluate(int argc, const char* const* argv) {
   CLI::App app{"fashion_mnist evaluate: test accuracy of a checkpoint, in one process"};
   std::string model_name = "cnn", checkpoint, data_dir = lockstep::data::kFashionMnistDir;
   std::size_t limit = 0;
-  app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+  app.add_option("--model", model_name, "mlp | cnn | wide")->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--eval-limit", limit, "use only the first N test images (0: all)");
@@ -156,7 +198,7 @@ static int predict(int argc, const char* const* argv) {
   CLI::App app{"fashion_mnist predict: classify test images with a checkpoint"};
   std::string model_name = "cnn", checkpoint, data_dir = lockstep::data::kFashionMnistDir;
   std::vector<std::size_t> indices = {0, 1, 2, 3, 4};
-  app.add_option("--model", model_name, "mlp | cnn")->capture_default_str();
+  app.add_option("--model", model_name, "mlp | cnn | wide")->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--index", indices, "test images to classify")->capture_default_str();

@@ -3,6 +3,7 @@
 //   lockstep run [options] PROGRAM [ARGS...]   the launcher (torchrun's flags)
 //   lockstep demo                               all-reduce across local processes, checked
 //   lockstep bench allreduce                    the nccl-tests style sweep for one backend
+//   lockstep doctor [-- PROGRAM ARGS...]         why N workers are or are not N times faster
 //
 // demo and bench run as one rank when started inside a job (RANK or OMPI_COMM_WORLD_RANK set,
 // as under lockstep run or mpirun), and otherwise launch --nproc copies of themselves.
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench_allreduce.h"
+#include "doctor.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
 #include "lockstep/launch/launcher.h"
@@ -132,6 +134,26 @@ int main(int argc, char** argv) {
   ar->add_flag("--json", bo.json, "print JSON instead of the table");
   ar->add_option("--shm-slot-bytes", bo.shm_slot_bytes, "shm staging bytes per rank (0: default 1 MiB)");
 
+  tools::DoctorOptions doc;
+  auto* doctor = app.add_subcommand(
+      "doctor",
+      "Measure a Trainer program with 1 and N workers and explain the difference (recommendations)");
+  doctor->prefix_command();
+  doctor->add_option("--nproc-per-node", doc.nproc, "workers in the N-worker run")
+      ->check(CLI::Range(2, 256))
+      ->capture_default_str();
+  doctor->add_option("--steps", doc.steps, "optimiser steps per run")->capture_default_str();
+  doctor->add_option("--window", doc.window, "steps per measured window (the first window is warm-up)")
+      ->capture_default_str();
+  doctor->add_option("--backend", doc.backend, "shm | gloo | mpi | auto")->capture_default_str();
+  doctor->add_option("--output-dir", doc.output_dir,
+                     "where the runs and doctor.json go (default: a new /tmp dir)");
+  std::vector<std::string> doctor_program;
+  doctor->add_option(
+      "program", doctor_program,
+      "-- PROGRAM ARGS: a program that trains with lockstep::train::Trainer (default: the Fashion-MNIST "
+      "example's CNN)");
+
   launch::LaunchOptions lo;
   std::string nproc_text = "1";
   bool standalone = false;
@@ -203,6 +225,16 @@ int main(int argc, char** argv) {
         }
       }
       return launch::run_job(lo);
+    }
+    if (doctor->parsed()) {
+      if (inside_job())
+        throw ConfigError(
+            "lockstep doctor starts its own runs: call it directly, not under lockstep run "
+            "(lockstep doctor --nproc-per-node N -- PROGRAM ARGS)");
+      doc.program = doctor_program;
+      for (const auto& a : doctor->remaining())
+        if (a != "--") doc.program.push_back(a);
+      return tools::run_doctor(doc);
     }
     if (demo->parsed()) {
       if (inside_job()) return demo_worker(backend, count);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "../ddp/signature.h"
 #include "lockstep/data/evaluation.h"
@@ -177,6 +178,7 @@ struct Window {
   double samples = 0, loss_sum = 0, loss_count = 0;
   double data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0, total = 0;
   double grad_norm = 0;
+  double bytes = 0, buckets = 0;  // all-reduced per rank (every rank sends the same)
   Clock::time_point begin = Clock::now();
 };
 
@@ -582,6 +584,26 @@ struct Trainer::Impl {
         static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
         args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
     say(head);
+    std::int64_t parameter_count = 0;
+    for (const auto& p : model.module->parameters()) parameter_count += p.numel();
+    if (rank() == 0 && metrics.is_open()) {
+      // What the numbers that follow were measured with (lockstep doctor reads it).
+      nlohmann::json begin = {{"event", "train_begin"},
+                              {"world_size", world()},
+                              {"per_device_train_batch_size", args.per_device_train_batch_size},
+                              {"gradient_accumulation_steps", args.gradient_accumulation_steps},
+                              {"dataloader_num_workers", args.dataloader_num_workers},
+                              {"intra_op_threads", at::get_num_threads()},
+                              {"cores", static_cast<int>(std::thread::hardware_concurrency())},
+                              {"backend", comm->backend_name()},
+                              {"ddp_bucket_cap_mb", args.ddp_bucket_cap_mb},
+                              {"ddp_comm_hook", args.ddp_comm_hook},
+                              {"parameters", parameter_count},
+                              {"max_steps", state.max_steps},
+                              {"start_step", state.global_step}};
+      metrics << begin.dump() << "\n";
+      metrics.flush();
+    }
     for (auto& cb : callbacks) cb->on_train_begin(state);
 
     TrainerControl control;
@@ -642,6 +664,8 @@ struct Trainer::Impl {
         const DdpStats& st = reducer->stats();
         exposed = st.exposed_comm_seconds;
         comm_s = st.comm_seconds;
+        window.bytes += static_cast<double>(st.bytes_allreduced);
+        window.buckets += st.bucket_count;
         if (trace)
           for (const auto& b : st.buckets)
             trace->span("all-reduce", 2, b.started, b.finished,
@@ -698,7 +722,9 @@ struct Trainer::Impl {
               {"exposed_comm_seconds", v[5] / w / steps},
               {"comm_seconds", v[6] / w / steps},
               {"optimizer_seconds", v[7] / w / steps},
-              {"exposed_comm_fraction", v[8] > 0 ? v[5] / v[8] : 0.0}};
+              {"exposed_comm_fraction", v[8] > 0 ? v[5] / v[8] : 0.0},
+              {"allreduce_bytes_per_step", window.bytes / steps},
+              {"buckets_per_step", window.buckets / steps}};
           if (args.max_grad_norm > 0) entry["grad_norm"] = window.grad_norm;
           log(entry);
           progress(window, loss, sps, start, first_step);

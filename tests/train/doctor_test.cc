@@ -1,0 +1,176 @@
+// lockstep doctor: the analysis on numbers whose right answer is known, then the whole command
+// on real runs built to have one known problem each (and one with none).
+#include "doctor.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using namespace lockstep::tools;
+
+namespace {
+
+Segment healthy(int world) {
+  Segment s;
+  s.world = world;
+  s.threads = 1;
+  s.cores = 2;
+  s.per_device = 64;
+  s.backend = "shm";
+  s.data = 0.0005;
+  s.forward = 0.020;
+  s.backward = 0.020;
+  s.exposed = world > 1 ? 0.002 : 0;
+  s.comm = world > 1 ? 0.004 : 0;
+  s.optimizer = 0.002;
+  s.step = s.data + s.forward + s.backward + s.exposed + s.optimizer;
+  s.samples_per_second = world * 64 / s.step;
+  s.bytes_per_step = world > 1 ? 1e6 : 0;
+  s.buckets_per_step = 1;
+  return s;
+}
+
+bool has(const std::vector<Finding>& f, const std::string& kind) {
+  for (const auto& x : f)
+    if (x.kind == kind && x.recommendation) return true;
+  return false;
+}
+
+std::string fresh_dir(const std::string& name) {
+  fs::path p =
+      fs::path(::testing::TempDir()) / ("lockstep_doctor_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+}  // namespace
+
+TEST(DoctorAnalysis, AHealthyConfigurationGetsNoRecommendation) {
+  auto f = diagnose(healthy(1), healthy(2), 2.0);
+  for (const auto& x : f) EXPECT_FALSE(x.recommendation) << x.kind << ": " << x.problem;
+  EXPECT_NE(format_report(healthy(1), healthy(2), 2.0, f).find("No problem found"), std::string::npos);
+  EXPECT_GT(scaling_efficiency(healthy(1), healthy(2)), 0.9);
+}
+
+TEST(DoctorAnalysis, ExposedCommunicationAsksForALargerBatchWithAPrediction) {
+  Segment one = healthy(1), many = healthy(2);
+  many.exposed = 0.040;  // as long as the compute
+  many.comm = 0.050;
+  many.step += 0.038;
+  many.samples_per_second = 2 * 64 / many.step;
+  many.bytes_per_step = 50e6;
+  auto f = diagnose(one, many, 0.5);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f.front().kind, "batch");
+  EXPECT_NE(f.front().action.find("--gradient-accumulation-steps"), std::string::npos) << f.front().action;
+  EXPECT_NE(f.front().predicted.find("scaling efficiency"), std::string::npos);
+  // 1 GB/s inside training against 0.5 in the bench: bandwidth-bound, so compression is offered.
+  EXPECT_TRUE(has(f, "compression"));
+}
+
+TEST(DoctorAnalysis, SlowAllReducesInsideTrainingBlameSchedulingNotTheTransport) {
+  Segment one = healthy(1), many = healthy(2);
+  many.exposed = 0.030;
+  many.comm = 0.100;  // 10 MB in 100 ms: 0.1 GB/s
+  many.bytes_per_step = 10e6;
+  many.step += 0.028;
+  auto f = diagnose(one, many, 2.0);  // the bench moves 2 GB/s
+  bool scheduling = false;
+  for (const auto& x : f) scheduling |= x.kind == "scheduling";
+  EXPECT_TRUE(scheduling);
+  EXPECT_FALSE(has(f, "compression"));
+}
+
+TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
+  Segment one = healthy(1), many = healthy(2);
+  many.threads = 2;  // 2 x 2 on 2 cores
+  auto f = diagnose(one, many, 0);
+  ASSERT_TRUE(has(f, "threads"));
+  EXPECT_NE(f.front().action.find("OMP_NUM_THREADS=1"), std::string::npos) << f.front().action;
+
+  many = healthy(2);
+  many.data = 0.030;
+  many.step += 0.030;
+  f = diagnose(one, many, 0);
+  ASSERT_TRUE(has(f, "data"));
+  EXPECT_NE(f.front().action.find("--dataloader-num-workers 1"), std::string::npos) << f.front().action;
+}
+
+// ----- the command, on real runs of the Fashion-MNIST example ---------------------------------
+
+namespace {
+
+struct DoctorRun {
+  int code;
+  std::string output;
+  nlohmann::json doc;
+};
+
+DoctorRun doctor(const std::string& name, std::vector<std::string> program_flags,
+                 const std::map<std::string, std::string>& env = {}) {
+  std::string out = fresh_dir(name);
+  std::vector<std::string> argv = {
+      LOCKSTEP_BINARY, "doctor", "--steps", "24",          "--window",      "8",
+      "--output-dir",  out,      "--",      FASHION_MNIST, "--train-limit", "8192"};
+  argv.insert(argv.end(), program_flags.begin(), program_flags.end());
+  lockstep::testing::Process p(argv, env);
+  DoctorRun r;
+  r.code = p.wait(300);
+  r.output = p.output();
+  std::ifstream in(out + "/doctor.json");
+  if (in) r.doc = nlohmann::json::parse(in);
+  return r;
+}
+
+std::string first_recommendation(const nlohmann::json& doc) {
+  for (const auto& f : doc["findings"])
+    if (f["recommendation"].get<bool>()) return f["kind"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+TEST(Doctor, AWideModelWithATinyBatchIsToldToAccumulate) {
+  auto r = doctor("wide", {"--model", "wide", "--per-device-train-batch-size", "4", "--optim", "sgd"},
+                  {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "batch") << r.output;
+  EXPECT_NE(r.output.find("--gradient-accumulation-steps"), std::string::npos) << r.output;
+  EXPECT_GT(r.doc["many"]["allreduce_bytes_per_step"].get<double>(), 40e6);  // 12.6 M float gradients
+  EXPECT_GT(r.doc["bench_gbps"].get<double>(), 0) << r.output;
+}
+
+TEST(Doctor, OversubscribedThreadsAreToldToUseFewer) {
+  auto r = doctor("threads", {"--model", "cnn"}, {{"OMP_NUM_THREADS", "2"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.doc["many"]["intra_op_threads"].get<int>(), 2);
+  EXPECT_EQ(first_recommendation(r.doc), "threads") << r.output;
+  EXPECT_NE(r.output.find("OMP_NUM_THREADS=1"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, ASlowDatasetPointsAtDataLoading) {
+  auto r = doctor("data", {"--model", "cnn", "--data-delay-ms", "60"}, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "data") << r.output;
+  EXPECT_NE(r.output.find("--dataloader-num-workers"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, AHealthyConfigurationIsNotGivenAnInventedProblem) {
+  auto r = doctor("healthy", {"--model", "cnn"}, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "") << r.output;
+  EXPECT_NE(r.output.find("No problem found"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("scaling efficiency"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {
+  lockstep::testing::Process p(
+      {LOCKSTEP_BINARY, "doctor", "--output-dir", fresh_dir("bad"), "--", "/bin/true"});
+  EXPECT_NE(p.wait(60), 0);
+  EXPECT_NE(p.output().find("did not run the lockstep Trainer"), std::string::npos) << p.output();
+}
