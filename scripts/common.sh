@@ -12,13 +12,15 @@ LOCKSTEP_PACKAGES=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch dataset-fashion-mnist
-  libtorch-dev libopenblas0-pthread libyaml-cpp-dev
+  libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
-# the real data the data layer's tests read. libyaml-cpp-dev reads the Trainer's --config files. libtorch-dev is the C++ frontend the ddp and train
-# layers build on; Debian's libtorch multiplies matrices through libblas.so.3, which is the slow
-# reference BLAS until an OpenBLAS package (libopenblas0-pthread) takes over that alternative.
+# the real data the data layer's tests and the demo read. libtorch-dev is the C++ frontend the
+# ddp and train layers build on; Debian's libtorch multiplies matrices through libblas.so.3,
+# which is the slow reference BLAS until an OpenBLAS package (libopenblas0-pthread) takes over
+# that alternative. libyaml-cpp-dev reads the Trainer's --config files; chromium (headless)
+# renders `lockstep report` pages in the tests.
 
 install_missing_packages() {
   local missing=()

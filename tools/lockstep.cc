@@ -4,6 +4,7 @@
 //   lockstep demo                               all-reduce across local processes, checked
 //   lockstep bench allreduce                    the nccl-tests style sweep for one backend
 //   lockstep doctor [-- PROGRAM ARGS...]         why N workers are or are not N times faster
+//   lockstep report RUN_DIR                      one self-contained HTML page for a run
 //
 // demo and bench run as one rank when started inside a job (RANK or OMPI_COMM_WORLD_RANK set,
 // as under lockstep run or mpirun), and otherwise launch --nproc copies of themselves.
@@ -22,6 +23,7 @@
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
 #include "lockstep/launch/launcher.h"
+#include "report.h"
 
 namespace {
 
@@ -154,6 +156,13 @@ int main(int argc, char** argv) {
       "-- PROGRAM ARGS: a program that trains with lockstep::train::Trainer (default: the Fashion-MNIST "
       "example's CNN)");
 
+  std::string report_dir, report_out, report_doctor;
+  auto* report = app.add_subcommand("report", "Write one self-contained HTML page for a Trainer run");
+  report->add_option("run_dir", report_dir, "the run's --output-dir (holds metrics.jsonl)")->required();
+  report->add_option("-o,--output", report_out, "the HTML file (default: RUN_DIR/report.html)");
+  report->add_option("--doctor", report_doctor,
+                     "a doctor.json to include (default: RUN_DIR/doctor.json if any)");
+
   launch::LaunchOptions lo;
   std::string nproc_text = "1";
   bool standalone = false;
@@ -235,6 +244,10 @@ int main(int argc, char** argv) {
       for (const auto& a : doctor->remaining())
         if (a != "--") doc.program.push_back(a);
       return tools::run_doctor(doc);
+    }
+    if (report->parsed()) {
+      std::printf("%s\n", tools::write_report(report_dir, report_out, report_doctor).c_str());
+      return 0;
     }
     if (demo->parsed()) {
       if (inside_job()) return demo_worker(backend, count);

@@ -736,6 +736,7 @@ struct Trainer::Impl {
         }
         run_samples += static_cast<double>(step_samples) * world();
 
+        const auto pause_begin = Clock::now();  // evaluation and saving do not count as training time
         if ((args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
             (args.eval_strategy == "epoch" && epoch_done)) {
           evaluate_during_training(control);
@@ -751,6 +752,7 @@ struct Trainer::Impl {
           save(saved_position);
           last_saved = state.global_step;
         }
+        window.begin += Clock::now() - pause_begin;
         for (auto& cb : callbacks) cb->on_step_end(state, control);
         if (fault_requested("kill-after-step", state.global_step, rank())) std::raise(SIGKILL);
         if (trace) trace->flush();

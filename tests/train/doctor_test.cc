@@ -174,3 +174,126 @@ TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {
   EXPECT_NE(p.wait(60), 0);
   EXPECT_NE(p.output().find("did not run the lockstep Trainer"), std::string::npos) << p.output();
 }
+
+// ----- lockstep report ---------------------------------------------------------------------
+
+namespace {
+
+std::string cell_after(const std::string& html, const std::string& row_marker, int column) {
+  auto at = html.find(row_marker);
+  if (at == std::string::npos) return "(no row " + row_marker + ")";
+  for (int c = 0; c <= column; ++c) {
+    at = html.find("<td>", at);
+    if (at == std::string::npos) return "(no cell)";
+    at += 4;
+  }
+  return html.substr(at, html.find("</td>", at) - at);
+}
+
+std::string printed(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// Width and height from a PNG's IHDR chunk; {0, 0} when it is not a PNG.
+std::pair<int, int> png_size(const std::string& bytes) {
+  if (bytes.size() < 24 || bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0) return {0, 0};
+  auto be = [&](std::size_t i) {
+    return (static_cast<unsigned char>(bytes[i]) << 24) | (static_cast<unsigned char>(bytes[i + 1]) << 16) |
+           (static_cast<unsigned char>(bytes[i + 2]) << 8) | static_cast<unsigned char>(bytes[i + 3]);
+  };
+  return {static_cast<int>(be(16)), static_cast<int>(be(20))};
+}
+
+std::string screenshot(const std::string& html_path, const std::string& png_path) {
+  lockstep::testing::Process c(
+      {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+       "--window-size=1200,2400", "--screenshot=" + png_path, "file://" + html_path},
+      {{"HOME", ::testing::TempDir()}});
+  EXPECT_EQ(c.wait(120), 0) << c.output();
+  return lockstep::testing::read_file(png_path);
+}
+
+}  // namespace
+
+TEST(Report, APageWithTheRunsNumbersThatRendersInABrowser) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "the report test needs Debian's chromium (./scripts/test installs it)";
+  std::string out = fresh_dir("report");
+  lockstep::testing::Process run({LOCKSTEP_BINARY,
+                                  "run",
+                                  "--nproc-per-node",
+                                  "2",
+                                  FASHION_MNIST,
+                                  "--model",
+                                  "mlp",
+                                  "--train-limit",
+                                  "2048",
+                                  "--eval-limit",
+                                  "500",
+                                  "--max-steps",
+                                  "30",
+                                  "--logging-steps",
+                                  "5",
+                                  "--eval-strategy",
+                                  "steps",
+                                  "--eval-steps",
+                                  "15",
+                                  "--save-strategy",
+                                  "no",
+                                  "--trace",
+                                  "--disable-tqdm",
+                                  "--output-dir",
+                                  out});
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  lockstep::testing::Process report({LOCKSTEP_BINARY, "report", out});
+  ASSERT_EQ(report.wait(60), 0) << report.output();
+  const std::string html = lockstep::testing::read_file(out + "/report.html");
+
+  // The numbers on the page are the ones in metrics.jsonl.
+  int logs = 0, evals = 0;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto e = nlohmann::json::parse(line);
+    if (e.contains("eval_loss")) {
+      std::string row = "data-eval-step='" + std::to_string(e["step"].get<int>()) + "'";
+      EXPECT_EQ(cell_after(html, row, 1), printed("%.4f", e["eval_loss"].get<double>()));
+      EXPECT_EQ(cell_after(html, row, 2), printed("%.4f", e["eval_accuracy"].get<double>()));
+      ++evals;
+    } else if (e.contains("loss")) {
+      std::string row = "data-step='" + std::to_string(e["step"].get<int>()) + "'";
+      EXPECT_EQ(cell_after(html, row, 2), printed("%.4f", e["loss"].get<double>())) << row;
+      EXPECT_EQ(cell_after(html, row, 4), printed("%.0f", e["samples_per_second"].get<double>())) << row;
+      EXPECT_EQ(cell_after(html, row, 5), printed("%.1f", 100 * e["exposed_comm_fraction"].get<double>()))
+          << row;
+      ++logs;
+    }
+  }
+  EXPECT_EQ(logs, 6);
+  EXPECT_EQ(evals, 2);
+  EXPECT_NE(html.find("id='sum-steps'>30<"), std::string::npos);
+  for (int rank : {0, 1}) {  // the per-rank breakdown came from both traces
+    EXPECT_EQ(cell_after(html, "data-rank='" + std::to_string(rank) + "'", 1), "30") << rank;
+  }
+  // Self-contained: no scripts, no external resources.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href="), std::string::npos);
+  EXPECT_GE(lockstep::testing::count_of(html, "<svg"), 5u);  // the charts are inline SVG
+
+  // It renders: a real browser draws a 1200x2400 page with far more on it than a blank one.
+  const std::string blank_html = out + "/blank.html";
+  std::ofstream(blank_html) << "<!doctype html><html><body></body></html>\n";
+  const std::string shot = screenshot(out + "/report.html", out + "/report.png");
+  const std::string blank = screenshot(blank_html, out + "/blank.png");
+  EXPECT_EQ(png_size(shot), std::make_pair(1200, 2400));
+  EXPECT_GT(shot.size(), 5 * blank.size())
+      << "report " << shot.size() << " bytes, blank page " << blank.size();
+}
+
+TEST(Report, ADirectoryWithoutMetricsIsAClearError) {
+  lockstep::testing::Process p({LOCKSTEP_BINARY, "report", "/nonexistent/run"});
+  EXPECT_NE(p.wait(30), 0);
+  EXPECT_NE(p.output().find("no metrics.jsonl in /nonexistent/run"), std::string::npos) << p.output();
+}
