@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """DDP training throughput, lockstep against PyTorch, in one run on this machine.
 
-For each model (mlp 784-1024-1024-10, wide 784-2048x3-10), per-worker batch 64, one intra-op
+For each model (mlp 784-1024-1024-10, wide 784-2048x3-10, cnn: the example's CNN), per-worker batch 64, one intra-op
 thread and one BLAS thread per worker, it runs interleaved, --repeat times:
   lockstep 1 process (no DDP)         build/bench/ddp_bench
   lockstep DDP, 2 workers             lockstep run --nproc-per-node 2 ddp_bench

@@ -1,7 +1,7 @@
 // Training throughput of one model on Fashion-MNIST-sized inputs (1x28x28, 10 classes), SGD,
 // with inputs prepared in memory beforehand so only the training step is measured.
 //
-//   ddp_bench --model mlp|wide [--batch 64] [--steps N] [--warmup N] [--threads 1]
+//   ddp_bench --model mlp|wide|cnn [--batch 64] [--steps N] [--warmup N] [--threads 1]
 //             [--bucket-cap-mb 25] [--comm-hook none|fp16|bf16] [--no-sync]
 //
 // Alone, it trains one process without DDP. Under `lockstep run --nproc-per-node N` it wraps
@@ -34,14 +34,29 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(const std::vector<int>& widths) {
+// The benchmark's models: MLPs of the given widths, or (widths empty) the Fashion-MNIST example's
+// CNN: 3x3 convolutions of 16 and 32 channels with batch norm and 2x2 pooling, then 1568-128-10.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(const std::vector<int>& widths) {
+    if (widths.empty()) {
+      conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
+      bn1 = register_module("bn1", torch::nn::BatchNorm2d(16));
+      conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+      bn2 = register_module("bn2", torch::nn::BatchNorm2d(32));
+      layers.push_back(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128)));
+      layers.push_back(register_module("fc2", torch::nn::Linear(128, 10)));
+      return;
+    }
     for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
       layers.push_back(
           register_module("fc" + std::to_string(i + 1), torch::nn::Linear(widths[i], widths[i + 1])));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
+    if (conv1) {
+      x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
+      x = torch::max_pool2d(torch::relu(bn2(conv2(x))), 2);
+    }
     x = x.flatten(1);
     for (std::size_t i = 0; i < layers.size(); ++i) {
       x = layers[i]->forward(x);
@@ -49,14 +64,17 @@ struct MlpImpl : torch::nn::Module {
     }
     return x;
   }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   std::vector<torch::nn::Linear> layers;
 };
 
 std::vector<int> widths_of(const std::string& model) {
   if (model == "mlp") return {784, 1024, 1024, 10};
   if (model == "wide") return {784, 2048, 2048, 2048, 10};
+  if (model == "cnn") return {};
   throw lockstep::ConfigError("unknown --model '" + model +
-                              "': use mlp (784-1024-1024-10) or wide (784-2048x3-10)");
+                              "': use mlp (784-1024-1024-10), wide (784-2048x3-10) or cnn");
 }
 
 }  // namespace
@@ -67,7 +85,7 @@ int main(int argc, char** argv) {
   int batch = 64, steps = 60, warmup = 5, threads = 1;
   double bucket_cap_mb = 25;
   bool no_sync = false, verify = false;
-  app.add_option("--model", model_name, "mlp | wide")->capture_default_str();
+  app.add_option("--model", model_name, "mlp | wide | cnn")->capture_default_str();
   app.add_option("--batch", batch, "samples per worker per step")->capture_default_str();
   app.add_option("--steps", steps, "measured steps")->capture_default_str();
   app.add_option("--warmup", warmup, "unmeasured steps first")->capture_default_str();
@@ -89,9 +107,9 @@ int main(int argc, char** argv) {
   try {
     torch::set_num_threads(threads);
     torch::manual_seed(1);
-    auto model = std::make_shared<MlpImpl>(widths_of(model_name));
+    auto model = std::make_shared<NetImpl>(widths_of(model_name));
     std::optional<lockstep::comm::Job> job;
-    std::optional<lockstep::DistributedDataParallel<MlpImpl>> ddp;
+    std::optional<lockstep::DistributedDataParallel<NetImpl>> ddp;
     int rank = 0, world = 1;
     if (std::getenv("RANK")) {
       lockstep::comm::CommOptions options;

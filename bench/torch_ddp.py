@@ -3,7 +3,7 @@
 python3-torch. Alone it trains one process; under a torchrun-compatible launcher (lockstep run
 or torchrun) it uses torch.nn.parallel.DistributedDataParallel over gloo.
 
-    /usr/bin/python3 bench/torch_ddp.py --model mlp|wide [--batch 64] [--steps N] [--no-sync]
+    /usr/bin/python3 bench/torch_ddp.py --model mlp|wide|cnn [--batch 64] [--steps N] [--no-sync]
 """
 import argparse
 import contextlib
@@ -16,6 +16,11 @@ import torch.distributed as dist
 
 
 def build(model):
+    if model == "cnn":  # the Fashion-MNIST example's CNN, as in ddp_bench
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     widths = {"mlp": [784, 1024, 1024, 10], "wide": [784, 2048, 2048, 2048, 10]}[model]
     layers = [torch.nn.Flatten()]
     for i in range(len(widths) - 1):
