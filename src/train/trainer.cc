@@ -569,7 +569,8 @@ struct Trainer::Impl {
     ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
     ddp.find_unused_parameters = args.ddp_find_unused_parameters;
     ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
-    reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
+    // One worker has nothing to average: no reducer, no copies into buckets.
+    if (world() > 1) reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
     model.module->train();
 
     const std::int64_t effective = static_cast<std::int64_t>(per_step()) * world();
@@ -636,13 +637,15 @@ struct Trainer::Impl {
           auto t1 = Clock::now();
           if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
           const double n = static_cast<double>(batch->target.size(0));
-          reducer->set_sync(m == micro - 1);
-          reducer->before_forward();
+          if (reducer) {
+            reducer->set_sync(m == micro - 1);
+            reducer->before_forward();
+          }
           torch::Tensor loss;
           {
             CpuAutocast autocast(args.bf16);
             torch::Tensor out = model.forward(batch->input);
-            reducer->after_forward(&out);
+            if (reducer) reducer->after_forward(&out);
             loss = loss_fn(out.to(torch::kFloat), batch->target);
           }
           window.loss_sum += loss.item<double>() * n;
@@ -661,15 +664,17 @@ struct Trainer::Impl {
             trace->span(m == micro - 1 ? "backward + all-reduce" : "backward (no_sync)", 1, t2, t3);
           }
         }
-        const DdpStats& st = reducer->stats();
-        exposed = st.exposed_comm_seconds;
-        comm_s = st.comm_seconds;
-        window.bytes += static_cast<double>(st.bytes_allreduced);
-        window.buckets += st.bucket_count;
-        if (trace)
-          for (const auto& b : st.buckets)
-            trace->span("all-reduce", 2, b.started, b.finished,
-                        {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
+        if (reducer) {
+          const DdpStats& st = reducer->stats();
+          exposed = st.exposed_comm_seconds;
+          comm_s = st.comm_seconds;
+          window.bytes += static_cast<double>(st.bytes_allreduced);
+          window.buckets += st.bucket_count;
+          if (trace)
+            for (const auto& b : st.buckets)
+              trace->span("all-reduce", 2, b.started, b.finished,
+                          {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
+        }
 
         auto o0 = Clock::now();
         if (args.max_grad_norm > 0) {

@@ -300,8 +300,12 @@ std::vector<std::string> launch(int nproc, std::vector<std::string> flags,
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "train_begin") continue;  // the run's settings, not a measurement
+    out.push_back(j);
+  }
   return out;
 }
 
