@@ -217,6 +217,11 @@ std::vector<Finding> diagnose(const Segment& one, const Segment& many, double be
   if (many.world > 1 && exposed_share > 0.15) {
     const double per_micro = std::max(step - many.exposed - many.optimizer, 1e-9);
     const double one_micro = std::max(one.step - one.optimizer, 1e-9);
+    // Accumulating k micro-batches per step leaves the per-sample compute of each side and
+    // spreads the per-step costs (exposed all-reduce, optimiser) over k times more samples. The
+    // efficiency tends to one_micro / per_micro; aim for 90% or near that limit, whichever is lower.
+    const double limit = one_micro / per_micro;
+    const double target = std::min(0.9, 0.95 * limit);
     int a = 1;
     double predicted_eff = eff;
     for (int k = 2; k <= 64; k *= 2) {
@@ -224,7 +229,7 @@ std::vector<Finding> diagnose(const Segment& one, const Segment& many, double be
       double t_one = k * one_micro + one.optimizer;
       predicted_eff = t_one / t_many;
       a = k;
-      if (predicted_eff >= 0.9) break;
+      if (predicted_eff >= target) break;
     }
     Finding f;
     f.kind = "batch";
@@ -237,6 +242,9 @@ std::vector<Finding> diagnose(const Segment& one, const Segment& many, double be
                "x larger if memory allows)";
     f.predicted = "scaling efficiency " + pct(eff) + " -> about " + pct(predicted_eff) +
                   " (the all-reduce then costs the same per " + std::to_string(a) + "x more samples)";
+    if (limit < 0.9)
+      f.predicted += "; beyond that, compute that is slower with " + std::to_string(many.world) +
+                     " workers caps it near " + pct(limit);
     f.saving = exposed_share * (1.0 - 1.0 / a);
     out.push_back(f);
 
