@@ -414,6 +414,17 @@ struct Trainer::Impl {
 
   // ----- evaluation ---------------------------------------------------------------------------
 
+  // Batches of `indices` built on --dataloader-num-workers threads.
+  std::unique_ptr<data::DataLoader<Batch>> make_loader(const std::shared_ptr<const Dataset>& ds,
+                                                       const std::vector<std::size_t>& indices,
+                                                       int batch_size) const {
+    data::LoaderOptions lo;
+    lo.batch_size = static_cast<std::size_t>(batch_size);
+    lo.num_workers = args.dataloader_num_workers;
+    return std::make_unique<data::DataLoader<Batch>>(
+        indices, [ds](const std::vector<std::size_t>& idx) { return ds->get(idx); }, lo);
+  }
+
   // Rank 0's buffers (BatchNorm running statistics) to every rank, so every rank evaluates the
   // model a checkpoint holds. Training forwards update each rank's copy on its own data.
   void broadcast_buffers() {
@@ -442,18 +453,13 @@ struct Trainer::Impl {
     auto t0 = Clock::now();
     broadcast_buffers();
     data::DistributedSampler sampler(eval_set->size(), rank(), world(), /*shuffle=*/false);
-    data::LoaderOptions lo;
-    lo.batch_size = static_cast<std::size_t>(args.per_device_eval_batch_size);
-    lo.num_workers = args.dataloader_num_workers;
-    auto ds = eval_set;
-    data::DataLoader<Batch> loader(
-        sampler.indices(), [ds](const auto& idx) { return ds->get(idx); }, lo);
+    auto loader = make_loader(eval_set, sampler.indices(), args.per_device_eval_batch_size);
     bool was_training = model.module->is_training();
     model.module->eval();
     torch::NoGradGuard no_grad;
     data::EvalTotals local;
     std::size_t k = 0;
-    while (auto batch = loader.next()) {
+    while (auto batch = loader->next()) {
       const std::int64_t n = batch->target.size(0);
       std::vector<std::int64_t> real;
       for (std::int64_t i = 0; i < n; ++i)
@@ -618,22 +624,18 @@ struct Trainer::Impl {
     while (state.global_step < state.max_steps && !control.should_stop) {
       if (!resumed_mid_epoch) sampler.set_epoch(state.epoch);
       resumed_mid_epoch = false;
-      data::LoaderOptions lo;
-      lo.batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
-      lo.num_workers = args.dataloader_num_workers;
-      auto ds = train_set;
-      data::DataLoader<Batch> loader(
-          sampler.remaining(), [ds](const auto& idx) { return ds->get(idx); }, lo);
+      auto loader = make_loader(train_set, sampler.remaining(), args.per_device_train_batch_size);
+      const std::size_t batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
       std::size_t position = sampler.state().position;
 
       while (state.global_step < state.max_steps && !control.should_stop && position < num_samples) {
         const auto step_begin = Clock::now();
         const std::size_t step_samples = std::min(per_step(), num_samples - position);
-        const int micro = static_cast<int>((step_samples + lo.batch_size - 1) / lo.batch_size);
+        const int micro = static_cast<int>((step_samples + batch_size - 1) / batch_size);
         double fwd = 0, bwd = 0, data_wait = 0, exposed = 0, comm_s = 0;
         for (int m = 0; m < micro; ++m) {
           auto t0 = Clock::now();
-          auto batch = loader.next();
+          auto batch = loader->next();
           auto t1 = Clock::now();
           if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
           const double n = static_cast<double>(batch->target.size(0));
