@@ -569,6 +569,11 @@ struct Trainer::Impl {
       resumed_mid_epoch = true;
     } else if (!args.resume_from_checkpoint.empty() || restart_count_from_env() > 0) {
       say("lockstep: no checkpoint in " + args.output_dir + " yet: starting from step 0");
+    } else if (auto old = list_checkpoints(args.output_dir); !old.empty()) {
+      say("lockstep: warning: " + args.output_dir + " already holds " + std::to_string(old.size()) +
+          " checkpoint(s), up to " + fs::path(old.back()).filename().string() +
+          "; this run starts from step 0 and replaces them as it reaches their steps "
+          "(--resume-from-checkpoint latest continues instead)");
     }
 
     DdpOptions ddp;
