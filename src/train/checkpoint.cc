@@ -1,6 +1,8 @@
 #include "lockstep/train/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
+#include <torch/optim/serialize.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
@@ -68,6 +70,44 @@ void check(const torch::nn::Module& module, torch::serialize::InputArchive& arch
   for (const std::string& key : archive.keys()) {
     if (!expected.count(key)) fail("it holds '" + prefix + key + "', which the model does not have");
   }
+}
+
+std::string to_hex(const torch::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  auto t = bytes.contiguous();
+  const auto* p = t.data_ptr<std::uint8_t>();
+  std::string out;
+  out.reserve(static_cast<std::size_t>(t.numel()) * 2);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    out.push_back(digits[p[i] >> 4]);
+    out.push_back(digits[p[i] & 15]);
+  }
+  return out;
+}
+
+torch::Tensor from_hex(const std::string& hex) {
+  auto t = torch::empty({static_cast<std::int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* p = t.data_ptr<std::uint8_t>();
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw ConfigError("trainer_state.json holds a corrupt RNG state");
+  };
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    p[i / 2] = static_cast<std::uint8_t>(nibble(hex[i]) * 16 + nibble(hex[i + 1]));
+  return t;
+}
+
+torch::Tensor rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_rng_state(const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
 }
 
 }  // namespace
@@ -168,6 +208,45 @@ void write_file_durably(const std::string& path, const std::string& text) {
   }
   sync_path(tmp);
   fs::rename(tmp, path);
+}
+
+std::string rng_state_hex() {
+  return to_hex(rng_state());
+}
+
+void set_rng_state_hex(const std::string& hex) {
+  set_rng_state(from_hex(hex));
+}
+
+void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
+                      torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
+                      const nlohmann::json& args, const nlohmann::json& trainer_state,
+                      const std::function<void()>& after_model) {
+  const fs::path final_dir = dir;
+  const fs::path parent = final_dir.parent_path();
+  const std::string name = final_dir.filename().string();
+  const fs::path tmp = parent / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  save_module(module, (tmp / "model.pt").string());
+  sync_path((tmp / "model.pt").string());
+  if (after_model) after_model();
+  torch::save(optimizer, (tmp / "optimizer.pt").string());
+  sync_path((tmp / "optimizer.pt").string());
+  write_file_durably((tmp / "scheduler.json").string(), scheduler.dump(2));
+  write_file_durably((tmp / "training_args.json").string(), args.dump(2));
+  write_file_durably((tmp / "trainer_state.json").string(),
+                     trainer_state.dump(1));  // last: marks it complete
+  sync_path(tmp.string());
+  if (fs::exists(final_dir)) {  // saved again at the same step (after a resume): replace it
+    const fs::path old = parent / (".tmp-old-" + name + "-" + std::to_string(::getpid()));
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  sync_path(parent.string());
 }
 
 }  // namespace lockstep::train

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "../ddp/signature.h"
+#include "evaluate.h"
 #include "lockstep/data/evaluation.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
@@ -22,6 +23,8 @@
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/schedule.h"
+#include "progress.h"
+#include "trace.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -31,122 +34,6 @@ namespace {
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Autocast to bfloat16 on the CPU for the scope, as torch.autocast("cpu") does.
-class CpuAutocast {
- public:
-  explicit CpuAutocast(bool on) : on_(on) {
-    if (!on_) return;
-    previous_ = at::autocast::is_cpu_enabled();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::increment_nesting();
-  }
-  ~CpuAutocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(previous_);
-  }
-  CpuAutocast(const CpuAutocast&) = delete;
-  CpuAutocast& operator=(const CpuAutocast&) = delete;
-
- private:
-  bool on_;
-  bool previous_ = false;
-};
-
-std::string to_hex(const torch::Tensor& bytes) {
-  static const char* digits = "0123456789abcdef";
-  auto t = bytes.contiguous();
-  const auto* p = t.data_ptr<std::uint8_t>();
-  std::string out;
-  out.reserve(static_cast<std::size_t>(t.numel()) * 2);
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    out.push_back(digits[p[i] >> 4]);
-    out.push_back(digits[p[i] & 15]);
-  }
-  return out;
-}
-
-torch::Tensor from_hex(const std::string& hex) {
-  auto t = torch::empty({static_cast<std::int64_t>(hex.size() / 2)}, torch::kUInt8);
-  auto* p = t.data_ptr<std::uint8_t>();
-  auto nibble = [&](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    throw ConfigError("trainer_state.json holds a corrupt RNG state");
-  };
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
-    p[i / 2] = static_cast<std::uint8_t>(nibble(hex[i]) * 16 + nibble(hex[i + 1]));
-  return t;
-}
-
-torch::Tensor rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-// Chrome trace events (JSON array format), one file per rank.
-class TraceWriter {
- public:
-  TraceWriter(const std::string& path, int rank) : out_(path, std::ios::trunc), rank_(rank) {
-    if (!out_) throw ConfigError("cannot write the trace file " + path + ": check --output-dir");
-    origin_steady_ = Clock::now();
-    origin_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
-                     .count();
-    out_ << "[\n";
-    meta("process_name", 0, "rank " + std::to_string(rank));
-    meta("thread_name", 1, "training loop");
-    meta("thread_name", 2, "gradient all-reduce");
-  }
-  ~TraceWriter() { out_ << "\n]\n"; }
-  void span(const char* name, int tid, Clock::time_point begin, Clock::time_point end,
-            const nlohmann::json& args = {}) {
-    if (end < begin) end = begin;
-    nlohmann::json e = {{"name", name},    {"ph", "X"},
-                        {"pid", rank_},    {"tid", tid},
-                        {"ts", us(begin)}, {"dur", std::max<double>(0, seconds_between(begin, end) * 1e6)}};
-    if (!args.is_null()) e["args"] = args;
-    emit(e);
-  }
-  void flush() { out_.flush(); }
-
- private:
-  double us(Clock::time_point t) const {
-    return static_cast<double>(origin_us_) + seconds_between(origin_steady_, t) * 1e6;
-  }
-  void meta(const char* what, int tid, const std::string& name) {
-    emit({{"name", what}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", name}}}});
-  }
-  void emit(const nlohmann::json& e) {
-    out_ << (first_ ? "" : ",\n") << e.dump();
-    first_ = false;
-  }
-  std::ofstream out_;
-  int rank_;
-  bool first_ = true;
-  Clock::time_point origin_steady_;
-  long long origin_us_ = 0;
-};
-
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
-  long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%02ld:%02ld", s / 60, s % 60);
-  return buf;
 }
 
 int restart_count_from_env() {
@@ -319,7 +206,7 @@ struct Trainer::Impl {
     int saved_world = s.at("world_size").get<int>();
     const auto& rngs = s.at("rng_states");
     if (saved_world == world()) {
-      set_rng_state(from_hex(rngs.at(static_cast<std::size_t>(rank())).get<std::string>()));
+      set_rng_state_hex(rngs.at(static_cast<std::size_t>(rank())).get<std::string>());
       sampler.set_epoch(state.epoch);
       sampler.load_state({state.epoch, s.at("sampler_position").get<std::size_t>()});
     } else {
@@ -342,7 +229,7 @@ struct Trainer::Impl {
 
   std::string save(std::size_t sampler_position) {
     auto t0 = Clock::now();
-    const std::string mine = to_hex(rng_state());
+    const std::string mine = rng_state_hex();
     std::vector<std::string> rngs = ddp_detail::allgather_strings(*comm, mine);
     const std::string name = "checkpoint-" + std::to_string(state.global_step);
     const fs::path final_dir = fs::path(args.output_dir) / name;
@@ -353,22 +240,12 @@ struct Trainer::Impl {
     std::string error;
     if (rank() == 0) {
       try {
-        const fs::path tmp = fs::path(args.output_dir) / (".tmp-" + name + "-" + std::to_string(::getpid()));
-        fs::remove_all(tmp);
-        fs::create_directories(tmp);
-        save_module(*model.module, (tmp / "model.pt").string());
-        sync_path((tmp / "model.pt").string());
-        if (fault_requested("kill-during-save", state.global_step, rank())) std::raise(SIGKILL);
-        torch::save(*optimizer, (tmp / "optimizer.pt").string());
-        sync_path((tmp / "optimizer.pt").string());
         nlohmann::json sched = {{"type", schedule.type},
                                 {"warmup_steps", schedule.warmup},
                                 {"total_steps", schedule.total},
                                 {"last_step", state.global_step},
                                 {"base_lr", args.learning_rate},
                                 {"last_lr", args.learning_rate * schedule.multiplier(state.global_step)}};
-        write_file_durably((tmp / "scheduler.json").string(), sched.dump(2));
-        write_file_durably((tmp / "training_args.json").string(), args.to_json().dump(2));
         nlohmann::json s = {
             {"global_step", state.global_step},
             {"max_steps", state.max_steps},
@@ -382,18 +259,10 @@ struct Trainer::Impl {
             {"best_metric", state.best_metric ? nlohmann::json(*state.best_metric) : nlohmann::json()},
             {"best_checkpoint", state.best_checkpoint},
             {"log_history", state.log_history}};
-        write_file_durably((tmp / "trainer_state.json").string(), s.dump(1));
-        sync_path(tmp.string());
-        if (fs::exists(final_dir)) {  // saved again at the same step (after a resume): replace
-          const fs::path old =
-              fs::path(args.output_dir) / (".tmp-old-" + name + "-" + std::to_string(::getpid()));
-          fs::rename(final_dir, old);
-          fs::rename(tmp, final_dir);
-          fs::remove_all(old);
-        } else {
-          fs::rename(tmp, final_dir);
-        }
-        sync_path(args.output_dir);
+        const std::int64_t step = state.global_step;
+        write_checkpoint(final_dir.string(), *model.module, *optimizer, sched, args.to_json(), s, [&] {
+          if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
+        });
         std::vector<std::string> keep = {final_dir.string()};
         if (!state.best_checkpoint.empty()) keep.push_back(state.best_checkpoint);
         rotate_checkpoints(args.output_dir, args.save_total_limit, keep);
@@ -414,76 +283,13 @@ struct Trainer::Impl {
 
   // ----- evaluation ---------------------------------------------------------------------------
 
-  // Batches of `indices` built on --dataloader-num-workers threads.
-  std::unique_ptr<data::DataLoader<Batch>> make_loader(const std::shared_ptr<const Dataset>& ds,
-                                                       const std::vector<std::size_t>& indices,
-                                                       int batch_size) const {
-    data::LoaderOptions lo;
-    lo.batch_size = static_cast<std::size_t>(batch_size);
-    lo.num_workers = args.dataloader_num_workers;
-    return std::make_unique<data::DataLoader<Batch>>(
-        indices, [ds](const std::vector<std::size_t>& idx) { return ds->get(idx); }, lo);
-  }
-
-  // Rank 0's buffers (BatchNorm running statistics) to every rank, so every rank evaluates the
-  // model a checkpoint holds. Training forwards update each rank's copy on its own data.
-  void broadcast_buffers() {
-    if (world() == 1) return;
-    torch::NoGradGuard no_grad;
-    for (auto& b : model.module->buffers()) {
-      if (!b.defined() || b.numel() == 0) continue;
-      comm::DType dt;
-      switch (b.scalar_type()) {
-        case torch::kFloat: dt = comm::DType::f32; break;
-        case torch::kDouble: dt = comm::DType::f64; break;
-        case torch::kLong: dt = comm::DType::i64; break;
-        case torch::kInt: dt = comm::DType::i32; break;
-        default:
-          throw ConfigError("cannot broadcast a buffer of type " +
-                            std::string(c10::toString(b.scalar_type())));
-      }
-      auto c = b.contiguous();
-      comm->broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), dt, 0)->wait();
-      if (!c.is_same(b)) b.copy_(c);
-    }
-  }
-
   nlohmann::json evaluate() {
     if (!eval_set) throw ConfigError("evaluation needs an eval dataset: pass one to the Trainer");
     auto t0 = Clock::now();
-    broadcast_buffers();
-    data::DistributedSampler sampler(eval_set->size(), rank(), world(), /*shuffle=*/false);
-    auto loader = make_loader(eval_set, sampler.indices(), args.per_device_eval_batch_size);
-    bool was_training = model.module->is_training();
-    model.module->eval();
-    torch::NoGradGuard no_grad;
-    data::EvalTotals local;
-    std::size_t k = 0;
-    while (auto batch = loader->next()) {
-      const std::int64_t n = batch->target.size(0);
-      std::vector<std::int64_t> real;
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!sampler.is_padding(k + static_cast<std::size_t>(i))) real.push_back(i);
-      k += static_cast<std::size_t>(n);
-      if (real.empty()) continue;
-      torch::Tensor x = batch->input, y = batch->target;
-      if (static_cast<std::int64_t>(real.size()) != n) {
-        auto keep = torch::tensor(real, torch::kLong);
-        x = x.index_select(0, keep);
-        y = y.index_select(0, keep);
-      }
-      torch::Tensor out;
-      {
-        CpuAutocast autocast(args.bf16);
-        out = model.forward(x);
-      }
-      out = out.to(torch::kFloat);
-      local.loss_sum += loss_fn(out, y).item<double>() * static_cast<double>(y.size(0));
-      local.correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
-      local.count += y.size(0);
-    }
-    model.module->train(was_training);
-    auto total = data::allreduce_totals(*comm, local);
+    broadcast_buffers(*model.module, *comm);
+    data::EvalTotals total =
+        evaluate_totals(model, *eval_set, *comm,
+                        {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16}, loss_fn);
     nlohmann::json m = {{"eval_loss", total.mean_loss()},
                         {"eval_accuracy", total.accuracy()},
                         {"eval_samples", total.count},
@@ -521,29 +327,15 @@ struct Trainer::Impl {
     const double elapsed = seconds_between(start, Clock::now());
     const double eta =
         done > 0 ? elapsed / done * static_cast<double>(state.max_steps - state.global_step) : 0;
-    const double frac = static_cast<double>(state.global_step) /
-                        static_cast<double>(std::max<std::int64_t>(1, state.max_steps));
-    char line[256];
     if (tty()) {
-      const int width = 24, filled = static_cast<int>(frac * width);
-      std::string bar(static_cast<std::size_t>(filled), '#');
-      bar.resize(width, ' ');
-      std::snprintf(line, sizeof line, "\r%3d%% |%s| %lld/%lld [%s<%s, %.0f samples/s, loss %.4f]   ",
-                    static_cast<int>(frac * 100), bar.c_str(), static_cast<long long>(state.global_step),
-                    static_cast<long long>(state.max_steps), format_duration(elapsed).c_str(),
-                    format_duration(eta).c_str(), samples_per_s, loss);
-      std::fputs(line, stderr);
+      std::fputs(progress_bar(state.global_step, state.max_steps, elapsed, eta, samples_per_s, loss).c_str(),
+                 stderr);
       if (state.global_step >= state.max_steps) std::fputs("\n", stderr);
       std::fflush(stderr);
     } else {
-      (void)w;
-      std::snprintf(
-          line, sizeof line,
-          "step %lld/%lld (epoch %.2f): loss %.4f, lr %.3g, %.0f samples/s, exposed comm %.1f%%, ETA %s",
-          static_cast<long long>(state.global_step), static_cast<long long>(state.max_steps),
-          state.fractional_epoch(), loss, args.learning_rate * schedule.multiplier(state.global_step - 1),
-          samples_per_s, w.total > 0 ? 100.0 * w.exposed / w.total : 0.0, format_duration(eta).c_str());
-      say(line);
+      say(progress_line(state.global_step, state.max_steps, state.fractional_epoch(), loss,
+                        args.learning_rate * schedule.multiplier(state.global_step - 1), samples_per_s,
+                        w.total > 0 ? w.exposed / w.total : 0.0, eta));
     }
   }
 
@@ -629,7 +421,8 @@ struct Trainer::Impl {
     while (state.global_step < state.max_steps && !control.should_stop) {
       if (!resumed_mid_epoch) sampler.set_epoch(state.epoch);
       resumed_mid_epoch = false;
-      auto loader = make_loader(train_set, sampler.remaining(), args.per_device_train_batch_size);
+      auto loader = make_loader(train_set, sampler.remaining(), args.per_device_train_batch_size,
+                                args.dataloader_num_workers);
       const std::size_t batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
       std::size_t position = sampler.state().position;
 

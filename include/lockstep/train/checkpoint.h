@@ -13,8 +13,11 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,19 @@ std::int64_t checkpoint_step(const std::string& path);
 // named in `keep` (the latest and the best). Returns the paths deleted.
 std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int limit,
                                             const std::vector<std::string>& keep);
+
+// Writes checkpoint directory `dir` atomically: model.pt, optimizer.pt, scheduler.json,
+// training_args.json and (last) trainer_state.json go into a .tmp- sibling that is flushed and
+// renamed to `dir`, replacing an older `dir` if there is one. `after_model` runs once model.pt is
+// on disk (the tests' fault injection).
+void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
+                      torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
+                      const nlohmann::json& args, const nlohmann::json& trainer_state,
+                      const std::function<void()>& after_model = {});
+
+// torch's default CPU generator state as hex text, and back (dropout masks, random init).
+std::string rng_state_hex();
+void set_rng_state_hex(const std::string& hex);  // ConfigError when it is not a valid state
 
 // Writes `text` to `path` through a temporary file, fsync and rename.
 void write_file_durably(const std::string& path, const std::string& text);

@@ -1,0 +1,71 @@
+#include "evaluate.h"
+
+#include <torch/torch.h>
+
+#include "lockstep/data/sampler.h"
+#include "lockstep/error.h"
+
+namespace lockstep::train {
+
+// Rank 0's buffers (BatchNorm running statistics) to every rank, so every rank evaluates the
+// model a checkpoint holds. Training forwards update each rank's copy on its own data.
+void broadcast_buffers(torch::nn::Module& module, comm::Communicator& comm) {
+  if (comm.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  for (auto& b : module.buffers()) {
+    if (!b.defined() || b.numel() == 0) continue;
+    comm::DType dt;
+    switch (b.scalar_type()) {
+      case torch::kFloat: dt = comm::DType::f32; break;
+      case torch::kDouble: dt = comm::DType::f64; break;
+      case torch::kLong: dt = comm::DType::i64; break;
+      case torch::kInt: dt = comm::DType::i32; break;
+      default:
+        throw ConfigError("cannot broadcast a buffer of type " + std::string(c10::toString(b.scalar_type())));
+    }
+    auto c = b.contiguous();
+    comm.broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), dt, 0)->wait();
+    if (!c.is_same(b)) b.copy_(c);
+  }
+}
+
+data::EvalTotals evaluate_totals(
+    const Model& model, const Dataset& dataset, comm::Communicator& comm, const EvalSetup& setup,
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss) {
+  data::DistributedSampler sampler(dataset.size(), comm.rank(), comm.size(), /*shuffle=*/false);
+  // The loader needs shared ownership; the caller keeps the dataset alive for this call.
+  std::shared_ptr<const Dataset> ds(&dataset, [](const Dataset*) {});
+  auto loader = make_loader(ds, sampler.indices(), setup.batch_size, setup.loader_workers);
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  torch::NoGradGuard no_grad;
+  data::EvalTotals local;
+  std::size_t k = 0;
+  while (auto batch = loader->next()) {
+    const std::int64_t n = batch->target.size(0);
+    std::vector<std::int64_t> real;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!sampler.is_padding(k + static_cast<std::size_t>(i))) real.push_back(i);
+    k += static_cast<std::size_t>(n);
+    if (real.empty()) continue;
+    torch::Tensor x = batch->input, y = batch->target;
+    if (static_cast<std::int64_t>(real.size()) != n) {
+      auto keep = torch::tensor(real, torch::kLong);
+      x = x.index_select(0, keep);
+      y = y.index_select(0, keep);
+    }
+    torch::Tensor out;
+    {
+      CpuAutocast autocast(setup.bf16);
+      out = model.forward(x);
+    }
+    out = out.to(torch::kFloat);
+    local.loss_sum += loss(out, y).item<double>() * static_cast<double>(y.size(0));
+    local.correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+    local.count += y.size(0);
+  }
+  model.module->train(was_training);
+  return data::allreduce_totals(comm, local);
+}
+
+}  // namespace lockstep::train
