@@ -11,6 +11,8 @@
 
 #include "lockstep/error.h"
 #include "lockstep/train/schedule.h"
+#include "progress.h"
+#include "trace.h"
 
 using lockstep::ConfigError;
 using namespace lockstep::train;
@@ -192,4 +194,36 @@ TEST(Schedule, ConstantIgnoresWarmupButConstantWithWarmupDoesNot) {
   EXPECT_THROW((Schedule{"step", 0, 10}.multiplier(1)), ConfigError);
   EXPECT_EQ(warmup_steps_for(0, 0.1, 95), 10);
   EXPECT_EQ(warmup_steps_for(7, 0.1, 95), 7);
+}
+
+TEST(Progress, BarAndLineShowTheStepRateLossAndEta) {
+  std::string bar = progress_bar(42, 100, 10, 14, 3812.4, 0.43219);
+  EXPECT_NE(bar.find(" 42% |##########              | 42/100 [00:10<00:14, 3812 samples/s, loss 0.4322]"),
+            std::string::npos)
+      << bar;
+  std::string line = progress_line(100, 1000, 0.213, 0.54321, 0.00199, 3812, 0.041, 83);
+  EXPECT_EQ(
+      line,
+      "step 100/1000 (epoch 0.21): loss 0.5432, lr 0.00199, 3812 samples/s, exposed comm 4.1%, ETA 01:23");
+  EXPECT_EQ(format_duration(3723), "1:02:03");
+}
+
+TEST(Trace, AChromeTraceFileIsOneJsonArrayWithTracksAndSpans) {
+  std::string path = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_trace.json";
+  {
+    TraceWriter w(path, 3);
+    auto t0 = TraceWriter::Clock::now();
+    w.span("forward", 1, t0, t0 + std::chrono::milliseconds(2), {{"micro_batch", 0}});
+    w.span("all-reduce", 2, t0 + std::chrono::milliseconds(1), t0);  // end before begin: zero length
+  }
+  std::ifstream in(path);
+  auto events = nlohmann::json::parse(in);
+  ASSERT_TRUE(events.is_array());
+  ASSERT_EQ(events.size(), 5u);  // process name, two track names, two spans
+  EXPECT_EQ(events[3]["name"], "forward");
+  EXPECT_EQ(events[3]["pid"], 3);
+  EXPECT_NEAR(events[3]["dur"].get<double>(), 2000, 1);
+  EXPECT_EQ(events[4]["dur"].get<double>(), 0);
+  EXPECT_GT(events[3]["ts"].get<double>(), 1.7e15);  // microseconds since 1970, so ranks line up
+  EXPECT_THROW(TraceWriter("/nonexistent/dir/t.json", 0), ConfigError);
 }
