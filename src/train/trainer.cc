@@ -414,8 +414,7 @@ struct Trainer::Impl {
     Window window;
     double run_loss_sum = 0, run_loss_count = 0, run_samples = 0;
     const std::int64_t first_step = state.global_step;
-    std::int64_t last_saved = -1, last_eval = -1;
-    nlohmann::json last_eval_metrics;
+    std::int64_t last_saved = -1;
     auto params = model.module->parameters();
 
     while (state.global_step < state.max_steps && !control.should_stop) {
@@ -545,7 +544,6 @@ struct Trainer::Impl {
         if ((args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
             (args.eval_strategy == "epoch" && epoch_done)) {
           evaluate_during_training(control);
-          last_eval = state.global_step;
         }
         if (epoch_done) {
           ++state.epoch;
@@ -567,7 +565,6 @@ struct Trainer::Impl {
         }
       }
     }
-    (void)last_eval;
     for (auto& cb : callbacks) cb->on_train_end(state);
     TrainResult r;
     r.global_step = state.global_step;
@@ -580,7 +577,6 @@ struct Trainer::Impl {
         r.last_eval = *it;
         break;
       }
-    (void)last_eval_metrics;
     return r;
   }
 };
