@@ -290,8 +290,11 @@ std::vector<Finding> diagnose(const Segment& one, const Segment& many, double be
     n.saving = 0;
     out.push_back(n);
   }
+  // Notes after recommendations; oversubscription first (it distorts every other number), then
+  // by predicted saving.
   std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) {
     if (x.recommendation != y.recommendation) return x.recommendation;
+    if ((x.kind == "threads") != (y.kind == "threads")) return x.kind == "threads";
     return x.saving > y.saving;
   });
   return out;

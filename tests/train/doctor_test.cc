@@ -92,6 +92,13 @@ TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
   auto f = diagnose(one, many, 0);
   ASSERT_TRUE(has(f, "threads"));
   EXPECT_NE(f.front().action.find("OMP_NUM_THREADS=1"), std::string::npos) << f.front().action;
+  // Oversubscription comes first even when the exposed communication it causes is larger.
+  many.exposed = 0.100;
+  many.step += 0.100;
+  f = diagnose(one, many, 0);
+  ASSERT_TRUE(has(f, "batch"));
+  EXPECT_EQ(f.front().kind, "threads");
+  many = healthy(2);
 
   many = healthy(2);
   many.data = 0.030;
