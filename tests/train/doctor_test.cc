@@ -98,7 +98,6 @@ TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
   f = diagnose(one, many, 0);
   ASSERT_TRUE(has(f, "batch"));
   EXPECT_EQ(f.front().kind, "threads");
-  many = healthy(2);
 
   many = healthy(2);
   many.data = 0.030;
