@@ -138,6 +138,8 @@ static int train(int argc, const char* const* argv) {
   nlohmann::json m = trainer.evaluate();
   if (trainer.communicator().rank() == 0) {
     std::string checkpoint = latest_checkpoint(args.output_dir);
+    if (args.load_best_model_at_end && !trainer.state().best_checkpoint.empty())
+      checkpoint = (std::filesystem::path(args.output_dir) / trainer.state().best_checkpoint).string();
     std::printf(
         "trained %lld steps in %.1f s (%.0f samples/s); test accuracy %.4f on %lld images, loss %.4f\n",
         static_cast<long long>(result.global_step), result.seconds, result.samples_per_second,

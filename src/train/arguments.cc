@@ -99,6 +99,16 @@ void TrainingArguments::validate() const {
         "must name an evaluation metric: eval_loss or eval_accuracy (got '" + metric_for_best_model + "')");
   member("metric-for-best-model", metric_for_best_model, {"eval_loss", "eval_accuracy"});
   member("greater-is-better", greater_is_better, {"auto", "true", "false"});
+  if (load_best_model_at_end) {
+    if (eval_strategy == "no" || save_strategy != eval_strategy)
+      bad("load-best-model-at-end",
+          "needs --save-strategy and --eval-strategy to be the same (steps or epoch), so "
+          "every evaluation has its checkpoint");
+    if (save_strategy == "steps" && save_steps % static_cast<int>(eval_every()) != 0)
+      bad("load-best-model-at-end", "needs --save-steps to be a multiple of --eval-steps (" +
+                                        std::to_string(save_steps) + " is not a multiple of " +
+                                        std::to_string(eval_every()) + ")");
+  }
   at_least("early-stopping-patience", early_stopping_patience, 0);
   at_least("early-stopping-threshold", early_stopping_threshold, 0.0);
   if (early_stopping_patience > 0 && eval_strategy == "no")
@@ -136,6 +146,7 @@ nlohmann::json TrainingArguments::to_json() const {
           {"save_total_limit", save_total_limit},
           {"metric_for_best_model", metric_for_best_model},
           {"greater_is_better", greater_is_better},
+          {"load_best_model_at_end", load_best_model_at_end},
           {"early_stopping_patience", early_stopping_patience},
           {"early_stopping_threshold", early_stopping_threshold},
           {"resume_from_checkpoint", resume_from_checkpoint},
@@ -199,6 +210,9 @@ void add_arguments(CLI::App& app, TrainingArguments& a) {
   g->add_option("--metric-for-best-model", a.metric_for_best_model, "eval_loss | eval_accuracy")
       ->capture_default_str();
   g->add_option("--greater-is-better", a.greater_is_better, "auto | true | false")->capture_default_str();
+  g->add_flag(
+      "--load-best-model-at-end", a.load_best_model_at_end,
+      "when training ends, reload the weights of the checkpoint with the best --metric-for-best-model");
   g->add_option("--early-stopping-patience", a.early_stopping_patience,
                 "stop after N evaluations without improvement; 0: never")
       ->capture_default_str();

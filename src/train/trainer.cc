@@ -565,6 +565,12 @@ struct Trainer::Impl {
         }
       }
     }
+    if (args.load_best_model_at_end && !state.best_checkpoint.empty()) {
+      const std::string best = (fs::path(args.output_dir) / state.best_checkpoint).string();
+      load_module(*model.module, (fs::path(best) / "model.pt").string());
+      say("lockstep: loaded the best model, " + state.best_checkpoint + " (" + args.metric_for_best_model +
+          " " + std::to_string(state.best_metric.value_or(0)) + ")");
+    }
     for (auto& cb : callbacks) cb->on_train_end(state);
     TrainResult r;
     r.global_step = state.global_step;

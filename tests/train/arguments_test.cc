@@ -100,6 +100,14 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
   EXPECT_NE(error_of({"--early-stopping-patience", "2"}).find("--eval-strategy"), std::string::npos);
   EXPECT_NE(error_of({"--num-train-epochs", "0"}).find("--num-train-epochs"), std::string::npos);
   EXPECT_EQ(error_of({"--num-train-epochs", "0", "--max-steps", "10"}), "(no error)");
+  EXPECT_NE(error_of({"--load-best-model-at-end"}).find("--save-strategy and --eval-strategy"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--load-best-model-at-end", "--eval-strategy", "steps", "--save-strategy", "steps",
+                      "--eval-steps", "3", "--save-steps", "10"})
+                .find("multiple of --eval-steps"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--load-best-model-at-end", "--eval-strategy", "epoch", "--save-strategy", "epoch"}),
+            "(no error)");
 }
 
 TEST(Arguments, BadConfigFilesAreErrorsNamingTheFileAndKey) {

@@ -517,3 +517,50 @@ TEST(TrainerRuns, RotationKeepsTheLatestAndTheBestCheckpoint) {
   for (const auto& e : read_jsonl(out + "/metrics.jsonl")) evals += e.contains("eval_loss") ? 1 : 0;
   EXPECT_EQ(evals, 4);
 }
+
+TEST(TrainerRuns, LoadBestModelAtEndLeavesTheBestCheckpointsWeightsInTheModel) {
+  std::string out = fresh_dir("best");
+  // A rate high enough that accuracy goes up and down between evaluations.
+  lockstep::testing::Process run(launch(2, {"--model",
+                                            "mlp",
+                                            "--train-limit",
+                                            "640",
+                                            "--eval-limit",
+                                            "500",
+                                            "--per-device-train-batch-size",
+                                            "16",
+                                            "--disable-tqdm",
+                                            "--max-steps",
+                                            "30",
+                                            "--learning-rate",
+                                            "0.05",
+                                            "--lr-scheduler-type",
+                                            "constant",
+                                            "--eval-strategy",
+                                            "steps",
+                                            "--eval-steps",
+                                            "5",
+                                            "--save-strategy",
+                                            "steps",
+                                            "--save-steps",
+                                            "5",
+                                            "--load-best-model-at-end",
+                                            "--output-dir",
+                                            out}));
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  double best = -1;
+  int best_step = -1;
+  for (const auto& e : read_jsonl(out + "/metrics.jsonl"))
+    if (e.contains("eval_accuracy") && e["eval_accuracy"].get<double>() > best) {
+      best = e["eval_accuracy"].get<double>();
+      best_step = e["step"].get<int>();
+    }
+  ASSERT_GT(best_step, 0);
+  nlohmann::json result = nlohmann::json::parse(std::ifstream(out + "/eval_results.json"));
+  // The evaluation after training saw the best checkpoint's weights: the same accuracy, exactly.
+  EXPECT_EQ(result["eval_accuracy"].get<double>(), best) << run.output();
+  EXPECT_EQ(result["checkpoint"].get<std::string>(), out + "/checkpoint-" + std::to_string(best_step));
+  EXPECT_NE(run.output().find("loaded the best model, checkpoint-" + std::to_string(best_step)),
+            std::string::npos)
+      << run.output();
+}

@@ -52,6 +52,7 @@ struct TrainingArguments {
   int save_total_limit = 0;  // 0: keep all; never deletes the latest or the best
   std::string metric_for_best_model = "eval_loss";
   std::string greater_is_better = "auto";  // auto: true for names containing "accuracy"
+  bool load_best_model_at_end = false;     // reload the best checkpoint's weights when training ends
   int early_stopping_patience = 0;         // evaluations without improvement; 0: off
   double early_stopping_threshold = 0;
   std::string resume_from_checkpoint;  // a checkpoint directory, or "latest"
