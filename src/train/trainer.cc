@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "../ddp/signature.h"
+#include "env.h"
 #include "evaluate.h"
 #include "lockstep/data/evaluation.h"
 #include "lockstep/data/loader.h"
@@ -36,29 +37,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-int restart_count_from_env() {
-  for (const char* name : {"LOCKSTEP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
-    const char* v = std::getenv(name);
-    if (v && *v) return std::atoi(v);
-  }
-  return 0;
-}
-
-// LOCKSTEP_FAULT_INJECT, for the tests: "kill-during-save:STEP" makes rank 0 die with a
-// half-written checkpoint-STEP on disk; "kill-after-step:STEP:RANK" makes RANK die right after
-// optimiser step STEP. Both act in the first attempt only (LOCKSTEP_RESTART_COUNT 0), so a
-// restarted job runs through.
-bool fault_requested(const char* kind, std::int64_t step, int rank) {
-  const char* spec = std::getenv("LOCKSTEP_FAULT_INJECT");
-  if (!spec || restart_count_from_env() != 0) return false;
-  std::string s = spec, prefix = std::string(kind) + ":";
-  if (s.rfind(prefix, 0) != 0) return false;
-  long long want_step = -1;
-  int want_rank = 0;
-  if (std::sscanf(s.c_str() + prefix.size(), "%lld:%d", &want_step, &want_rank) < 1) return false;
-  return want_step == step && want_rank == rank;
-}
-
 // Time of one logging window, summed over its steps.
 struct Window {
   std::int64_t steps = 0;
@@ -70,37 +48,6 @@ struct Window {
 };
 
 }  // namespace
-
-double TrainerState::fractional_epoch() const {
-  if (steps_per_epoch <= 0) return static_cast<double>(epoch);
-  return static_cast<double>(epoch) +
-         static_cast<double>(steps_in_epoch) / static_cast<double>(steps_per_epoch);
-}
-
-EarlyStoppingCallback::EarlyStoppingCallback(std::string metric, bool greater_is_better, int patience,
-                                             double threshold)
-    : metric_(std::move(metric)), greater_(greater_is_better), patience_(patience), threshold_(threshold) {
-  if (patience_ < 1) throw ConfigError("early stopping needs a patience of at least 1 evaluation");
-}
-
-void EarlyStoppingCallback::on_evaluate(const TrainerState&, const nlohmann::json& metrics,
-                                        TrainerControl& control) {
-  if (!metrics.contains(metric_))
-    throw ConfigError("early stopping watches '" + metric_ +
-                      "', which the evaluation does not report (it reports " + metrics.dump() + ")");
-  double value = metrics.at(metric_).get<double>();
-  bool better = !best_ || (greater_ ? value > *best_ + threshold_ : value < *best_ - threshold_);
-  if (better) {
-    best_ = value;
-    bad_ = 0;
-  } else if (++bad_ >= patience_) {
-    control.should_stop = true;
-  }
-}
-
-void set_seed(std::uint64_t seed) {
-  torch::manual_seed(seed);
-}
 
 struct Trainer::Impl {
   Model model;
