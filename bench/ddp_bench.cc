@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   std::string model_name = "mlp", hook = "none", backend = "auto";
   int batch = 64, steps = 60, warmup = 5, threads = 1;
   double bucket_cap_mb = 25;
-  bool no_sync = false, verify = false;
+  bool no_sync = false, verify = false, private_buckets = false;
   app.add_option("--model", model_name, "mlp | wide | cnn")->capture_default_str();
   app.add_option("--batch", batch, "samples per worker per step")->capture_default_str();
   app.add_option("--steps", steps, "measured steps")->capture_default_str();
@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
   double slot_mb = 1;
   app.add_option("--shm-slot-mb", slot_mb, "shm backend staging slot per rank")->capture_default_str();
   app.add_flag("--no-sync", no_sync, "DDP without communication (every step under no_sync)");
+  app.add_flag("--private-buckets", private_buckets,
+               "buckets in private memory, reduced through the shm staging slots (the pre-zero-copy path)");
   app.add_flag("--verify", verify, "check that all ranks end with bitwise-equal parameters");
   int crash_rank = -1, crash_step = -1;
   app.add_option("--crash-rank", crash_rank, "this rank kills itself (SIGKILL) ...");
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
       o.bucket_cap_mb = bucket_cap_mb;
       o.first_bucket_cap_mb = first_bucket_cap_mb;
       o.comm_hook = lockstep::parse_comm_hook(hook);
+      o.shared_buckets = !private_buckets;
       ddp.emplace(model, *job->comm, o);
     }
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -136,7 +139,7 @@ int main(int argc, char** argv) {
 
     double forward_s = 0, backward_s = 0, optimizer_s = 0, exposed_s = 0, comm_s = 0;
     std::size_t bytes = 0;
-    int buckets = 0;
+    int buckets = 0, shared = 0;
     Clock::time_point start;
     for (int step = 0; step < warmup + steps; ++step) {
       if (step == warmup) {
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
         comm_s += s.comm_seconds;
         bytes = s.bytes_allreduced;
         buckets = s.bucket_count;
+        shared = s.shared_buckets;
       }
     }
     if (job) job->comm->barrier()->wait();
@@ -205,10 +209,10 @@ int main(int argc, char** argv) {
           "{\"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": %d, \"ddp\": %s, \"no_sync\": %s, "
           "\"comm_hook\": \"%s\", \"bucket_cap_mb\": %g, \"samples_per_s\": %.1f, \"step_s\": %.6f, "
           "\"forward_s\": %.6f, \"backward_s\": %.6f, \"optimizer_s\": %.6f, \"exposed_comm_s\": %.6f, "
-          "\"comm_s\": %.6f, \"bytes_per_step\": %zu, \"buckets\": %d}\n",
+          "\"comm_s\": %.6f, \"bytes_per_step\": %zu, \"buckets\": %d, \"shared_buckets\": %d}\n",
           model_name.c_str(), world, batch, threads, ddp ? "true" : "false", no_sync ? "true" : "false",
           hook.c_str(), bucket_cap_mb, batch * world * n / elapsed, elapsed / n, forward_s / n,
-          backward_s / n, optimizer_s / n, exposed_s / n, comm_s / n, bytes, buckets);
+          backward_s / n, optimizer_s / n, exposed_s / n, comm_s / n, bytes, buckets, shared);
     }
     return 0;
   } catch (const lockstep::ConfigError& e) {

@@ -43,6 +43,11 @@ class Backend {
   // tied to a thread's lifetime (the shm liveness lock) is taken and released here.
   virtual void on_thread_start() {}
   virtual void on_thread_stop() {}
+  // Memory this rank's peers can map (Communicator::allocate_shared), or nullptr. Called on
+  // the caller's thread, concurrently with run(). Backends without shared memory keep the
+  // default, on every rank alike.
+  virtual bool shares_memory() const { return false; }
+  virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
 };
 
 struct BackendContext {

@@ -246,6 +246,15 @@ WorkPtr Communicator::barrier() {
   return enqueue(Collective{});
 }
 
+std::shared_ptr<void> Communicator::allocate_shared(std::size_t bytes) {
+  if (size_ == 1 || !backend_->shares_memory()) return nullptr;
+  auto memory = backend_->allocate_shared(bytes);
+  // All or none: one rank short of /dev/shm makes every rank use private memory.
+  std::int32_t ok = memory ? 1 : 0;
+  allreduce(&ok, 1, DType::i32, ReduceOp::min)->wait();
+  return ok ? memory : nullptr;
+}
+
 // --- creation -------------------------------------------------------------------------------
 
 namespace {

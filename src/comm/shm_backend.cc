@@ -33,6 +33,10 @@
 //     round: the all-gather of round i is pipelined behind the barrier of round i+1. Per rank
 //     ~2n copied + n reduced, independent of W. Reduction order is rank order on both paths,
 //     so every rank gets bitwise the same result.
+//   allreduce in place on buffers from allocate_shared (shm_buffers.h) on every rank: barrier;
+//     each rank reduces its 1/W of the elements straight out of every rank's buffer and writes
+//     the result into all of them; barrier. Per rank n reduced + (W-1)n/W written to peers,
+//     about half the staged path's traffic, in 2 barriers whatever n.
 //   broadcast: root copies a chunk in; barrier; the others copy it out.
 //   allgather: each copies its chunk in; barrier; each copies all chunks out.
 //   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
@@ -57,6 +61,7 @@
 #include "lockstep/error.h"
 #include "log.h"
 #include "reduce.h"
+#include "shm_buffers.h"
 #include "wire.h"
 
 namespace lockstep::comm {
@@ -92,8 +97,10 @@ struct alignas(kAlign) RankControl {
   char pad0[kAlign - sizeof(std::atomic<std::uint64_t>) - 2 * sizeof(std::atomic<std::uint32_t>)];
   std::uint64_t sequence[2];  // descriptor slots, indexed by sequence parity
   std::uint64_t signature[2];
-  std::atomic<int> dead;      // set by whichever peer first finds the owner dead
-  std::atomic<int> departed;  // set by the owner when its communicator closes cleanly
+  std::uint64_t shared_id[2];      // allreduce on a shared buffer: its id + 1, else 0
+  std::uint64_t shared_offset[2];  // ... and the data's offset in it
+  std::atomic<int> dead;           // set by whichever peer first finds the owner dead
+  std::atomic<int> departed;       // set by the owner when its communicator closes cleanly
   int pid;
   alignas(kAlign) pthread_mutex_t alive;  // held by the owner's progress thread
 };
@@ -151,6 +158,8 @@ class ShmBackend final : public Backend {
                         " bytes failed: " + std::strerror(errno));
     }
     base_ = static_cast<char*>(base);
+    own_.emplace(name, rank_);
+    peers_.emplace(name);
     header_ = reinterpret_cast<Header*>(base_);
     controls_ = reinterpret_cast<RankControl*>(base_ + sizeof(Header));
     slots_ = base_ + header_bytes;
@@ -183,6 +192,9 @@ class ShmBackend final : public Backend {
   }
 
   ~ShmBackend() override { ::munmap(base_, total_bytes_); }
+
+  bool shares_memory() const override { return true; }
+  std::shared_ptr<void> allocate_shared(std::size_t bytes) override { return own_->allocate(bytes); }
 
   const std::string& name() const override {
     static const std::string kName = "shm";
@@ -352,10 +364,19 @@ class ShmBackend final : public Backend {
         begin(c);
         ++round_;
         return;
-      case CollectiveKind::allreduce:
+      case CollectiveKind::allreduce: {
+        // Publish whether this is an in-place allreduce on a shared buffer; begin()'s barrier
+        // carries it to the peers, and agree_on_shared() compares.
+        std::optional<shm::OwnBuffers::Found> shared;
+        if (c.send == c.recv && c.count > 0) shared = own_->find(c.recv, c.count * dtype_size(c.dtype));
+        int parity = static_cast<int>(c.sequence & 1);
+        control(rank_).shared_id[parity] = shared ? shared->id + 1 : 0;
+        control(rank_).shared_offset[parity] = shared ? shared->offset : 0;
+        if (shared) return allreduce_shared(c, shared->id);
         if (c.count * dtype_size(c.dtype) <= std::min(options_.shm_one_shot_bytes, part_bytes_))
           return allreduce_one_shot(c);
         return allreduce_chunked(c);
+      }
       case CollectiveKind::broadcast: return broadcast(c);
       case CollectiveKind::allgather: return allgather(c);
       case CollectiveKind::reduce_scatter: return reduce_scatter(c);
@@ -367,6 +388,7 @@ class ShmBackend final : public Backend {
     int h = part();
     std::memcpy(slot(rank_, h), c.send, bytes);
     begin(c);
+    agree_on_shared(c);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) inputs[static_cast<std::size_t>(r)] = r == rank_ ? c.send : slot(r, h);
     reduce(c.dtype, c.op, c.recv, inputs.data(), size_, c.count);
@@ -405,10 +427,12 @@ class ShmBackend final : public Backend {
         if (r != rank_)
           std::memcpy(mine + now.begin(r) * esize, send + (offset + now.begin(r)) * esize,
                       now.len(r) * esize);
-      if (previous)
+      if (previous) {
         barrier(c);
-      else
+      } else {
         begin(c);
+        agree_on_shared(c);
+      }
       if (previous) gather(*previous);
       std::size_t my_begin = now.begin(rank_);
       for (int r = 0; r < size_; ++r)
@@ -421,6 +445,55 @@ class ShmBackend final : public Backend {
     }
     barrier(c);
     gather(*previous);
+    ++round_;
+  }
+
+  // Every rank must have passed a shared buffer, or none.
+  void agree_on_shared(const Collective& c) {
+    int parity = static_cast<int>(c.sequence & 1);
+    bool mine = control(rank_).shared_id[parity] != 0;
+    for (int r = 0; r < size_; ++r) {
+      if ((control(r).shared_id[parity] != 0) == mine) continue;
+      int with = mine ? rank_ : r, without = mine ? r : rank_;
+      throw MismatchError(c.describe() + ": rank " + std::to_string(with) +
+                          " reduces a buffer from Communicator::allocate_shared in place but rank " +
+                          std::to_string(without) +
+                          " does not; pass shared buffers (in place) on every rank or on none");
+    }
+  }
+
+  void allreduce_shared(const Collective& c, std::uint64_t id) {
+    begin(c);
+    agree_on_shared(c);
+    int parity = static_cast<int>(c.sequence & 1);
+    const std::size_t esize = dtype_size(c.dtype);
+    peers_->drop_released();
+    std::vector<char*> bufs(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      bufs[static_cast<std::size_t>(r)] =
+          r == rank_ ? static_cast<char*>(c.recv)
+                     : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
+    }
+    // This rank's share: whole cache lines, so no two ranks write one line.
+    const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);
+    const std::size_t seg = round_up((c.count + size_ - 1) / size_, unit);
+    const std::size_t first = std::min(c.count, seg * static_cast<std::size_t>(rank_));
+    const std::size_t last = std::min(c.count, first + seg);
+    // Blocks small enough that the copies to peers read the result from L1.
+    const std::size_t block = std::max<std::size_t>(16384 / esize, unit);
+    std::vector<const void*> inputs(static_cast<std::size_t>(size_));
+    char* mine = bufs[static_cast<std::size_t>(rank_)];
+    for (std::size_t i = first; i < last; i += block) {
+      std::size_t m = std::min(block, last - i);
+      for (int r = 0; r < size_; ++r)
+        inputs[static_cast<std::size_t>(r)] = bufs[static_cast<std::size_t>(r)] + i * esize;
+      reduce(c.dtype, c.op, mine + i * esize, inputs.data(), size_, m);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_)
+          std::memcpy(bufs[static_cast<std::size_t>(r)] + i * esize, mine + i * esize, m * esize);
+    }
+    barrier(c);  // every share is everywhere; peers no longer touch this rank's buffer
+    own_->mapped_by_all(id);
     ++round_;
   }
 
@@ -509,6 +582,8 @@ class ShmBackend final : public Backend {
   std::uint64_t generation_ = 0;  // this rank's barrier generation
   std::uint64_t round_ = 0;       // rounds completed; round % 3 picks the slot part
   Clock::time_point deadline_;
+  std::optional<shm::OwnBuffers> own_;     // this rank's shared buffers
+  std::optional<shm::PeerBuffers> peers_;  // peers' shared buffers, mapped on first use
 };
 
 }  // namespace

@@ -128,6 +128,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     int pending = 0;
     comm::WorkPtr work;
     SteadyTime queued{};
+    bool shared = false;  // the tensor sent lives in the communicator's shared memory
   };
 
   Impl(std::shared_ptr<torch::nn::Module> m, comm::Communicator& c, DdpOptions o)
@@ -155,6 +156,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void check_and_broadcast();
   void install_hooks();
   void build_buckets(const std::vector<int>& order);
+  torch::Tensor bucket_memory(std::int64_t numel, const torch::TensorOptions& options, bool& shared);
   void rebuild_from_arrival();
   void on_ready(int index);
   void launch_ready();
@@ -250,11 +252,15 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     std::int64_t numel = 0;
     for (int i : bucket.params) numel += params[i].tensor.numel();
     auto& first = params[bucket.params.front()].tensor;
-    bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
-    if (options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
-        first.element_size() >= 4) {
+    auto options_of_flat = first.options().requires_grad(false);
+    bool compress = options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
+                    first.element_size() >= 4;
+    if (compress) {
       auto wire_type = options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16;
-      bucket.wire = torch::zeros({numel}, bucket.flat.options().dtype(wire_type));
+      bucket.flat = torch::zeros({numel}, options_of_flat);
+      bucket.wire = bucket_memory(numel, options_of_flat.dtype(wire_type), bucket.shared);
+    } else {
+      bucket.flat = bucket_memory(numel, options_of_flat, bucket.shared);
     }
     std::int64_t offset = 0;
     for (int i : bucket.params) {
@@ -266,6 +272,22 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
       if (options.gradient_as_bucket_view && old_grads[i].defined()) p.tensor.mutable_grad() = p.view;
     }
   }
+}
+
+// Zeros for a bucket, in shared memory when the communicator has it. Collective: every rank
+// builds the same buckets in the same order, so every rank asks for the same sizes.
+torch::Tensor Reducer::Impl::bucket_memory(std::int64_t numel, const torch::TensorOptions& opts, bool& shared) {
+  shared = false;
+  if (options.shared_buckets && opts.device().is_cpu()) {
+    auto bytes = std::size_t(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
+    if (auto memory = comm.allocate_shared(bytes)) {
+      shared = true;
+      auto t = torch::from_blob(
+          memory.get(), {numel}, [memory](void*) mutable { memory.reset(); }, opts);
+      return t.zero_();
+    }
+  }
+  return torch::zeros({numel}, opts);
 }
 
 // All ranks take rank 0's order, so their buckets match.
@@ -392,6 +414,7 @@ void Reducer::Impl::finish_backward() {
     bucket.work = nullptr;
     bucket.pending = int(bucket.params.size());
     s.bytes_allreduced += bs.bytes;
+    s.shared_buckets += bucket.shared ? 1 : 0;
     if (bs.started != SteadyTime{} && bs.started < last_ready) ++s.buckets_started_before_backward_end;
     s.buckets.push_back(bs);
   }

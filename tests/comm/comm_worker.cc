@@ -1,6 +1,7 @@
 // A rank for the multi-process tests. Started as one of N processes with the env contract.
 //   comm_worker conformance BACKEND [SLOT_BYTES]   run the conformance table; exit 0 if all match
 //   comm_worker loop BACKEND                        all-reduce until a peer fails; report how
+//                                                   (on shm, shared buffers too)
 //   comm_worker env BACKEND WORLD                   check the launcher's env contract, all-reduce
 //   comm_worker die BACKEND                         rank 1 kills itself (first attempt only)
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
@@ -104,12 +105,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "loop") {
+      // Alternates staged and (on shm) shared-buffer all-reduces, so a death hits either.
       std::vector<float> data(1 << 18, 1.0f);
-      comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::sum)->wait();
+      auto shared = comm.allocate_shared(data.size() * sizeof(float));
+      auto round = [&](ReduceOp op) {
+        comm.allreduce(data.data(), data.size(), DType::f32, op)->wait();
+        if (shared) comm.allreduce(shared.get(), data.size(), DType::f32, op)->wait();
+      };
+      round(ReduceOp::sum);
       job.rendezvous->store()->set("ready/" + std::to_string(comm.rank()), "1");
       std::printf("ready rank %d pid %d\n", comm.rank(), static_cast<int>(getpid()));
       std::fflush(stdout);
-      for (;;) comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::avg)->wait();
+      for (;;) round(ReduceOp::avg);
     }
   } catch (const PeerError& e) {
     std::printf("PeerError: %s\n", e.what());

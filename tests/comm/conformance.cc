@@ -79,7 +79,23 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
         return what + " " + dtype_name(t) + " count=" + std::to_string(n) +
                " world=" + std::to_string(world) + " rank=" + std::to_string(rank);
       };
+      // Shared memory, where the backend has it: the in-place allreduce reads peers' buffers
+      // directly. One element in, so the data does not start at the buffer's start.
+      std::shared_ptr<void> shared;
+      if (n > 0) shared = comm.allocate_shared((n + 1) * dtype_size(t));
+      if (n > 0 && world > 1 && comm.backend_name() == "shm" && !shared)
+        failures.push_back(label("allocate_shared") + ": nullptr on the shm backend");
       for (ReduceOp op : kAllReduceOps) {
+        if (shared) {
+          void* at = static_cast<char*>(shared.get()) + dtype_size(t);
+          for (std::size_t i = 0; i < n; ++i) store_element(t, at, i, value(rank, i));
+          comm.allreduce(at, n, t, op)->wait();
+          for (std::size_t i = 0; i < n; ++i) {
+            double want = reference(op, t, world, i);
+            check.expect(label(std::string("allreduce shared ") + reduce_op_name(op)), i,
+                         load_element(t, at, i), want, tolerance(t, want));
+          }
+        }
         // allreduce, out of place and in place
         Buffer in(t, n), out(t, n), inplace(t, n);
         for (std::size_t i = 0; i < n; ++i) in.set(i, value(rank, i)), inplace.set(i, value(rank, i));

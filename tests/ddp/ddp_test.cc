@@ -133,6 +133,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string name = c.model + "_w" + std::to_string(c.world) + "_" + c.backend;
   if (c.ddp.bucket_cap_mb < 1) name += "_tiny_buckets";
   if (!c.ddp.gradient_as_bucket_view) name += "_copy_grads";
+  if (!c.ddp.shared_buckets) name += "_private_buckets";
   return name;
 }
 
@@ -208,11 +209,19 @@ TEST_P(Equivalence, MatchesOneProcessOnTheConcatenatedBatch) {
   if (c.ddp.bucket_cap_mb < 1) {
     EXPECT_GE(stats[0].bucket_count, 3);
   }
+  // On shm the buckets live in shared memory (the zero-copy all-reduce), unless turned off.
+  bool shared = c.backend == "shm" && c.world > 1 && c.ddp.shared_buckets;
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(stats[r].shared_buckets, shared ? stats[r].bucket_count : 0);
 }
 
 DdpOptions tiny_buckets() {
   DdpOptions o;
   o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-4;  // ~100 bytes: about one parameter each
+  return o;
+}
+DdpOptions private_buckets() {
+  DdpOptions o = tiny_buckets();
+  o.shared_buckets = false;
   return o;
 }
 DdpOptions copied_grads() {
@@ -224,8 +233,9 @@ DdpOptions copied_grads() {
 INSTANTIATE_TEST_SUITE_P(Ddp, Equivalence,
                          ::testing::Values(Case{"mlp", 1, {}}, Case{"mlp", 2, {}}, Case{"mlp", 3, {}},
                                            Case{"mlp", 2, tiny_buckets()}, Case{"mlp", 3, tiny_buckets()},
-                                           Case{"mlp", 2, copied_grads()}, Case{"cnn", 1, {}},
-                                           Case{"cnn", 2, {}}, Case{"cnn", 3, tiny_buckets()},
+                                           Case{"mlp", 2, copied_grads()}, Case{"mlp", 3, private_buckets()},
+                                           Case{"cnn", 1, {}}, Case{"cnn", 2, {}},
+                                           Case{"cnn", 3, tiny_buckets()},
                                            Case{"mlp", 3, tiny_buckets(), "gloo"},
                                            Case{"cnn", 2, {}, "gloo"}),
                          case_name);

@@ -95,6 +95,14 @@ class Communicator {
   WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   WorkPtr barrier();
 
+  // Collective: memory that every rank's backend can read and write directly, or nullptr on
+  // every rank when there is none (gloo, mpi, a single rank, or /dev/shm too small on any
+  // rank). All ranks call it in the same order with the same size. An in-place allreduce on
+  // such a buffer (on every rank) skips the staging copies: on shm each rank reduces its share
+  // straight out of the peers' buffers and writes the result into all of them. The memory
+  // stays valid while the returned pointer (or a copy) lives, even after the communicator.
+  std::shared_ptr<void> allocate_shared(std::size_t bytes);
+
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
 

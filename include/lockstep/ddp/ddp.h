@@ -60,6 +60,10 @@ struct DdpOptions {
   bool find_unused_parameters = false;  // reduce zeros for parameters that got no gradient
   bool gradient_as_bucket_view = true;  // grads live in the buckets: no copy in or out
   CommHook comm_hook = CommHook::none;
+  // Put the buckets (as sent) in memory the communicator shares between ranks, when it has
+  // some (shm backend, CPU tensors): the all-reduce then reads peers' buckets in place
+  // instead of copying through staging slots. Falls back to private memory on every rank.
+  bool shared_buckets = true;
 };
 
 using SteadyTime = std::chrono::steady_clock::time_point;
@@ -80,6 +84,7 @@ struct DdpStats {
   std::size_t bytes_allreduced = 0;
   int bucket_count = 0;
   int buckets_started_before_backward_end = 0;  // the overlap, counted
+  int shared_buckets = 0;                       // buckets in shared memory (zero-copy)
   SteadyTime backward_begin{}, backward_end{}, reduced{};
   std::vector<BucketStats> buckets;
 };

@@ -1,0 +1,162 @@
+#include "shm_buffers.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "lockstep/error.h"
+#include "log.h"
+
+namespace lockstep::comm::shm {
+namespace {
+
+constexpr std::size_t kHeaderBytes = 4096;  // keeps the data page-aligned
+
+struct BufferHeader {
+  std::atomic<std::uint32_t> released;
+};
+
+BufferHeader* header_of(char* base) {
+  return reinterpret_cast<BufferHeader*>(base);
+}
+
+}  // namespace
+
+std::string buffer_name(const std::string& segment, int rank, std::uint64_t id) {
+  return segment + "-" + std::to_string(rank) + "-" + std::to_string(id);
+}
+
+struct OwnBuffers::State {
+  struct Entry {
+    std::uint64_t id;
+    char* base;
+    std::size_t total, bytes;
+    std::string name;
+    bool linked;
+  };
+  mutable std::mutex mu;
+  std::map<const char*, Entry> by_data;  // keyed by the data pointer handed out
+
+  void release(const char* data) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_data.find(data);
+    if (it == by_data.end()) return;
+    auto& e = it->second;
+    header_of(e.base)->released.store(1, std::memory_order_release);
+    if (e.linked) ::shm_unlink(e.name.c_str());
+    ::munmap(e.base, e.total);
+    by_data.erase(it);
+  }
+};
+
+OwnBuffers::OwnBuffers(std::string segment, int rank)
+    : segment_(std::move(segment)), rank_(rank), state_(std::make_shared<State>()) {}
+
+OwnBuffers::~OwnBuffers() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (auto& [data, e] : state_->by_data) {
+    if (e.linked) ::shm_unlink(e.name.c_str());
+    e.linked = false;
+  }
+}
+
+std::shared_ptr<void> OwnBuffers::allocate(std::size_t bytes) {
+  std::uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    id = next_id_++;
+  }
+  std::string name = buffer_name(segment_, rank_, id);
+  std::size_t total = kHeaderBytes + (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  auto fail = [&](const char* what, int error) -> std::shared_ptr<void> {
+    LOCKSTEP_LOG(warn) << "shm: cannot " << what << " a shared buffer of " << bytes << " bytes (" << name
+                       << "): " << std::strerror(error)
+                       << "; using private memory and staged copies instead (is /dev/shm large enough?)";
+    return nullptr;
+  };
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("create", errno);
+  // Reserve the pages now: tmpfs would otherwise fail with SIGBUS on first touch when full.
+  int error = ::ftruncate(fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
+  if (!error) error = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
+  void* base = error ? MAP_FAILED : ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (!error && base == MAP_FAILED) error = errno;
+  ::close(fd);
+  if (error) {
+    ::shm_unlink(name.c_str());
+    return fail("reserve", error);
+  }
+  char* b = static_cast<char*>(base);
+  new (header_of(b)) BufferHeader{};
+  char* data = b + kHeaderBytes;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->by_data[data] = State::Entry{id, b, total, bytes, name, true};
+  }
+  return std::shared_ptr<void>(data, [state = state_](void* p) { state->release(static_cast<char*>(p)); });
+}
+
+std::optional<OwnBuffers::Found> OwnBuffers::find(const void* p, std::size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->by_data.upper_bound(c);
+  if (it == state_->by_data.begin()) return std::nullopt;
+  --it;
+  std::size_t offset = static_cast<std::size_t>(c - it->first);
+  if (offset + bytes > it->second.bytes) return std::nullopt;
+  return Found{it->second.id, offset};
+}
+
+void OwnBuffers::mapped_by_all(std::uint64_t id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (auto& [data, e] : state_->by_data) {
+    if (e.id != id) continue;
+    if (e.linked) ::shm_unlink(e.name.c_str());
+    e.linked = false;
+  }
+}
+
+PeerBuffers::~PeerBuffers() {
+  for (auto& [key, m] : maps_) ::munmap(m.base, m.total);
+}
+
+char* PeerBuffers::data(int rank, std::uint64_t id) {
+  auto key = std::make_pair(rank, id);
+  auto it = maps_.find(key);
+  if (it != maps_.end()) return it->second.base + kHeaderBytes;
+  std::string name = buffer_name(segment_, rank, id);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw SystemError("shm: cannot open rank " + std::to_string(rank) + "'s shared buffer " + name + ": " +
+                      std::strerror(errno));
+  struct stat st {};
+  void* base = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) > kHeaderBytes)
+    base = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int error = errno;
+  ::close(fd);
+  if (base == MAP_FAILED)
+    throw SystemError("shm: cannot map rank " + std::to_string(rank) + "'s shared buffer " + name + ": " +
+                      std::strerror(error));
+  maps_[key] = Mapping{static_cast<char*>(base), static_cast<std::size_t>(st.st_size)};
+  return static_cast<char*>(base) + kHeaderBytes;
+}
+
+void PeerBuffers::drop_released() {
+  for (auto it = maps_.begin(); it != maps_.end();) {
+    if (header_of(it->second.base)->released.load(std::memory_order_acquire)) {
+      ::munmap(it->second.base, it->second.total);
+      it = maps_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace lockstep::comm::shm
