@@ -18,6 +18,7 @@ namespace lockstep::tools {
 struct Segment {
   int world = 1, threads = 1, cores = 1, per_device = 0, accumulation = 1, loader_workers = 0;
   std::string backend, comm_hook = "none";
+  std::string blas_core, blas_best_core;  // OpenBLAS's kernels in use, and the CPU's best
   double samples_per_second = 0;
   double step = 0, data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0;
   double bytes_per_step = 0, buckets_per_step = 0;
@@ -32,7 +33,7 @@ struct Segment {
 Segment read_segment(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // threads | data | batch | compression | scheduling | compute
+  std::string kind;            // blas | threads | data | batch | compression | scheduling | compute
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect
@@ -41,8 +42,10 @@ struct Finding {
 };
 
 // `bench_gbps`: lockstep bench's algorithm bandwidth for the run's bucket size on its backend,
-// or 0 when not measured.
-std::vector<Finding> diagnose(const Segment& one, const Segment& many, double bench_gbps);
+// or 0 when not measured. `blas_speedup`: 1-worker samples/s with OPENBLAS_CORETYPE set to the
+// CPU's best kernels over without, when the doctor measured it (0: not measured).
+std::vector<Finding> diagnose(const Segment& one, const Segment& many, double bench_gbps,
+                              double blas_speedup = 0);
 double scaling_efficiency(const Segment& one, const Segment& many);
 double training_gbps(const Segment& many);  // bytes all-reduced / time spent all-reducing
 

@@ -22,6 +22,7 @@
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/error.h"
+#include "lockstep/train/blas.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/schedule.h"
 #include "progress.h"
@@ -335,6 +336,8 @@ struct Trainer::Impl {
         static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
         args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
     say(head);
+    const BlasInfo blas = blas_info();
+    if (!blas.advice.empty()) say("lockstep: warning: " + blas.advice);
     std::int64_t parameter_count = 0;
     for (const auto& p : model.module->parameters()) parameter_count += p.numel();
     if (rank() == 0 && metrics.is_open()) {
@@ -350,6 +353,9 @@ struct Trainer::Impl {
                               {"ddp_bucket_cap_mb", args.ddp_bucket_cap_mb},
                               {"ddp_comm_hook", args.ddp_comm_hook},
                               {"parameters", parameter_count},
+                              {"blas", blas.config},
+                              {"blas_core", blas.core},
+                              {"blas_best_core", blas.best_core},
                               {"max_steps", state.max_steps},
                               {"start_step", state.global_step}};
       metrics << begin.dump() << "\n";

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/error.h"
+#include "lockstep/train/blas.h"
 #include "lockstep/train/schedule.h"
 #include "progress.h"
 #include "trace.h"
@@ -235,3 +236,31 @@ TEST(Trace, AChromeTraceFileIsOneJsonArrayWithTracksAndSpans) {
   EXPECT_GT(events[3]["ts"].get<double>(), 1.7e15);  // microseconds since 1970, so ranks line up
   EXPECT_THROW(TraceWriter("/nonexistent/dir/t.json", 0), ConfigError);
 }
+
+namespace lockstep::train {
+namespace {
+
+TEST(Blas, TheCpusBestKernelsComeFromItsFlags) {
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl"), "SkylakeX");
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f"), "Haswell");  // partial AVX-512
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma"), "Haswell");
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx"), "Sandybridge");
+  EXPECT_EQ(best_openblas_core("fpu sse2 sse3"), "");
+}
+
+// Debian 12's OpenBLAS on Emerald Rapids: Prescott where SkylakeX would run.
+TEST(Blas, AdviceOnlyWhenTheKernelsAreBelowTheCpusAndNothingWasForced) {
+  auto advice = blas_advice("Prescott", "SkylakeX", false);
+  EXPECT_NE(advice.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("Prescott"), std::string::npos) << advice;
+  EXPECT_EQ(blas_advice("Prescott", "SkylakeX", true), "");     // the user chose
+  EXPECT_EQ(blas_advice("SkylakeX", "SkylakeX", false), "");    // already the best
+  EXPECT_EQ(blas_advice("Cooperlake", "SkylakeX", false), "");  // as good
+  EXPECT_EQ(blas_advice("Zen", "Haswell", false), "");
+  EXPECT_NE(blas_advice("Sandybridge", "Haswell", false), "");
+  EXPECT_EQ(blas_advice("", "SkylakeX", false), "");  // not OpenBLAS
+  EXPECT_EQ(blas_advice("SomeFutureCore", "SkylakeX", false), "");
+}
+
+}  // namespace
+}  // namespace lockstep::train

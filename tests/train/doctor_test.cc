@@ -2,6 +2,7 @@
 // on real runs built to have one known problem each (and one with none).
 #include "doctor.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "lockstep/train/blas.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -107,6 +109,21 @@ TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
   ASSERT_TRUE(has(f, "data"));
   EXPECT_NE(f.front().action.find("--dataloader-num-workers 1"), std::string::npos) << f.front().action;
 }
+TEST(DoctorAnalysis, KernelsBelowTheCpusComeFirstWithTheMeasuredSpeedup) {
+  Segment one = healthy(1), many = healthy(2);
+  for (Segment* s : {&one, &many}) s->blas_core = "Prescott", s->blas_best_core = "SkylakeX";
+  many.data = 0.030;  // a data problem too, smaller than what the kernels cost
+  many.step += 0.030;
+  auto f = diagnose(one, many, 0, 3.0);
+  ASSERT_TRUE(has(f, "blas"));
+  EXPECT_EQ(f.front().kind, "blas");
+  EXPECT_NE(f.front().action.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << f.front().action;
+  EXPECT_NE(f.front().predicted.find("3.0x"), std::string::npos) << f.front().predicted;
+  EXPECT_TRUE(has(f, "data"));
+  // Kernels as good as the CPU allows: nothing to say.
+  for (Segment* s : {&one, &many}) s->blas_core = "SkylakeX";
+  EXPECT_FALSE(has(diagnose(one, many, 0), "blas"));
+}
 
 // ----- the command, on real runs of the Fashion-MNIST example ---------------------------------
 
@@ -121,11 +138,16 @@ struct DoctorRun {
 DoctorRun doctor(const std::string& name, std::vector<std::string> program_flags,
                  const std::map<std::string, std::string>& env = {}, const std::string& backend = "auto") {
   std::string out = fresh_dir(name);
+  // The CPU's best OpenBLAS kernels, as a user who followed the advice would run: the findings
+  // under test are about distribution (the kernel finding has its own test).
+  auto environment = env;
+  auto best = lockstep::train::blas_info().best_core;
+  if (!best.empty() && !environment.count("OPENBLAS_CORETYPE")) environment["OPENBLAS_CORETYPE"] = best;
   std::vector<std::string> argv = {LOCKSTEP_BINARY, "doctor", "--steps",      "24", "--window", "8",
                                    "--backend",     backend,  "--output-dir", out,  "--",       FASHION_MNIST,
                                    "--train-limit", "8192"};
   argv.insert(argv.end(), program_flags.begin(), program_flags.end());
-  lockstep::testing::Process p(argv, env);
+  lockstep::testing::Process p(argv, environment);
   DoctorRun r;
   r.code = p.wait(300);
   r.output = p.output();
@@ -179,6 +201,23 @@ TEST(Doctor, AHealthyConfigurationIsNotGivenAnInventedProblem) {
   EXPECT_EQ(first_recommendation(r.doc), "") << r.output;
   EXPECT_NE(r.output.find("No problem found"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("scaling efficiency"), std::string::npos) << r.output;
+}
+
+// Where this machine's OpenBLAS runs kernels below the CPU's (Debian 12's on Emerald Rapids),
+// the doctor names OPENBLAS_CORETYPE first and measures what it gives.
+TEST(Doctor, KernelsBelowTheCpusAreNamedWithAMeasuredSpeedup) {
+  void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  auto corename = blas ? reinterpret_cast<char* (*)()>(::dlsym(blas, "openblas_get_corename")) : nullptr;
+  std::string core = corename && !std::getenv("OPENBLAS_CORETYPE") ? corename() : "";
+  auto best = lockstep::train::blas_info().best_core;
+  if (lockstep::train::blas_advice(core, best, false).empty())
+    GTEST_SKIP() << "this machine's BLAS already runs the CPU's best kernels (" << core << ")";
+  auto r = doctor("blas", {"--model", "mlp"}, {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_CORETYPE", "<unset>"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "blas") << r.output;
+  EXPECT_NE(r.output.find("OPENBLAS_CORETYPE=" + best), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measured with 1 worker"), std::string::npos) << r.output;
+  EXPECT_EQ(r.doc["one"]["blas_core"].get<std::string>(), core);
 }
 
 TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {
