@@ -105,6 +105,7 @@ nlohmann::json Segment::to_json() const {
           {"ddp_comm_hook", comm_hook},
           {"blas_core", blas_core},
           {"blas_best_core", blas_best_core},
+          {"blas_forced", blas_forced},
           {"samples_per_second", samples_per_second},
           {"step_seconds", step},
           {"data_seconds", data},
@@ -141,6 +142,7 @@ Segment read_segment(const std::string& metrics_path) {
       s.comm_hook = j.value("ddp_comm_hook", "none");
       s.blas_core = j.value("blas_core", "");
       s.blas_best_core = j.value("blas_best_core", "");
+      s.blas_forced = j.value("blas_forced", false);
     } else if (j.contains("loss") && j.contains("step_seconds")) {
       windows.push_back(j);
     }
@@ -183,7 +185,7 @@ std::vector<Finding> diagnose(const Segment& one, const Segment& many, double be
   const double eff = scaling_efficiency(one, many);
 
   // Matrix products on kernels below what the CPU runs: every worker count pays it.
-  if (!train::blas_advice(many.blas_core, many.blas_best_core, false).empty()) {
+  if (!train::blas_advice(many.blas_core, many.blas_best_core, many.blas_forced).empty()) {
     Finding f;
     f.kind = "blas";
     f.problem = "OpenBLAS multiplies with its " + many.blas_core + " kernels, but this CPU runs its " +
@@ -441,9 +443,7 @@ int run_doctor(const DoctorOptions& o) {
 
   // OpenBLAS below the CPU's best kernels: measure what the fix gives, on 1 worker.
   double blas_speedup = 0;
-  if (!train::blas_advice(seg[0].blas_core, seg[0].blas_best_core,
-                          std::getenv("OPENBLAS_CORETYPE") != nullptr)
-           .empty()) {
+  if (!train::blas_advice(seg[0].blas_core, seg[0].blas_best_core, seg[0].blas_forced).empty()) {
     const std::string out = dir + "/workers_1_" + seg[0].blas_best_core;
     fs::remove_all(out);
     std::vector<std::string> argv = {self, "run", "--nproc-per-node", "1"};

@@ -19,6 +19,7 @@ struct Segment {
   int world = 1, threads = 1, cores = 1, per_device = 0, accumulation = 1, loader_workers = 0;
   std::string backend, comm_hook = "none";
   std::string blas_core, blas_best_core;  // OpenBLAS's kernels in use, and the CPU's best
+  bool blas_forced = false;               // ... chosen with OPENBLAS_CORETYPE
   double samples_per_second = 0;
   double step = 0, data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0;
   double bytes_per_step = 0, buckets_per_step = 0;

@@ -64,6 +64,10 @@ std::string blas_advice(const std::string& core, const std::string& best_core, b
          "measures it for your program)";
 }
 
+nlohmann::json BlasInfo::to_json() const {
+  return {{"blas", config}, {"blas_core", core}, {"blas_best_core", best_core}, {"blas_forced", forced}};
+}
+
 BlasInfo blas_info() {
   BlasInfo info;
   using NameFn = char* (*)();
@@ -72,7 +76,8 @@ BlasInfo blas_info() {
   if (corename) info.core = corename();
   if (config) info.config = config();
   info.best_core = best_openblas_core(cpu_flags());
-  info.advice = blas_advice(info.core, info.best_core, std::getenv("OPENBLAS_CORETYPE") != nullptr);
+  info.forced = std::getenv("OPENBLAS_CORETYPE") != nullptr;
+  info.advice = blas_advice(info.core, info.best_core, info.forced);
   return info;
 }
 

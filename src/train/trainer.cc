@@ -353,11 +353,9 @@ struct Trainer::Impl {
                               {"ddp_bucket_cap_mb", args.ddp_bucket_cap_mb},
                               {"ddp_comm_hook", args.ddp_comm_hook},
                               {"parameters", parameter_count},
-                              {"blas", blas.config},
-                              {"blas_core", blas.core},
-                              {"blas_best_core", blas.best_core},
                               {"max_steps", state.max_steps},
                               {"start_step", state.global_step}};
+      begin.update(blas.to_json());
       metrics << begin.dump() << "\n";
       metrics.flush();
     }

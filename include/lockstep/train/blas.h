@@ -7,6 +7,7 @@
 // afterwards, so this can only advise (the Trainer's first line, lockstep doctor).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace lockstep::train {
@@ -20,6 +21,8 @@ struct BlasInfo {
   // One line naming the problem and the fix when `core` is below `best_core` and
   // OPENBLAS_CORETYPE is unset; empty otherwise.
   std::string advice;
+  bool forced = false;             // OPENBLAS_CORETYPE was set: the kernels are someone's choice
+  nlohmann::json to_json() const;  // {"blas": config, "blas_core", "blas_best_core", "blas_forced"}
 };
 
 // Looks at the OpenBLAS loaded in this process, if any, and at /proc/cpuinfo.
