@@ -35,8 +35,8 @@
 //     so every rank gets bitwise the same result.
 //   allreduce in place on buffers from allocate_shared (shm_buffers.h) on every rank: barrier;
 //     each rank reduces its 1/W of the elements straight out of every rank's buffer and writes
-//     the result into all of them; barrier. Per rank n reduced + (W-1)n/W written to peers,
-//     about half the staged path's traffic, in 2 barriers whatever n.
+//     the result into all of them; barrier. Per rank n read and n written, about half the
+//     staged path's traffic, in 2 barriers whatever n.
 //   broadcast: root copies a chunk in; barrier; the others copy it out.
 //   allgather: each copies its chunk in; barrier; each copies all chunks out.
 //   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
@@ -474,7 +474,8 @@ class ShmBackend final : public Backend {
           r == rank_ ? static_cast<char*>(c.recv)
                      : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
     }
-    // This rank's share: whole cache lines, so no two ranks write one line.
+    // This rank's share, in whole cache lines: when the buffers are line-aligned (DDP's buckets
+    // are page-aligned), no two ranks write one line.
     const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);
     const std::size_t seg = round_up((c.count + size_ - 1) / size_, unit);
     const std::size_t first = std::min(c.count, seg * static_cast<std::size_t>(rank_));
