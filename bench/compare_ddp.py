@@ -15,6 +15,9 @@ and prints a markdown table of median samples/s (and range), scaling efficiency 
 throughput over twice the same side's single process), the share of the same side's no_sync
 ceiling, the exposed-communication fraction of the step, and lockstep DDP over PyTorch DDP.
 
+Every side runs with the glibc malloc tunables `lockstep run` gives its workers (freed memory is
+kept for reuse, not unmapped and faulted in again each step), single processes included.
+
 Both sides multiply through the same libblas.so.3. When OpenBLAS picks kernels below what the
 CPU runs (Debian 12's 0.3.21 on CPU models it does not know), both sides get OPENBLAS_CORETYPE
 set to the CPU's best (--blas-kernels best, the default) or keep OpenBLAS's own choice
@@ -92,6 +95,9 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    # What lockstep run gives its workers (src/launch/launcher.cc), given to every side here,
+    # single processes included, so no side is measured with per-step page faults and another without.
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
     lockstep = os.path.join(build, "tools", "lockstep")
     bench = os.path.join(build, "bench", "ddp_bench")
     detected, best = openblas_core(bench, env), best_openblas_core()
@@ -129,7 +135,7 @@ def main():
 
     print(f"DDP training throughput, per-worker batch 64, 1 intra-op + 1 BLAS thread per worker, "
           f"median of {args.repeat} interleaved runs; {os.cpu_count()} cores, {platform.machine()}, "
-          f"BLAS {blas()}; {kernels}\n")
+          f"BLAS {blas()}; {kernels}; GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side\n")
     print("| model | side | samples/s (range) | scaling eff. | of no_sync | exposed comm / step | vs PyTorch DDP |")
     print("|---|---|---|---|---|---|---|")
     for model, got in results.items():

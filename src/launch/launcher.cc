@@ -28,6 +28,14 @@ extern char** environ;
 namespace lockstep::launch {
 namespace {
 
+// glibc's malloc returns freed blocks above its mmap threshold (128 KiB, rising with use) to the
+// kernel, so a training step that frees and reallocates its activations page-faults them all in
+// again each step (the example's CNN trained 34-49% faster here without those faults). Workers
+// keep freed memory for reuse instead, so their footprint stays at its peak. Only set when
+// GLIBC_TUNABLES is unset: the user's own tunables win.
+constexpr const char* kWorkerMallocTunables =
+    "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824";
+
 using comm::Seconds;
 using nlohmann::json;
 
@@ -222,6 +230,7 @@ class Agent {
     if (!base.count("OMP_NUM_THREADS"))
       base["OMP_NUM_THREADS"] =
           std::to_string(std::max(1u, cores / static_cast<unsigned>(o_.nproc_per_node)));
+    if (!base.count("GLIBC_TUNABLES")) base["GLIBC_TUNABLES"] = kWorkerMallocTunables;
     std::string master_addr = o_.nnodes == 1 ? "127.0.0.1" : o_.master_addr;
     base["MASTER_ADDR"] = master_addr;
     base["MASTER_PORT"] = std::to_string(master_port);

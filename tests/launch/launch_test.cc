@@ -42,6 +42,20 @@ TEST_P(EnvContract, WorkersSeeTheTorchrunEnvironmentAndCanAllreduce) {
 }
 INSTANTIATE_TEST_SUITE_P(Workers, EnvContract, ::testing::Values(1, 2, 4));
 
+// Workers keep freed memory (no per-step page faults for re-allocated activations), unless
+// the user set glibc tunables of their own.
+TEST(Launch, WorkersGetMallocTunablesUnlessTheUserSetSome) {
+  Process ours({kLockstep, "run", "--nproc-per-node", "1", "/usr/bin/env"}, {{"GLIBC_TUNABLES", "<unset>"}});
+  EXPECT_EQ(ours.wait(30), 0) << ours.output();
+  EXPECT_NE(ours.output().find("GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:"), std::string::npos)
+      << ours.output();
+  Process theirs({kLockstep, "run", "--nproc-per-node", "1", "/usr/bin/env"},
+                 {{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2"}});
+  EXPECT_EQ(theirs.wait(30), 0) << theirs.output();
+  EXPECT_NE(theirs.output().find("GLIBC_TUNABLES=glibc.malloc.arena_max=2\n"), std::string::npos)
+      << theirs.output();
+}
+
 TEST(Launch, TwoAgentsOnOneMachineFormOneJobOverGloo) {
   std::string port = std::to_string(free_port());
   auto agent = [&](int node) {
