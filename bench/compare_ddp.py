@@ -34,7 +34,7 @@ import statistics
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS = {"mlp": 300, "wide": 40, "cnn": 100}
+STEPS = {"mlp": 300, "wide": 100, "cnn": 100}
 
 
 def run(cmd, env):
