@@ -420,17 +420,23 @@ int run_doctor(const DoctorOptions& o) {
   if (!std::getenv("OMP_NUM_THREADS"))
     env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, cores / o.nproc)));
 
-  Segment seg[2];
-  const int worlds[2] = {1, o.nproc};
-  for (int i = 0; i < 2; ++i) {
-    const std::string out = dir + "/workers_" + std::to_string(worlds[i]);
+  // One measured segment of the program under `lockstep run`, its outputs in `out`.
+  auto segment_argv = [&](int world, const std::string& out) {
     fs::remove_all(out);
-    std::vector<std::string> argv = {self, "run", "--nproc-per-node", std::to_string(worlds[i])};
+    std::vector<std::string> argv = {self, "run", "--nproc-per-node", std::to_string(world)};
     if (o.backend != "auto") argv.insert(argv.end(), {"--backend", o.backend});
     argv.insert(argv.end(), program.begin(), program.end());
     argv.insert(argv.end(), {"--max-steps", std::to_string(o.steps), "--logging-steps",
                              std::to_string(o.window), "--save-strategy", "no", "--eval-strategy", "no",
                              "--early-stopping-patience", "0", "--disable-tqdm", "--output-dir", out});
+    return argv;
+  };
+
+  Segment seg[2];
+  const int worlds[2] = {1, o.nproc};
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = dir + "/workers_" + std::to_string(worlds[i]);
+    auto argv = segment_argv(worlds[i], out);
     std::fprintf(stderr, "lockstep doctor: measuring %d worker%s (%d steps)...\n", worlds[i],
                  worlds[i] == 1 ? "" : "s", o.steps);
     const std::string log = dir + "/workers_" + std::to_string(worlds[i]) + ".log";
@@ -445,12 +451,7 @@ int run_doctor(const DoctorOptions& o) {
   double blas_speedup = 0;
   if (!train::blas_advice(seg[0].blas_core, seg[0].blas_best_core, seg[0].blas_forced).empty()) {
     const std::string out = dir + "/workers_1_" + seg[0].blas_best_core;
-    fs::remove_all(out);
-    std::vector<std::string> argv = {self, "run", "--nproc-per-node", "1"};
-    argv.insert(argv.end(), program.begin(), program.end());
-    argv.insert(argv.end(), {"--max-steps", std::to_string(o.steps), "--logging-steps",
-                             std::to_string(o.window), "--save-strategy", "no", "--eval-strategy", "no",
-                             "--early-stopping-patience", "0", "--disable-tqdm", "--output-dir", out});
+    auto argv = segment_argv(1, out);
     auto env_fast = env;
     env_fast.push_back("OPENBLAS_CORETYPE=" + seg[0].blas_best_core);
     std::fprintf(stderr, "lockstep doctor: measuring 1 worker with OPENBLAS_CORETYPE=%s (%d steps)...\n",
