@@ -10,7 +10,7 @@
 // per-step breakdown (forward, backward, exposed communication, optimizer).
 //
 // --crash-rank/--crash-step make one rank die mid-backward, for the fault tests.
-// DDP_BENCH_TIMELINE=1 prints the last step's bucket timeline per rank to stderr (queued,
+// --timeline prints the last step's bucket timeline per rank to stderr (queued,
 // started, finished, relative to backward's start): where exposed communication comes from.
 // With --verify, every rank also checks that all ranks end with bitwise-equal parameters and
 // exits 3 if not (the launcher tests use it as a real multi-process DDP run).
@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "lockstep/base/main.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/error.h"
@@ -104,16 +105,18 @@ int main(int argc, char** argv) {
   int crash_rank = -1, crash_step = -1;
   app.add_option("--crash-rank", crash_rank, "this rank kills itself (SIGKILL) ...");
   app.add_option("--crash-step", crash_step, "... during the backward of this step (fault tests)");
+  bool timeline = false;
+  app.add_flag("--timeline", timeline, "print the last step's bucket timeline per rank to stderr");
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return lockstep::run_main(argc, argv, [&] {
     torch::set_num_threads(threads);
     torch::manual_seed(1);
     auto model = std::make_shared<NetImpl>(widths_of(model_name));
     std::optional<lockstep::comm::Job> job;
     std::optional<lockstep::DistributedDataParallel<NetImpl>> ddp;
     int rank = 0, world = 1;
-    if (std::getenv("RANK")) {
+    if (lockstep::comm::started_as_rank()) {
       lockstep::comm::CommOptions options;
       options.backend = backend;
       options.shm_slot_bytes = std::size_t(slot_mb * (1 << 20));
@@ -178,7 +181,7 @@ int main(int argc, char** argv) {
     }
     if (job) job->comm->barrier()->wait();
     double elapsed = since(start);
-    if (ddp && std::getenv("DDP_BENCH_TIMELINE")) {
+    if (ddp && timeline) {
       auto& s = ddp->stats();
       auto ms = [&](lockstep::SteadyTime t) {
         return std::chrono::duration<double, std::milli>(t - s.backward_begin).count();
@@ -215,11 +218,5 @@ int main(int argc, char** argv) {
           backward_s / n, optimizer_s / n, exposed_s / n, comm_s / n, bytes, buckets, shared);
     }
     return 0;
-  } catch (const lockstep::ConfigError& e) {
-    std::fprintf(stderr, "ddp_bench: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp_bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -6,8 +6,6 @@
 //
 // `train` (the default) accepts every Trainer flag (--help lists them); `evaluate` and `predict`
 // load a checkpoint into a plain model in one process, without the launcher or DDP.
-#include "lockstep/train/fashion_mnist.h"
-
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -16,8 +14,10 @@
 #include <fstream>
 #include <thread>
 
+#include "lockstep/base/main.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/datasets.h"
 #include "lockstep/train/trainer.h"
 
 using lockstep::data::FashionMnist;
@@ -175,7 +175,7 @@ static int evaluate(int argc, const char* const* argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--eval-limit", limit, "use only the first N test images (0: all)");
-  CLI11_PARSE(app, argc, argv);
+  parse_command_line(app, argc, argv);
   Model model = load_plain(model_name, checkpoint);
   FashionMnistDataset test(FashionMnist::Split::test, data_dir, limit);
   torch::NoGradGuard no_grad;
@@ -204,7 +204,7 @@ static int predict(int argc, const char* const* argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--index", indices, "test images to classify")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  parse_command_line(app, argc, argv);
   Model model = load_plain(model_name, checkpoint);
   FashionMnistDataset test(FashionMnist::Split::test, data_dir);
   torch::NoGradGuard no_grad;
@@ -222,22 +222,13 @@ static int predict(int argc, const char* const* argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
+  return lockstep::run_main(argc, argv, [&] {
+    const std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
     if (command == "evaluate") return evaluate(argc - 1, argv + 1);
     if (command == "predict") return predict(argc - 1, argv + 1);
     if (command == "train") return train(argc - 1, argv + 1);
-    if (!command.empty()) {
-      std::fprintf(stderr, "fashion_mnist: unknown command '%s': use train, evaluate or predict\n",
-                   command.c_str());
-      return 2;
-    }
+    if (!command.empty())
+      throw lockstep::ConfigError("unknown command '" + command + "': use train, evaluate or predict");
     return train(argc, argv);
-  } catch (const lockstep::ConfigError& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
-    return 1;
-  }
+  });
 }

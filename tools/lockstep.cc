@@ -1,267 +1,334 @@
-// lockstep: the command-line tool. Thin by design: it parses flags and calls library code.
+// lockstep: the command-line tool. Thin by design: each subcommand parses its flags and calls
+// the library (launch, doctor); nothing here is logic a library user could not call.
 //
 //   lockstep run [options] PROGRAM [ARGS...]   the launcher (torchrun's flags)
 //   lockstep demo                               all-reduce across local processes, checked
 //   lockstep bench allreduce                    the nccl-tests style sweep for one backend
 //   lockstep doctor [-- PROGRAM ARGS...]         why N workers are or are not N times faster
 //   lockstep report RUN_DIR                      one self-contained HTML page for a run
+//   lockstep env [--markdown]                    every environment variable lockstep reads
+//   lockstep metrics-format                      the keys of metrics.jsonl (docs/metrics.md)
 //
-// demo and bench run as one rank when started inside a job (RANK or OMPI_COMM_WORLD_RANK set,
-// as under lockstep run or mpirun), and otherwise launch --nproc copies of themselves.
+// demo and bench run as one rank when started inside a job (lockstep run, torchrun, mpirun,
+// srun, SageMaker), and otherwise launch --nproc copies of themselves.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <numeric>
+#include <memory>
 #include <thread>
 #include <vector>
 
-#include "bench_allreduce.h"
-#include "doctor.h"
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/main.h"
+#include "lockstep/comm/backends.h"
 #include "lockstep/comm/rendezvous.h"
+#include "lockstep/doctor/bench_allreduce.h"
+#include "lockstep/doctor/doctor.h"
+#include "lockstep/doctor/report.h"
 #include "lockstep/error.h"
 #include "lockstep/launch/launcher.h"
-#include "report.h"
+#include "lockstep/train_core/metrics.h"
 
 namespace {
 
 using namespace lockstep;
-using namespace lockstep::comm;
-
-bool inside_job() {
-  return std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
-}
-
-// Each rank contributes (rank + 1) * (i + 1); the sum over ranks is i+1 times a triangle number.
-int demo_worker(const std::string& backend, std::size_t count) {
-  CommOptions options;
-  options.backend = backend;
-  auto start = std::chrono::steady_clock::now();
-  Job job = join_from_env(options);
-  Communicator& comm = *job.comm;
-  double setup_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  std::vector<float> data(count);
-  for (std::size_t i = 0; i < count; ++i)
-    data[i] = static_cast<float>((comm.rank() + 1) * static_cast<int>(i % 1000 + 1));
-  auto t0 = std::chrono::steady_clock::now();
-  comm.allreduce(data.data(), count, DType::f32, ReduceOp::sum)->wait();
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  int world = comm.size();
-  float triangle = static_cast<float>(world * (world + 1) / 2);
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < count; ++i)
-    if (data[i] != triangle * static_cast<float>(i % 1000 + 1)) ++wrong;
-  std::printf("rank %d of %d, %s: joined in %.1f ms; allreduce of %zu floats in %.2f ms: %s\n", comm.rank(),
-              world, comm.backend_name().c_str(), setup_ms, count, ms,
-              wrong == 0 ? "correct" : (std::to_string(wrong) + " WRONG elements").c_str());
-  std::fflush(stdout);
-  comm.barrier()->wait();
-  return wrong == 0 ? 0 : 1;
-}
 
 // Starts `nproc` copies of this very command on this machine through the launcher.
 int launch_self(int nproc, const std::vector<std::string>& args) {
   launch::LaunchOptions o;
   o.nproc_per_node = nproc;
   o.program = args;
-  o.program[0] = "/proc/self/exe";
   char path[4096];
   ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n > 0) o.program[0] = std::string(path, static_cast<std::size_t>(n));
+  o.program[0] = n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "/proc/self/exe";
   return launch::run_job(o);
 }
 
-// torchrun accepts `--tee 3` and `--redirects 3`; lockstep also accepts a bare `--tee`
-// (meaning 3) and underscores in option names.
-std::vector<std::string> normalise_run_args(int argc, char** argv) {
+// A subcommand: registers its flags on construction, runs when parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  virtual ~Command() = default;
+  virtual int run() = 0;
+};
+
+struct RunCommand : Command {
+  launch::LaunchOptions options;
+  std::string nproc = "1";
+  bool standalone = false;
+  CLI::Option* join_timeout = nullptr;
+
+  explicit RunCommand(CLI::App& parent) {
+    app =
+        parent.add_subcommand("run", "Start and supervise the workers of a job (torchrun-compatible flags)");
+    app->prefix_command();
+    app->add_option("--nproc-per-node", nproc,
+                    "workers on this machine: a number, or auto (one per CPU core)")
+        ->capture_default_str();
+    app->add_option("--nnodes", options.nnodes, "machines in the job, one `lockstep run` on each")
+        ->capture_default_str();
+    app->add_option("--node-rank", options.node_rank,
+                    "this machine's index, 0..nnodes-1; node 0 hosts the store")
+        ->capture_default_str();
+    app->add_option("--master-addr", options.master_addr, "address of node 0, as the other nodes reach it")
+        ->capture_default_str();
+    app->add_option(
+           "--master-port", options.master_port,
+           "port of node 0's store; 0 on one machine picks a free one (workers get another free port as "
+           "MASTER_PORT, for their own use)")
+        ->capture_default_str();
+    app->add_flag("--standalone", standalone, "one machine, free ports (same as --nnodes 1 --master-port 0)");
+    app->add_option("--max-restarts", options.max_restarts,
+                    "restart the whole group this many times after a failure")
+        ->capture_default_str();
+    app->add_option("--monitor-interval", options.monitor_interval,
+                    "seconds between checks of the other nodes")
+        ->capture_default_str();
+    app->add_option("--log-dir", options.log_dir,
+                    "directory for per-rank log files (with --tee/--redirects)");
+    app->add_option("--tee", options.tee,
+                    "copy output to files too: 1 stdout, 2 stderr, 3 both (bare --tee: 3)")
+        ->capture_default_str();
+    app->add_option("--redirects", options.redirects, "send output to files only: 1 stdout, 2 stderr, 3 both")
+        ->capture_default_str();
+    app->add_option("--run-id", options.run_id,
+                    "the job's name; the same on every node (default: random on one machine)");
+    app->add_option("--grace-period", options.grace_period,
+                    "seconds between SIGTERM and SIGKILL when stopping workers")
+        ->capture_default_str();
+    app->add_option("--timeout", options.timeout, "seconds the whole job may take (0: no limit)")
+        ->capture_default_str();
+    join_timeout =
+        app->add_option("--join-timeout", options.join_timeout,
+                        "seconds to reach node 0's store and see every node (default: --timeout when set "
+                        "and shorter, else 60)");
+    app->add_option("--backend", options.backend, "exported as LOCKSTEP_BACKEND: " + comm::backend_choices());
+  }
+
+  int run() override {
+    options.program = app->remaining();
+    if (!options.program.empty() && options.program[0].rfind("-", 0) == 0 && options.program[0] != "-")
+      throw ConfigError(
+          "unknown option " + options.program[0] +
+          " before the program: `lockstep run --help` lists the options (the program and its own "
+          "flags come after them)");
+    if (join_timeout->count() == 0 && options.timeout > 0)
+      options.join_timeout = std::min(options.join_timeout, options.timeout);
+    if (standalone) options.nnodes = 1, options.master_port = 0, options.node_rank = 0;
+    options.nproc_per_node = parse_nproc();
+    return launch::run_job(options);
+  }
+
+  int parse_nproc() const {
+    if (nproc == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    try {
+      std::size_t used = 0;
+      int n = std::stoi(nproc, &used);
+      if (used == nproc.size()) return n;
+    } catch (const std::logic_error&) {
+    }
+    throw ConfigError("--nproc-per-node '" + nproc + "' is not a number or 'auto'");
+  }
+};
+
+struct DemoCommand : Command {
+  int nproc = 2;
+  std::string backend = "auto";
+  std::size_t count = 1 << 20;
+  std::vector<std::string> argv;
+
+  DemoCommand(CLI::App& parent, std::vector<std::string> raw) : argv(std::move(raw)) {
+    app = parent.add_subcommand("demo", "All-reduce across local processes and check the result");
+    app->add_option("--nproc", nproc, "processes to start (ignored inside a job)")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    app->add_option("--backend", backend, comm::backend_choices())->capture_default_str();
+    app->add_option("--count", count, "floats per rank")->capture_default_str();
+  }
+
+  int run() override {
+    if (comm::started_as_rank()) return doctor::demo_worker(backend, count);
+    const int rc = launch_self(nproc, argv);
+    std::printf(rc == 0 ? "demo: %d ranks all-reduced and agree\n" : "demo: FAILED\n", nproc);
+    return rc;
+  }
+};
+
+struct BenchCommand : Command {
+  doctor::BenchOptions options;
+  int nproc = 2;
+  std::vector<std::string> argv;
+  CLI::App* allreduce = nullptr;
+
+  BenchCommand(CLI::App& parent, std::vector<std::string> raw) : argv(std::move(raw)) {
+    app = parent.add_subcommand("bench", "Benchmarks");
+    app->require_subcommand(1);
+    allreduce = app->add_subcommand("allreduce", "Allreduce sweep with nccl-tests columns");
+    allreduce->add_option("--nproc", nproc, "processes to start (ignored inside a job)")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    allreduce->add_option("--backend", options.backend, comm::backend_choices())->capture_default_str();
+    allreduce->add_option("--dtype", options.dtype, "f32 | f64 | f16 | bf16 | i32 | i64")
+        ->capture_default_str();
+    allreduce->add_option("--op", options.op, "sum | avg | min | max")->capture_default_str();
+    allreduce->add_option("--min-bytes", options.min_bytes, "smallest message")->capture_default_str();
+    allreduce->add_option("--max-bytes", options.max_bytes, "largest message")->capture_default_str();
+    allreduce->add_option("--warmup", options.warmup, "untimed iterations per size")->capture_default_str();
+    allreduce->add_option("--iters", options.iters, "timed iterations per size (0: by size)")
+        ->capture_default_str();
+    allreduce->add_flag("--json", options.json, "print JSON instead of the table");
+    allreduce->add_option("--shm-slot-bytes", options.shm_slot_bytes,
+                          "shm staging bytes per rank (0: default 1 MiB)");
+  }
+
+  int run() override {
+    options.validate();  // before starting any process
+    if (comm::started_as_rank()) return doctor::bench_allreduce_worker(options);
+    return launch_self(nproc, argv);
+  }
+};
+
+struct DoctorCommand : Command {
+  doctor::DoctorOptions options;
+  std::vector<std::string> program;
+
+  explicit DoctorCommand(CLI::App& parent) {
+    app = parent.add_subcommand(
+        "doctor",
+        "Measure a Trainer program with 1 and N workers and explain the difference (recommendations)");
+    app->prefix_command();
+    app->add_option("--nproc-per-node", options.nproc, "workers in the N-worker run")
+        ->check(CLI::Range(2, 256))
+        ->capture_default_str();
+    app->add_option("--steps", options.steps, "optimiser steps per run")->capture_default_str();
+    app->add_option("--window", options.window, "steps per measured window (the first window is warm-up)")
+        ->capture_default_str();
+    app->add_option("--backend", options.backend, comm::backend_choices())->capture_default_str();
+    app->add_option("--output-dir", options.output_dir,
+                    "where the runs and doctor.json go (default: a new /tmp dir)");
+    app->add_option("program", program,
+                    "-- PROGRAM ARGS: a program that trains with lockstep::train::Trainer (default: the "
+                    "Fashion-MNIST example's CNN)");
+  }
+
+  int run() override {
+    if (comm::started_as_rank())
+      throw ConfigError(
+          "lockstep doctor starts its own runs: call it directly, not under lockstep run "
+          "(lockstep doctor --nproc-per-node N -- PROGRAM ARGS)");
+    options.program = program;
+    for (const auto& a : app->remaining())
+      if (a != "--") options.program.push_back(a);
+    return doctor::run_doctor(options);
+  }
+};
+
+struct ReportCommand : Command {
+  std::string dir, output, doctor_json;
+
+  explicit ReportCommand(CLI::App& parent) {
+    app = parent.add_subcommand("report", "Write one self-contained HTML page for a Trainer run");
+    app->add_option("run_dir", dir, "the run's --output-dir (holds metrics.jsonl)")->required();
+    app->add_option("-o,--output", output, "the HTML file (default: RUN_DIR/report.html)");
+    app->add_option("--doctor", doctor_json,
+                    "a doctor.json to include (default: RUN_DIR/doctor.json if any)");
+  }
+
+  int run() override {
+    std::printf("%s\n", doctor::write_report(dir, output, doctor_json).c_str());
+    return 0;
+  }
+};
+
+struct EnvCommand : Command {
+  bool markdown = false;
+
+  explicit EnvCommand(CLI::App& parent) {
+    app = parent.add_subcommand("env", "List every environment variable lockstep reads, with its value here");
+    app->add_flag("--markdown", markdown, "print the tables of docs/environment.md instead");
+  }
+
+  int run() override {
+    if (markdown) {
+      std::printf("%s", knobs::markdown().c_str());
+      return 0;
+    }
+    for (const knobs::Knob* k : knobs::kAll) {
+      const bool set = knobs::is_set(*k);
+      const auto value = knobs::get(*k);
+      std::printf("%-28s %s%s\n", k->name, value ? value->c_str() : "(unset)",
+                  set     ? ""
+                  : value ? "  (default)"
+                          : "");
+    }
+    return 0;
+  }
+};
+
+struct MetricsFormatCommand : Command {
+  explicit MetricsFormatCommand(CLI::App& parent) {
+    app = parent.add_subcommand("metrics-format",
+                                "Print the keys of metrics.jsonl (the tables of docs/metrics.md)");
+  }
+  int run() override {
+    std::printf("%s", train::metrics::markdown().c_str());
+    return 0;
+  }
+};
+
+// torchrun accepts `--tee 3` and `--redirects 3`; lockstep also accepts a bare `--tee` (meaning
+// 3) and underscores in option names. Normalising stops mattering at the program: the parser
+// stops there (prefix_command), and the program's own flags are passed on as they are.
+std::vector<std::string> normalise_run_args(const std::vector<std::string>& args) {
   std::vector<std::string> out;
-  bool in_program = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (!in_program && a.rfind("--", 0) == 0) {
-      auto eq = a.find('=');
-      std::string name = a.substr(0, eq), rest = eq == std::string::npos ? "" : a.substr(eq);
-      for (auto& ch : name)
-        if (ch == '_') ch = '-';
-      a = name + rest;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a.rfind("--", 0) != 0) {
       out.push_back(a);
-      if ((a == "--tee" || a == "--redirects") && !(i + 1 < argc && std::string(argv[i + 1]).size() == 1 &&
-                                                    argv[i + 1][0] >= '0' && argv[i + 1][0] <= '3'))
-        out.push_back("3");
       continue;
     }
-    out.push_back(a);
-    // The first positional after `run` (and after an option's value) is the program: the
-    // CLI parser stops there (prefix_command); normalising stops at the first word that is
-    // neither an option nor a value, which is at or after the program, so it is harmless.
+    const auto eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    for (auto& ch : name)
+      if (ch == '_') ch = '-';
+    out.push_back(name + (eq == std::string::npos ? "" : a.substr(eq)));
+    const bool digit_follows =
+        i + 1 < args.size() && args[i + 1].size() == 1 && args[i + 1][0] >= '0' && args[i + 1][0] <= '3';
+    if ((out.back() == "--tee" || out.back() == "--redirects") && !digit_follows) out.push_back("3");
   }
   return out;
+}
+
+int lockstep_main(int argc, char** argv) {
+  const std::vector<std::string> raw(argv, argv + argc);
+  CLI::App app{"lockstep: distributed data-parallel training for libtorch"};
+  app.require_subcommand(1);
+  std::vector<std::unique_ptr<Command>> commands;
+  commands.push_back(std::make_unique<RunCommand>(app));
+  commands.push_back(std::make_unique<DemoCommand>(app, raw));
+  commands.push_back(std::make_unique<BenchCommand>(app, raw));
+  commands.push_back(std::make_unique<DoctorCommand>(app));
+  commands.push_back(std::make_unique<ReportCommand>(app));
+  commands.push_back(std::make_unique<EnvCommand>(app));
+  commands.push_back(std::make_unique<MetricsFormatCommand>(app));
+
+  std::vector<std::string> args = raw.size() > 1 && raw[1] == "run" ? normalise_run_args(raw) : raw;
+  std::vector<std::string> reversed(args.rbegin(), args.rend() - 1);  // CLI11 parses a reversed vector
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help (of the command asked about)
+    throw ConfigError(std::string(e.what()) +
+                      "; `lockstep --help` lists the commands, `lockstep COMMAND --help` "
+                      "their options");
+  }
+  for (auto& c : commands)
+    if (c->app->parsed()) return c->run();
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"lockstep: distributed data-parallel training for libtorch"};
-  app.require_subcommand(1);
-  std::vector<std::string> raw_args(argv, argv + argc);
-
-  int nproc = 2;
-  std::string backend = "auto";
-  std::size_t count = 1 << 20;
-  auto* demo = app.add_subcommand("demo", "All-reduce across local processes and check the result");
-  demo->add_option("--nproc", nproc, "processes to start (ignored inside a job)")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  demo->add_option("--backend", backend, "shm | gloo | mpi | auto")->capture_default_str();
-  demo->add_option("--count", count, "floats per rank")->capture_default_str();
-
-  auto* bench = app.add_subcommand("bench", "Benchmarks");
-  bench->require_subcommand(1);
-  tools::BenchOptions bo;
-  int bench_nproc = 2;
-  auto* ar = bench->add_subcommand("allreduce", "Allreduce sweep with nccl-tests columns");
-  ar->add_option("--nproc", bench_nproc, "processes to start (ignored inside a job)")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  ar->add_option("--backend", bo.backend, "shm | gloo | mpi | auto")->capture_default_str();
-  ar->add_option("--dtype", bo.dtype, "f32 | f64 | f16 | bf16 | i32 | i64")->capture_default_str();
-  ar->add_option("--op", bo.op, "sum | avg | min | max")->capture_default_str();
-  ar->add_option("--min-bytes", bo.min_bytes, "smallest message")->capture_default_str();
-  ar->add_option("--max-bytes", bo.max_bytes, "largest message")->capture_default_str();
-  ar->add_option("--warmup", bo.warmup, "untimed iterations per size")->capture_default_str();
-  ar->add_option("--iters", bo.iters, "timed iterations per size (0: by size)")->capture_default_str();
-  ar->add_flag("--json", bo.json, "print JSON instead of the table");
-  ar->add_option("--shm-slot-bytes", bo.shm_slot_bytes, "shm staging bytes per rank (0: default 1 MiB)");
-
-  tools::DoctorOptions doc;
-  auto* doctor = app.add_subcommand(
-      "doctor",
-      "Measure a Trainer program with 1 and N workers and explain the difference (recommendations)");
-  doctor->prefix_command();
-  doctor->add_option("--nproc-per-node", doc.nproc, "workers in the N-worker run")
-      ->check(CLI::Range(2, 256))
-      ->capture_default_str();
-  doctor->add_option("--steps", doc.steps, "optimiser steps per run")->capture_default_str();
-  doctor->add_option("--window", doc.window, "steps per measured window (the first window is warm-up)")
-      ->capture_default_str();
-  doctor->add_option("--backend", doc.backend, "shm | gloo | mpi | auto")->capture_default_str();
-  doctor->add_option("--output-dir", doc.output_dir,
-                     "where the runs and doctor.json go (default: a new /tmp dir)");
-  std::vector<std::string> doctor_program;
-  doctor->add_option(
-      "program", doctor_program,
-      "-- PROGRAM ARGS: a program that trains with lockstep::train::Trainer (default: the Fashion-MNIST "
-      "example's CNN)");
-
-  std::string report_dir, report_out, report_doctor;
-  auto* report = app.add_subcommand("report", "Write one self-contained HTML page for a Trainer run");
-  report->add_option("run_dir", report_dir, "the run's --output-dir (holds metrics.jsonl)")->required();
-  report->add_option("-o,--output", report_out, "the HTML file (default: RUN_DIR/report.html)");
-  report->add_option("--doctor", report_doctor,
-                     "a doctor.json to include (default: RUN_DIR/doctor.json if any)");
-
-  launch::LaunchOptions lo;
-  std::string nproc_text = "1";
-  bool standalone = false;
-  auto* run =
-      app.add_subcommand("run", "Start and supervise the workers of a job (torchrun-compatible flags)");
-  run->prefix_command();
-  run->add_option("--nproc-per-node", nproc_text,
-                  "workers on this machine: a number, or auto (one per CPU core)")
-      ->capture_default_str();
-  run->add_option("--nnodes", lo.nnodes, "machines in the job, one `lockstep run` on each")
-      ->capture_default_str();
-  run->add_option("--node-rank", lo.node_rank, "this machine's index, 0..nnodes-1; node 0 hosts the store")
-      ->capture_default_str();
-  run->add_option("--master-addr", lo.master_addr, "address of node 0, as the other nodes reach it")
-      ->capture_default_str();
-  run->add_option("--master-port", lo.master_port,
-                  "port of node 0's store; 0 on one machine picks a free one (workers get another free port "
-                  "as MASTER_PORT, for their own use)")
-      ->capture_default_str();
-  run->add_flag("--standalone", standalone, "one machine, free ports (same as --nnodes 1 --master-port 0)");
-  run->add_option("--max-restarts", lo.max_restarts,
-                  "restart the whole group this many times after a failure")
-      ->capture_default_str();
-  run->add_option("--monitor-interval", lo.monitor_interval, "seconds between checks of the other nodes")
-      ->capture_default_str();
-  run->add_option("--log-dir", lo.log_dir, "directory for per-rank log files (with --tee/--redirects)");
-  run->add_option("--tee", lo.tee, "copy output to files too: 1 stdout, 2 stderr, 3 both (bare --tee: 3)")
-      ->capture_default_str();
-  run->add_option("--redirects", lo.redirects, "send output to files only: 1 stdout, 2 stderr, 3 both")
-      ->capture_default_str();
-  run->add_option("--run-id", lo.run_id,
-                  "the job's name; the same on every node (default: random on one machine)");
-  run->add_option("--grace-period", lo.grace_period,
-                  "seconds between SIGTERM and SIGKILL when stopping workers")
-      ->capture_default_str();
-  run->add_option("--timeout", lo.timeout, "seconds the whole job may take (0: no limit)")
-      ->capture_default_str();
-  auto* join_timeout =
-      run->add_option("--join-timeout", lo.join_timeout,
-                      "seconds to reach node 0's store and see every node (default: --timeout "
-                      "when set and shorter, else 60)");
-  run->add_option("--backend", lo.backend, "exported as LOCKSTEP_BACKEND: shm | gloo | mpi | auto");
-
-  std::vector<std::string> normalised;
-  if (argc > 1 && std::string(argv[1]) == "run") {
-    normalised = normalise_run_args(argc, argv);
-  } else {
-    normalised.assign(argv, argv + argc);
-  }
-  std::vector<char*> cargs;
-  for (auto& a : normalised) cargs.push_back(a.data());
-  int cargc = static_cast<int>(cargs.size());
-  CLI11_PARSE(app, cargc, cargs.data());
-  try {
-    if (run->parsed()) {
-      lo.program = run->remaining();
-      if (join_timeout->count() == 0 && lo.timeout > 0)
-        lo.join_timeout = std::min(lo.join_timeout, lo.timeout);
-      if (standalone) lo.nnodes = 1, lo.master_port = 0, lo.node_rank = 0;
-      if (nproc_text == "auto") {
-        lo.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      } else {
-        try {
-          std::size_t used = 0;
-          lo.nproc_per_node = std::stoi(nproc_text, &used);
-          if (used != nproc_text.size()) throw std::invalid_argument(nproc_text);
-        } catch (const std::logic_error&) {
-          throw ConfigError("--nproc-per-node '" + nproc_text + "' is not a number or 'auto'");
-        }
-      }
-      return launch::run_job(lo);
-    }
-    if (doctor->parsed()) {
-      if (inside_job())
-        throw ConfigError(
-            "lockstep doctor starts its own runs: call it directly, not under lockstep run "
-            "(lockstep doctor --nproc-per-node N -- PROGRAM ARGS)");
-      doc.program = doctor_program;
-      for (const auto& a : doctor->remaining())
-        if (a != "--") doc.program.push_back(a);
-      return tools::run_doctor(doc);
-    }
-    if (report->parsed()) {
-      std::printf("%s\n", tools::write_report(report_dir, report_out, report_doctor).c_str());
-      return 0;
-    }
-    if (demo->parsed()) {
-      if (inside_job()) return demo_worker(backend, count);
-      int rc = launch_self(nproc, raw_args);
-      std::printf(rc == 0 ? "demo: %d ranks all-reduced and agree\n" : "demo: FAILED\n", nproc);
-      return rc;
-    }
-    if (ar->parsed()) {
-      if (inside_job()) return tools::bench_allreduce_worker(bo);
-      return launch_self(bench_nproc, raw_args);
-    }
-  } catch (const lockstep::Error& e) {
-    std::fprintf(stderr, "lockstep: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return lockstep::run_main(argc, argv, [&] { return lockstep_main(argc, argv); });
 }

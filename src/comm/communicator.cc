@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "backend.h"
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "log.h"
 
 namespace lockstep::comm {
 
@@ -59,7 +59,7 @@ void Communicator::Queue::run(std::unique_lock<std::mutex>& lock, WorkState& w) 
       backend->run(w.collective);
     } catch (const std::exception& e) {
       error = std::current_exception();
-      LOCKSTEP_LOG(error) << e.what();
+      LOCKSTEP_LOG(debug, comm) << e.what();
     }
   }
   auto end = Clock::now();
@@ -362,8 +362,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   } else {
     throw ConfigError("unknown backend '" + backend + "': use shm, gloo, mpi or auto");
   }
-  LOCKSTEP_LOG(info) << "communicator '" << options.name << "' up: rank " << rank << " of " << size << " on "
-                     << backend;
+  LOCKSTEP_LOG(debug, comm) << "communicator '" << options.name << "' up: rank " << rank << " of " << size
+                            << " on " << backend;
   return std::unique_ptr<Communicator>(new Communicator(rank, size, std::move(impl), std::move(options)));
 }
 

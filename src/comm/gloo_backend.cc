@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "backend.h"
-#include "env.h"
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "log.h"
 
 namespace lockstep::comm {
 namespace {
@@ -88,7 +88,7 @@ class GlooBackend final : public Backend {
     ignore_sigpipe_unless_handled();
     store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
     gloo::transport::tcp::attr attr;
-    if (auto iface = env::get(env::kGlooIface)) {
+    if (auto iface = knobs::get(knobs::kGlooIface)) {
       attr.iface = *iface;
     } else {
       char host[256] = {};

@@ -1,25 +1,24 @@
 #include "lockstep/comm/rendezvous.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <thread>
 
-extern char** environ;
-
-#include "env.h"
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "log.h"
 
 namespace lockstep::comm {
 namespace {
 
-using EnvMap = std::map<std::string, std::string>;
+using knobs::Environment;
+using knobs::Knob;
+using knobs::lookup;
 
-std::optional<std::string> lookup(const EnvMap& env, const std::string& name) {
-  auto it = env.find(name);
-  if (it == env.end() || it->second.empty()) return std::nullopt;
-  return it->second;
-}
+const char* kFixRank =
+    "start workers with `lockstep run`, or give each process RANK in 0..WORLD_SIZE-1 and the same "
+    "WORLD_SIZE";
 
 long parse_int(const std::string& name, const std::string& value, long lo, long hi, const char* fix) {
   char* end = nullptr;
@@ -41,14 +40,147 @@ double parse_seconds(const std::string& name, const std::string& value) {
   return v;
 }
 
-EnvMap process_env() {
-  EnvMap env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+// Where the job's shape came from: the variables that held the rank and world size (named in
+// errors), their values, and what the scheduler implies for the rest (used where the torchrun
+// names are absent).
+struct Source {
+  const Knob* rank_var = &knobs::kRank;
+  const Knob* world_var = &knobs::kWorldSize;
+  const Knob* local_rank_var = &knobs::kLocalRank;
+  const Knob* local_size_var = &knobs::kLocalWorldSize;
+  std::optional<std::string> rank, world;
+  Environment derived;  // knob name -> value the scheduler implies
+  bool from_mpirun = false;
+  std::string scheduler;
+};
+
+std::optional<Source> from_torchrun(const Environment& env) {
+  Source s;
+  s.rank = lookup(env, knobs::kRank);
+  s.world = lookup(env, knobs::kWorldSize);
+  if (!s.rank && !s.world) return std::nullopt;
+  return s;
+}
+
+std::optional<Source> from_mpirun(const Environment& env) {
+  if (!lookup(env, knobs::kOmpiRank)) return std::nullopt;
+  Source s;
+  s.rank_var = &knobs::kOmpiRank;
+  s.world_var = &knobs::kOmpiSize;
+  s.local_rank_var = &knobs::kOmpiLocalRank;
+  s.local_size_var = &knobs::kOmpiLocalSize;
+  s.rank = lookup(env, knobs::kOmpiRank);
+  s.world = lookup(env, knobs::kOmpiSize);
+  s.from_mpirun = true;
+  return s;
+}
+
+std::optional<Source> from_slurm(const Environment& env) {
+  if (!lookup(env, knobs::kSlurmProcId) || !lookup(env, knobs::kSlurmNtasks)) return std::nullopt;
+  Source s;
+  s.rank_var = &knobs::kSlurmProcId;
+  s.world_var = &knobs::kSlurmNtasks;
+  s.rank = lookup(env, knobs::kSlurmProcId);
+  s.world = lookup(env, knobs::kSlurmNtasks);
+  s.scheduler = "slurm";
+  if (auto l = lookup(env, knobs::kSlurmLocalId)) s.derived[knobs::kLocalRank.name] = *l;
+  auto per_node = lookup(env, knobs::kSlurmNtasksPerNode);
+  if (!per_node) per_node = lookup(env, knobs::kSlurmTasksPerNode);  // "2(x3),1": the first count
+  if (per_node) s.derived[knobs::kLocalWorldSize.name] = per_node->substr(0, per_node->find_first_of("(,"));
+  auto nodes = lookup(env, knobs::kSlurmJobNodelist);
+  if (!nodes) nodes = lookup(env, knobs::kSlurmNodelist);
+  if (nodes) s.derived[knobs::kMasterAddr.name] = first_slurm_host(*nodes);
+  // Slurm names no port: derive one from the job id so every task computes the same.
+  if (auto job = lookup(env, knobs::kSlurmJobId))
+    s.derived[knobs::kMasterPort.name] =
+        std::to_string(20000 + std::strtol(job->c_str(), nullptr, 10) % 20000);
+  return s;
+}
+
+// SageMaker starts the entry point once per host: one rank per host, host order = rank.
+std::optional<Source> from_sagemaker(const Environment& env) {
+  auto hosts_json = lookup(env, knobs::kSmHosts);
+  auto current = lookup(env, knobs::kSmCurrentHost);
+  if (!hosts_json || !current) return std::nullopt;
+  auto hosts = parse_host_list(*hosts_json);
+  auto it = std::find(hosts.begin(), hosts.end(), *current);
+  if (hosts.empty() || it == hosts.end())
+    throw ConfigError("SM_CURRENT_HOST='" + *current +
+                      "' is not in SM_HOSTS: the SageMaker environment is inconsistent");
+  Source s;
+  s.rank_var = &knobs::kSmCurrentHost;
+  s.world_var = &knobs::kSmHosts;
+  s.rank = std::to_string(it - hosts.begin());
+  s.world = std::to_string(hosts.size());
+  s.scheduler = "sagemaker";
+  s.derived[knobs::kLocalRank.name] = "0";
+  s.derived[knobs::kLocalWorldSize.name] = "1";
+  s.derived[knobs::kMasterAddr.name] = hosts.front();
+  s.derived[knobs::kMasterPort.name] = "29500";
+  return s;
+}
+
+// The first source whose variables are present, in the documented order; a lone process with
+// none of them is a job of one (convenient for single-worker runs and debugging).
+Source find_source(const Environment& env) {
+  for (auto detect : {from_torchrun, from_mpirun, from_slurm, from_sagemaker})
+    if (auto s = detect(env)) return *s;
+  Source lone;
+  lone.rank = "0";
+  lone.world = "1";
+  return lone;
+}
+
+void read_shape(const Source& src, const Environment& env, RendezvousInfo& info) {
+  const std::string rank_var = src.rank_var->name, world_var = src.world_var->name;
+  if (!src.rank) throw ConfigError(world_var + " is set but " + rank_var + " is not: " + kFixRank);
+  if (!src.world) throw ConfigError(rank_var + " is set but " + world_var + " is not: " + kFixRank);
+  info.world_size = static_cast<int>(parse_int(world_var, *src.world, 1, 1 << 20, kFixRank));
+  info.rank = static_cast<int>(parse_int(rank_var, *src.rank, 0, 1 << 20, kFixRank));
+  if (info.rank >= info.world_size)
+    throw ConfigError(rank_var + "=" + *src.rank + " but " + world_var + "=" + *src.world + ": " + rank_var +
+                      " must be below " + world_var + " (0.." + std::to_string(info.world_size - 1) + ")");
+  auto local_or_derived = [&](const Knob& k) {
+    auto v = lookup(env, k);
+    return v ? v : lookup(src.derived, k);
+  };
+  const std::string local_rank_var = src.local_rank_var->name, local_size_var = src.local_size_var->name;
+  auto local_size = local_or_derived(*src.local_size_var);
+  auto local_rank = local_or_derived(*src.local_rank_var);
+  info.local_world_size = local_size
+                              ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, kFixRank))
+                              : info.world_size;
+  info.local_rank = local_rank
+                        ? static_cast<int>(parse_int(local_rank_var, *local_rank, 0, 1 << 20, kFixRank))
+                        : info.rank % info.local_world_size;
+  if (info.local_rank >= info.local_world_size)
+    throw ConfigError(local_rank_var + "=" + std::to_string(info.local_rank) + " but " + local_size_var +
+                      "=" + std::to_string(info.local_world_size) +
+                      ": the local rank must be below the local world size");
+}
+
+void read_store_address(const Source& src, const Environment& env, RendezvousInfo& info) {
+  auto local_or_derived = [&](const Knob& k) {
+    auto v = lookup(env, k);
+    return v ? v : lookup(src.derived, k);
+  };
+  if (auto addr = local_or_derived(knobs::kMasterAddr)) info.master_addr = *addr;
+  if (auto port = local_or_derived(knobs::kMasterPort))
+    info.master_port = static_cast<int>(
+        parse_int(knobs::kMasterPort.name, *port, 1, 65535, "set MASTER_PORT to a free TCP port (1..65535)"));
+  if (auto store = lookup(env, knobs::kStoreAddr)) {
+    auto colon = store->rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw ConfigError(std::string(knobs::kStoreAddr.name) + "='" + *store + "' is not host:port");
+    info.store_host = store->substr(0, colon);
+    info.store_port = static_cast<int>(
+        parse_int(knobs::kStoreAddr.name, store->substr(colon + 1), 1, 65535, "expected host:port"));
   }
-  return env;
+  if (info.world_size > 1 && info.store_host.empty() && info.master_port == 0 && !info.from_mpirun)
+    throw ConfigError("neither LOCKSTEP_STORE_ADDR nor MASTER_PORT is set, so the " +
+                      std::to_string(info.world_size) +
+                      " ranks cannot find each other: start workers with `lockstep run`, or set MASTER_ADDR "
+                      "and MASTER_PORT");
 }
 
 }  // namespace
@@ -77,115 +209,37 @@ std::vector<std::string> parse_host_list(const std::string& json_list) {
 }
 
 RendezvousInfo rendezvous_info_from_env() {
-  return rendezvous_info_from(process_env());
+  return rendezvous_info_from(knobs::environment());
 }
 
-RendezvousInfo rendezvous_info_from(const EnvMap& env) {
+bool started_as_rank(const std::map<std::string, std::string>& env) {
+  for (auto detect : {from_torchrun, from_mpirun, from_slurm, from_sagemaker})
+    if (detect(env)) return true;
+  return false;
+}
+
+bool started_as_rank() {
+  return started_as_rank(knobs::environment());
+}
+
+RendezvousInfo rendezvous_info_from(const Environment& env) {
   RendezvousInfo info;
-  const char* fix_rank =
-      "start workers with `lockstep run`, or give each process RANK in "
-      "0..WORLD_SIZE-1 and the same WORLD_SIZE";
-  auto rank = lookup(env, env::kRank.name);
-  auto world = lookup(env, env::kWorldSize.name);
-  std::string rank_var = env::kRank.name, world_var = env::kWorldSize.name;
-  if (!rank && !world && lookup(env, "OMPI_COMM_WORLD_RANK")) {
-    rank_var = "OMPI_COMM_WORLD_RANK";
-    world_var = "OMPI_COMM_WORLD_SIZE";
-    rank = lookup(env, rank_var);
-    world = lookup(env, world_var);
-    info.from_mpirun = true;
-  }
-  EnvMap derived;  // values a scheduler implies, used where the torchrun names are absent
-  if (!rank && !world && lookup(env, "SLURM_PROCID") && lookup(env, "SLURM_NTASKS")) {
-    rank_var = "SLURM_PROCID";
-    world_var = "SLURM_NTASKS";
-    rank = lookup(env, rank_var);
-    world = lookup(env, world_var);
-    info.scheduler = "slurm";
-    if (auto l = lookup(env, "SLURM_LOCALID")) derived[env::kLocalRank.name] = *l;
-    auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE");
-    if (!per_node) per_node = lookup(env, "SLURM_TASKS_PER_NODE");  // "2(x3),1": the first count
-    if (per_node) derived[env::kLocalWorldSize.name] = per_node->substr(0, per_node->find_first_of("(,"));
-    auto nodes = lookup(env, "SLURM_JOB_NODELIST");
-    if (!nodes) nodes = lookup(env, "SLURM_NODELIST");
-    if (nodes) derived[env::kMasterAddr.name] = first_slurm_host(*nodes);
-    // Slurm names no port: derive one from the job id so every task computes the same.
-    if (auto job = lookup(env, "SLURM_JOB_ID"))
-      derived[env::kMasterPort.name] = std::to_string(20000 + std::strtol(job->c_str(), nullptr, 10) % 20000);
-  } else if (!rank && !world && lookup(env, "SM_HOSTS") && lookup(env, "SM_CURRENT_HOST")) {
-    // SageMaker starts the entry point once per host: one rank per host, host order = rank.
-    auto hosts = parse_host_list(*lookup(env, "SM_HOSTS"));
-    std::string current = *lookup(env, "SM_CURRENT_HOST");
-    auto it = std::find(hosts.begin(), hosts.end(), current);
-    if (hosts.empty() || it == hosts.end())
-      throw ConfigError("SM_CURRENT_HOST='" + current +
-                        "' is not in SM_HOSTS: the SageMaker environment is inconsistent");
-    rank_var = "SM_CURRENT_HOST";
-    world_var = "SM_HOSTS";
-    rank = std::to_string(it - hosts.begin());
-    world = std::to_string(hosts.size());
-    info.scheduler = "sagemaker";
-    derived[env::kLocalRank.name] = "0";
-    derived[env::kLocalWorldSize.name] = "1";
-    derived[env::kMasterAddr.name] = hosts.front();
-    derived[env::kMasterPort.name] = "29500";
-  }
-  auto lookup_or_derived = [&](const std::string& name) {
-    auto v = lookup(env, name);
-    if (!v) v = lookup(derived, name);
-    return v;
-  };
-  if (!rank && !world) {
-    // A lone process is a job of one: convenient for single-worker runs and debugging.
-    rank = "0";
-    world = "1";
-  }
-  if (!rank) throw ConfigError(world_var + " is set but " + rank_var + " is not: " + fix_rank);
-  if (!world) throw ConfigError(rank_var + " is set but " + world_var + " is not: " + fix_rank);
-  info.world_size = static_cast<int>(parse_int(world_var, *world, 1, 1 << 20, fix_rank));
-  info.rank = static_cast<int>(parse_int(rank_var, *rank, 0, 1 << 20, fix_rank));
-  if (info.rank >= info.world_size)
-    throw ConfigError(rank_var + "=" + *rank + " but " + world_var + "=" + *world + ": " + rank_var +
-                      " must be below " + world_var + " (0.." + std::to_string(info.world_size - 1) + ")");
-
-  std::string local_rank_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_RANK" : env::kLocalRank.name;
-  std::string local_size_var = info.from_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : env::kLocalWorldSize.name;
-  auto local_size = lookup_or_derived(local_size_var);
-  auto local_rank = lookup_or_derived(local_rank_var);
-  info.local_world_size = local_size
-                              ? static_cast<int>(parse_int(local_size_var, *local_size, 1, 1 << 20, fix_rank))
-                              : info.world_size;
-  info.local_rank = local_rank
-                        ? static_cast<int>(parse_int(local_rank_var, *local_rank, 0, 1 << 20, fix_rank))
-                        : info.rank % info.local_world_size;
-  if (info.local_rank >= info.local_world_size)
-    throw ConfigError(local_rank_var + "=" + std::to_string(info.local_rank) + " but " + local_size_var +
-                      "=" + std::to_string(info.local_world_size) +
-                      ": the local rank must be below the local world size");
-
-  if (auto addr = lookup_or_derived(env::kMasterAddr.name)) info.master_addr = *addr;
-  if (auto port = lookup_or_derived(env::kMasterPort.name))
-    info.master_port = static_cast<int>(
-        parse_int(env::kMasterPort.name, *port, 1, 65535, "set MASTER_PORT to a free TCP port (1..65535)"));
-  if (auto store = lookup(env, env::kStoreAddr.name)) {
-    auto colon = store->rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw ConfigError(std::string(env::kStoreAddr.name) + "='" + *store + "' is not host:port");
-    info.store_host = store->substr(0, colon);
-    info.store_port = static_cast<int>(
-        parse_int(env::kStoreAddr.name, store->substr(colon + 1), 1, 65535, "expected host:port"));
-  }
-  if (info.world_size > 1 && info.store_host.empty() && info.master_port == 0 && !info.from_mpirun)
-    throw ConfigError("neither LOCKSTEP_STORE_ADDR nor MASTER_PORT is set, so the " +
-                      std::to_string(info.world_size) +
-                      " ranks cannot find each other: start "
-                      "workers with `lockstep run`, or set MASTER_ADDR and MASTER_PORT");
-  info.token = lookup(env, env::kToken.name).value_or("");
-  info.run_id = lookup(env, env::kRunId.name).value_or(env::kRunId.default_value);
-  if (auto restarts = lookup(env, env::kRestartCount.name))
+  const Source src = find_source(env);
+  info.from_mpirun = src.from_mpirun;
+  info.scheduler = src.scheduler;
+  read_shape(src, env, info);
+  read_store_address(src, env, info);
+  info.token = lookup(env, knobs::kToken).value_or("");
+  info.run_id = lookup(env, knobs::kRunId).value_or(knobs::kRunId.default_value);
+  auto restarts = lookup(env, knobs::kRestartCount);
+  if (!restarts) restarts = lookup(env, knobs::kTorchelasticRestartCount);
+  if (restarts)
     info.restart_count = static_cast<int>(
-        parse_int(env::kRestartCount.name, *restarts, 0, 1 << 20, "it is set by lockstep run; unset it"));
-  if (auto t = lookup(env, env::kTimeout.name)) info.timeout = Seconds(parse_seconds(env::kTimeout.name, *t));
+        parse_int(knobs::kRestartCount.name, *restarts, 0, 1 << 20, "it is set by lockstep run; unset it"));
+  if (auto t = lookup(env, knobs::kTimeout)) info.timeout = Seconds(parse_seconds(knobs::kTimeout.name, *t));
+  if (auto t = lookup(env, knobs::kPeerCheck))
+    info.peer_check = Seconds(parse_seconds(knobs::kPeerCheck.name, *t));
+  info.backend = lookup(env, knobs::kBackend).value_or(knobs::kBackend.default_value);
   return info;
 }
 
@@ -236,21 +290,22 @@ Rendezvous::~Rendezvous() {
       std::string id = std::to_string(r);
       while (!store_->try_get(prefix_ + "left/" + id) && store_->try_get(prefix_ + "alive/" + id)) {
         if (Clock::now() >= deadline) {
-          LOCKSTEP_LOG(warn) << "closing the store while rank " << id << " may still use it";
+          LOCKSTEP_LOG(warn, store) << "closing the store while rank " << id << " may still use it";
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
   } catch (const Error& e) {
-    LOCKSTEP_LOG(warn) << "closing the store: " << e.what();
+    LOCKSTEP_LOG(warn, store) << "closing the store: " << e.what();
   }
 }
 
 std::unique_ptr<Communicator> Rendezvous::communicator(CommOptions options) {
   options.name = prefix_ + options.name;
   if (options.timeout == CommOptions{}.timeout) options.timeout = info_.timeout;
-  if (options.backend == "auto") options.backend = env::get(env::kBackend).value_or("auto");
+  if (options.peer_check == CommOptions{}.peer_check) options.peer_check = info_.peer_check;
+  if (options.backend == "auto") options.backend = info_.backend;
   if (!store_ && options.backend == "auto") options.backend = "mpi";
   return Communicator::create(store_, info_.rank, info_.world_size, std::move(options));
 }
@@ -258,8 +313,6 @@ std::unique_ptr<Communicator> Rendezvous::communicator(CommOptions options) {
 Job join_from_env(CommOptions options) {
   Job job;
   job.rendezvous = std::make_unique<Rendezvous>(rendezvous_info_from_env());
-  if (auto t = env::get(env::kPeerCheck))
-    options.peer_check = Seconds(parse_seconds(env::kPeerCheck.name, *t));
   job.comm = job.rendezvous->communicator(std::move(options));
   return job;
 }

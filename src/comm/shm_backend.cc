@@ -58,8 +58,8 @@
 #include <vector>
 
 #include "backend.h"
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "log.h"
 #include "reduce.h"
 #include "shm_buffers.h"
 #include "wire.h"

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "log.h"
 
 namespace lockstep::comm::shm {
 namespace {
@@ -75,9 +75,9 @@ std::shared_ptr<void> OwnBuffers::allocate(std::size_t bytes) {
   std::string name = buffer_name(segment_, rank_, id);
   std::size_t total = kHeaderBytes + (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
   auto fail = [&](const char* what, int error) -> std::shared_ptr<void> {
-    LOCKSTEP_LOG(warn) << "shm: cannot " << what << " a shared buffer of " << bytes << " bytes (" << name
-                       << "): " << std::strerror(error)
-                       << "; using private memory and staged copies instead (is /dev/shm large enough?)";
+    LOCKSTEP_LOG(warn, shm) << "cannot " << what << " a shared buffer of " << bytes << " bytes (" << name
+                            << "): " << std::strerror(error)
+                            << "; using private memory and staged copies instead (is /dev/shm large enough?)";
     return nullptr;
   };
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);

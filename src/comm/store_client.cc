@@ -11,9 +11,9 @@
 #include <sstream>
 #include <thread>
 
+#include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
-#include "log.h"
 #include "wire.h"
 
 namespace lockstep::comm {
@@ -212,7 +212,7 @@ StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_poi
         throw PeerError("store: connection lost during a non-idempotent request (" + t.what +
                         "); the store at " + options_.host + ":" + std::to_string(options_.port) +
                         " may have died");
-      LOCKSTEP_LOG(info) << "store: " << t.what << "; reconnecting";
+      LOCKSTEP_LOG(debug, store) << t.what << "; reconnecting";
     } catch (const TimeoutError&) {
       close_socket();  // the reply may still arrive: this connection is out of step now
       throw;

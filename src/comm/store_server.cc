@@ -27,9 +27,9 @@
 #include <set>
 #include <unordered_map>
 
+#include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
-#include "log.h"
 #include "wire.h"
 
 namespace lockstep::comm {
@@ -136,7 +136,7 @@ class StoreServer::Impl {
       }
       int n = ::epoll_wait(epoll_fd_, events, 64, timeout_ms);
       if (n < 0 && errno != EINTR) {
-        LOCKSTEP_LOG(error) << "store: epoll_wait failed: " << errno_text();
+        LOCKSTEP_LOG(error, store) << "epoll_wait failed: " << errno_text();
         return;
       }
       for (int i = 0; i < n; ++i) {
@@ -221,7 +221,7 @@ class StoreServer::Impl {
   void refuse(std::uint64_t id, const std::string& why) {
     Conn& c = conns_.at(id);
     ++refused_;
-    LOCKSTEP_LOG(warn) << "store: closing connection from " << c.peer << ": " << why;
+    LOCKSTEP_LOG(warn, store) << "closing connection from " << c.peer << ": " << why;
     c.in.clear();
     c.out += wire::Writer(Type::kError).str(why).frame();
     c.closing = true;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 
 namespace lockstep::ddp_detail {
@@ -45,25 +46,9 @@ std::vector<ParamSignature> deserialize(const std::string& text) {
   return params;
 }
 
-std::vector<std::string> allgather_strings(comm::Communicator& comm, const std::string& mine) {
-  std::int64_t length = std::int64_t(mine.size());
-  std::vector<std::int64_t> lengths(comm.size());
-  comm.allgather(&length, lengths.data(), 1, comm::DType::i64)->wait();
-  auto longest = *std::max_element(lengths.begin(), lengths.end());
-  std::size_t words = std::size_t(longest + 3) / 4;  // sent as int32 words
-  std::vector<std::int32_t> send(words, 0), recv(words * comm.size(), 0);
-  std::memcpy(send.data(), mine.data(), mine.size());
-  comm.allgather(send.data(), recv.data(), words, comm::DType::i32)->wait();
-  std::vector<std::string> out;
-  for (int r = 0; r < comm.size(); ++r) {
-    out.emplace_back(reinterpret_cast<const char*>(recv.data() + r * words), std::size_t(lengths[r]));
-  }
-  return out;
-}
-
 void check_same_parameters(comm::Communicator& comm, const std::vector<ParamSignature>& mine) {
   if (comm.size() == 1) return;
-  auto all = allgather_strings(comm, serialize(mine));
+  auto all = comm::allgather_strings(comm, serialize(mine));
   const auto reference = deserialize(all[0]);
   for (int r = 1; r < comm.size(); ++r) {
     if (all[r] == all[0]) continue;

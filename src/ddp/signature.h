@@ -23,7 +23,4 @@ std::vector<ParamSignature> deserialize(const std::string& text);
 // every rank, naming the first differing parameter and the ranks involved.
 void check_same_parameters(comm::Communicator& comm, const std::vector<ParamSignature>& mine);
 
-// Collective: every rank gets every rank's string (any lengths).
-std::vector<std::string> allgather_strings(comm::Communicator& comm, const std::string& mine);
-
 }  // namespace lockstep::ddp_detail

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "lockstep/base/knobs.h"
 #include "lockstep/error.h"
 
 namespace lockstep::launch {
@@ -41,8 +42,7 @@ std::optional<std::string> resolve_program(const std::string& program) {
     if (executable(program)) return program;
     return std::nullopt;
   }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  const std::string dirs = knobs::get(knobs::kPath).value_or("");
   std::size_t start = 0;
   while (start <= dirs.size()) {
     std::size_t end = dirs.find(':', start);

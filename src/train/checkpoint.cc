@@ -14,7 +14,9 @@
 #include <set>
 #include <sstream>
 
+#include "lockstep/base/main.h"
 #include "lockstep/error.h"
+#include "lockstep/train_core/durable_file.h"
 
 namespace fs = std::filesystem;
 
@@ -112,10 +114,35 @@ void set_rng_state(const torch::Tensor& state) {
 
 }  // namespace
 
+// The bytes of a torch archive; a libtorch failure becomes an Error naming what was being saved.
+template <class Save>
+std::string archive_bytes(const char* what, Save&& save) {
+  try {
+    torch::serialize::OutputArchive archive;
+    save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  } catch (const c10::Error& e) {
+    throw Error(std::string("cannot serialise the ") + what + ": " + e.what_without_backtrace());
+  }
+}
+
 void save_module(const torch::nn::Module& module, const std::string& path) {
-  torch::serialize::OutputArchive archive;
-  module.save(archive);
-  archive.save_to(path);
+  write_file_durably(path, archive_bytes("model", [&](auto& a) { module.save(a); }));
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& path) {
+  if (!fs::exists(path)) throw DataError("no optimizer state at " + path + ": the checkpoint is incomplete");
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw DataError("cannot load the optimizer state " + path + " (" +
+                    first_line(e.what_without_backtrace()).substr(0, 200) +
+                    "): the file is damaged, or was written for another model or optimizer");
+  }
 }
 
 void load_module(torch::nn::Module& module, const std::string& path) {
@@ -189,27 +216,6 @@ std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int l
   return deleted;
 }
 
-void sync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open " + path + " to flush it: " + std::strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error("fsync of " + path + " failed: " + std::strerror(err));
-}
-
-void write_file_durably(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("cannot write " + tmp + ": " + std::strerror(errno));
-  }
-  sync_path(tmp);
-  fs::rename(tmp, path);
-}
-
 std::string rng_state_hex() {
   return to_hex(rng_state());
 }
@@ -218,34 +224,67 @@ void set_rng_state_hex(const std::string& hex) {
   set_rng_state(from_hex(hex));
 }
 
+namespace {
+
+// The temporary directory of a save: removed unless the save renamed it into place.
+class PendingDir {
+ public:
+  explicit PendingDir(fs::path path) : path_(std::move(path)) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    fs::create_directories(path_, ec);
+    if (ec) throw_write_error(path_.string(), ec.value());
+  }
+  ~PendingDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  PendingDir(const PendingDir&) = delete;
+  PendingDir& operator=(const PendingDir&) = delete;
+  const fs::path& path() const { return path_; }
+  void release() { path_.clear(); }
+
+ private:
+  fs::path path_;
+};
+
+// Renames `from` to `to`, replacing an older `to` (saved again at the same step after a resume).
+void rename_into_place(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  if (!fs::exists(to)) {
+    fs::rename(from, to, ec);
+  } else {
+    const fs::path old =
+        to.parent_path() / (".tmp-old-" + to.filename().string() + "-" + std::to_string(::getpid()));
+    fs::rename(to, old, ec);
+    if (!ec) fs::rename(from, to, ec);
+    std::error_code ignored;
+    fs::remove_all(old, ignored);
+  }
+  if (ec) throw_write_error(to.string(), ec.value());
+}
+
+}  // namespace
+
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
                       const nlohmann::json& args, const nlohmann::json& trainer_state,
                       const std::function<void()>& after_model) {
   const fs::path final_dir = dir;
   const fs::path parent = final_dir.parent_path();
-  const std::string name = final_dir.filename().string();
-  const fs::path tmp = parent / (".tmp-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  save_module(module, (tmp / "model.pt").string());
-  sync_path((tmp / "model.pt").string());
+  PendingDir tmp(parent / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid())));
+  save_module(module, (tmp.path() / "model.pt").string());
   if (after_model) after_model();
-  torch::save(optimizer, (tmp / "optimizer.pt").string());
-  sync_path((tmp / "optimizer.pt").string());
-  write_file_durably((tmp / "scheduler.json").string(), scheduler.dump(2));
-  write_file_durably((tmp / "training_args.json").string(), args.dump(2));
-  write_file_durably((tmp / "trainer_state.json").string(),
+  write_file_durably((tmp.path() / "optimizer.pt").string(),
+                     archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); }));
+  write_file_durably((tmp.path() / "scheduler.json").string(), scheduler.dump(2));
+  write_file_durably((tmp.path() / "training_args.json").string(), args.dump(2));
+  write_file_durably((tmp.path() / "trainer_state.json").string(),
                      trainer_state.dump(1));  // last: marks it complete
-  sync_path(tmp.string());
-  if (fs::exists(final_dir)) {  // saved again at the same step (after a resume): replace it
-    const fs::path old = parent / (".tmp-old-" + name + "-" + std::to_string(::getpid()));
-    fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp, final_dir);
-  }
+  sync_path(tmp.path().string());
+  rename_into_place(tmp.path(), final_dir);
+  tmp.release();
   sync_path(parent.string());
 }
 

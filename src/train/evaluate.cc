@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include "lockstep/base/log.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/error.h"
+#include "lockstep/train_core/metrics.h"
+#include "trainer_impl.h"
 
 namespace lockstep::train {
 
@@ -66,6 +69,49 @@ data::EvalTotals evaluate_totals(
   }
   model.module->train(was_training);
   return data::allreduce_totals(comm, local);
+}
+
+}  // namespace lockstep::train
+
+// ----- the Trainer's evaluation -------------------------------------------------------------
+
+namespace lockstep::train {
+
+nlohmann::json Trainer::Impl::evaluate() {
+  if (!eval_set) throw ConfigError("evaluation needs an eval dataset: pass one to the Trainer");
+  const auto begin = Clock::now();
+  broadcast_buffers(*model.module, *comm);
+  const data::EvalTotals total =
+      evaluate_totals(model, *eval_set, *comm,
+                      {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16}, loss_fn);
+  metrics::EvalLog m;
+  m.step = state.global_step;
+  m.epoch = state.fractional_epoch();
+  m.eval_loss = total.mean_loss();
+  m.eval_accuracy = total.accuracy();
+  m.eval_samples = total.count;
+  m.eval_seconds = seconds_between(begin, Clock::now());
+  const nlohmann::json record = m.to_json();
+  if (trace()) trace()->span("evaluate", 1, begin, Clock::now(), record);
+  return record;
+}
+
+// Called inside train(): records the metric, logs, runs the callbacks.
+void Trainer::Impl::evaluate_during_training(TrainerControl& control) {
+  const nlohmann::json m = evaluate();
+  const double value = m.at(args.metric_for_best_model).get<double>();
+  const bool greater = args.best_is_greater();
+  if (!state.best_metric || (greater ? value > *state.best_metric : value < *state.best_metric)) {
+    state.best_metric = value;
+    improved_since_save = true;
+  }
+  if (rank() == 0)
+    LOCKSTEP_LOG(info, train) << "eval @ step " << state.global_step << ": loss "
+                              << m["eval_loss"].get<double>() << ", accuracy "
+                              << m["eval_accuracy"].get<double>() << " ("
+                              << m["eval_samples"].get<std::int64_t>() << " samples)";
+  log(m);
+  for (auto& cb : callbacks) cb->on_evaluate(state, m, control);
 }
 
 }  // namespace lockstep::train

@@ -90,9 +90,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "die") {
       std::vector<float> data(1 << 16, 1.0f);
-      bool first_attempt =
-          std::string(std::getenv("LOCKSTEP_RESTART_COUNT") ? std::getenv("LOCKSTEP_RESTART_COUNT") : "0") ==
-          "0";
+      const bool first_attempt = job.rendezvous->info().restart_count == 0;
       for (int step = 0; step < 20; ++step) {
         if (step == 3 && comm.rank() == 1 && first_attempt) {
           std::fprintf(stderr, "rank 1 is about to be killed\n");

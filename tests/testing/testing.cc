@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -55,6 +57,19 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 
 }  // namespace
 
+TempDir::TempDir(const std::string& name) {
+  std::string base = ::testing::TempDir();
+  if (base.empty() || base.back() != '/') base += '/';
+  std::string templ = base + "lockstep-" + name + "-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("cannot create a directory like " + templ);
+  path_ = templ;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 LocalStore::LocalStore() : token_(comm::random_token()) {
   server_ = std::make_unique<comm::StoreServer>(comm::StoreServerOptions{"127.0.0.1", 0, token_});
 }
@@ -87,8 +102,7 @@ void run_ranks_as_threads(int world, const comm::CommOptions& options,
 
 std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, const LocalStore& store,
                                const std::map<std::string, std::string>& extra_env) {
-  char dir_template[] = "/tmp/lockstep-test-XXXXXX";
-  std::string dir = mkdtemp(dir_template);
+  auto logs = std::make_shared<TempDir>("ranks");
   static int run = 0;
   std::string run_id = "test-" + std::to_string(getpid()) + "-" + std::to_string(run++);
   std::vector<Child> children;
@@ -103,7 +117,8 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
     std::vector<std::string> env_strings = environment_with(env), args = argv;
     std::vector<char*> envp = c_strings(env_strings), argp = c_strings(args);
     Child child;
-    child.stdout_path = dir + "/rank" + std::to_string(r) + ".log";
+    child.stdout_path = *logs / ("rank" + std::to_string(r) + ".log");
+    child.logs = logs;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, child.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,

@@ -34,10 +34,25 @@ class LocalStore {
 void run_ranks_as_threads(int world, const comm::CommOptions& options,
                           const std::function<void(comm::Communicator&)>& fn);
 
+// A new, empty directory for one test, removed with everything in it when this goes away.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name = "dir");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& child) const { return path_ + "/" + child; }
+
+ private:
+  std::string path_;
+};
+
 // A child process of the test, started with posix_spawn.
 struct Child {
   pid_t pid = -1;
-  std::string stdout_path;  // where its stdout+stderr went
+  std::string stdout_path;        // where its stdout+stderr went
+  std::shared_ptr<TempDir> logs;  // holds stdout_path
 };
 
 // Starts `world` copies of `argv` as ranks of one job (RANK, WORLD_SIZE, LOCKSTEP_STORE_ADDR,

@@ -16,7 +16,7 @@
 
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
-#include "lockstep/train/fashion_mnist.h"
+#include "lockstep/train/datasets.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,11 @@ struct RendezvousInfo {
   std::string token;
   std::string run_id = "default";
   int restart_count = 0;
-  Seconds timeout{300};
-  bool from_mpirun = false;  // rank variables came from OMPI_COMM_WORLD_*
-  std::string scheduler;     // "slurm" or "sagemaker" when their variables were used
+  Seconds timeout{300};          // LOCKSTEP_TIMEOUT
+  Seconds peer_check{5};         // LOCKSTEP_PEER_CHECK
+  std::string backend = "auto";  // LOCKSTEP_BACKEND
+  bool from_mpirun = false;      // rank variables came from OMPI_COMM_WORLD_*
+  std::string scheduler;         // "slurm" or "sagemaker" when their variables were used
 };
 
 // Helpers for scheduler variables, exposed for tests.
@@ -48,6 +51,11 @@ std::vector<std::string> parse_host_list(const std::string& json_list);  // SM_H
 // Parses and validates; reads `env` (tests pass a map) or the process environment.
 RendezvousInfo rendezvous_info_from_env();
 RendezvousInfo rendezvous_info_from(const std::map<std::string, std::string>& env);
+
+// Whether this process was started as one rank of a job: torchrun's, mpirun's, Slurm's or
+// SageMaker's variables are present (a program that launches its own ranks otherwise).
+bool started_as_rank();
+bool started_as_rank(const std::map<std::string, std::string>& env);
 
 // A joined job: this process's place in it and a connection to its store.
 class Rendezvous {

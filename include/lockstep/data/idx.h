@@ -4,7 +4,7 @@
 //
 // read_idx validates everything it can: the magic, the type code, the dimension count, that the
 // header is complete, and that the data is exactly as long as the dimensions say. Every problem
-// is a lockstep::DataError naming the file and what is wrong.
+// is a lockstep::DataError (lockstep/error.h) naming the file and what is wrong.
 #pragma once
 
 #include <cstdint>
@@ -13,16 +13,6 @@
 #include <vector>
 
 #include "lockstep/error.h"
-
-namespace lockstep {
-
-// A data file or dataset that cannot be used as it is.
-class DataError : public Error {
- public:
-  using Error::Error;
-};
-
-}  // namespace lockstep
 
 namespace lockstep::data {
 

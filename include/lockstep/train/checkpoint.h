@@ -9,7 +9,8 @@
 // Rank 0 writes it into OUTPUT_DIR/.tmp-checkpoint-<step>-<pid>/, flushes every file to disk,
 // and renames the directory into place, so a checkpoint-<step>/ directory is always complete:
 // a process killed mid-write leaves only a .tmp-* directory, which readers ignore and the next
-// save removes.
+// save removes. A save that fails (a full disk: StorageError naming the path) removes its
+// temporary directory before the error leaves write_checkpoint.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -58,9 +59,8 @@ void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
 std::string rng_state_hex();
 void set_rng_state_hex(const std::string& hex);  // ConfigError when it is not a valid state
 
-// Writes `text` to `path` through a temporary file, fsync and rename.
-void write_file_durably(const std::string& path, const std::string& text);
-// fsyncs a file or a directory (after creating or renaming entries in it).
-void sync_path(const std::string& path);
+// Collective-free reading of the parts of a checkpoint, each error naming the file: a
+// DataError when the file is damaged or is not what lockstep wrote.
+void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& path);
 
 }  // namespace lockstep::train

@@ -31,7 +31,7 @@
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/rendezvous.h"
-#include "lockstep/train/arguments.h"
+#include "lockstep/train_core/arguments.h"
 
 namespace lockstep::train {
 

@@ -1,0 +1,131 @@
+// Every environment variable lockstep reads, declared once, here, with its default and its
+// meaning. Code reads a variable only through get()/environment() with one of these knobs, so
+// this table is complete: a test fails when a source file calls getenv itself, and
+// docs/environment.md is generated from the table (`lockstep env --markdown`) and checked
+// against it.
+//
+// Thread-safety: reading is safe from any thread as long as nobody calls setenv meanwhile.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lockstep::knobs {
+
+// Who defines the variable: the tables of docs/environment.md follow this order.
+enum class Group {
+  job,        // the job's shape, with torchrun's names (lockstep run sets them)
+  scheduler,  // what mpirun, Slurm and SageMaker set, used when RANK is unset
+  comm,       // lockstep's own runtime settings
+  launch,     // read by lockstep run itself
+  train,      // read by the Trainer
+  libraries,  // read by the libraries lockstep runs on (OpenBLAS, OpenMP, glibc, Gloo)
+};
+
+struct Knob {
+  const char* name;
+  const char* default_value;  // used when unset; nullptr: no default ("not set")
+  const char* meaning;        // one line for the docs; says how a computed default is found
+  Group group;
+};
+
+// clang-format off
+// --- the job (torchrun's names) ---
+inline constexpr Knob kRank{"RANK", nullptr, "global rank of this process, 0..WORLD_SIZE-1; with WORLD_SIZE also unset (and no scheduler's variables), a job of one", Group::job};
+inline constexpr Knob kWorldSize{"WORLD_SIZE", nullptr, "number of processes in the job", Group::job};
+inline constexpr Knob kLocalRank{"LOCAL_RANK", nullptr, "rank of this process on its machine (default: RANK mod LOCAL_WORLD_SIZE)", Group::job};
+inline constexpr Knob kLocalWorldSize{"LOCAL_WORLD_SIZE", nullptr, "processes on this machine (default: WORLD_SIZE)", Group::job};
+inline constexpr Knob kMasterAddr{"MASTER_ADDR", "127.0.0.1", "address of rank 0's machine, as the others reach it", Group::job};
+inline constexpr Knob kMasterPort{"MASTER_PORT", nullptr, "port where rank 0 hosts the store when no launcher does", Group::job};
+inline constexpr Knob kTorchelasticRestartCount{"TORCHELASTIC_RESTART_COUNT", nullptr, "torchrun's name for LOCKSTEP_RESTART_COUNT, read when that is unset", Group::job};
+// --- schedulers ---
+inline constexpr Knob kOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "mpirun: the rank, used when RANK is unset", Group::scheduler};
+inline constexpr Knob kOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr, "mpirun: the world size", Group::scheduler};
+inline constexpr Knob kOmpiLocalRank{"OMPI_COMM_WORLD_LOCAL_RANK", nullptr, "mpirun: the local rank", Group::scheduler};
+inline constexpr Knob kOmpiLocalSize{"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, "mpirun: processes on this machine", Group::scheduler};
+inline constexpr Knob kSlurmProcId{"SLURM_PROCID", nullptr, "Slurm srun: the rank, used when RANK and the mpirun variables are unset", Group::scheduler};
+inline constexpr Knob kSlurmNtasks{"SLURM_NTASKS", nullptr, "Slurm: the world size", Group::scheduler};
+inline constexpr Knob kSlurmLocalId{"SLURM_LOCALID", nullptr, "Slurm: the local rank", Group::scheduler};
+inline constexpr Knob kSlurmNtasksPerNode{"SLURM_NTASKS_PER_NODE", nullptr, "Slurm: processes per machine", Group::scheduler};
+inline constexpr Knob kSlurmTasksPerNode{"SLURM_TASKS_PER_NODE", nullptr, "Slurm: processes per machine as \"2(x3),1\" (the first count), when SLURM_NTASKS_PER_NODE is unset", Group::scheduler};
+inline constexpr Knob kSlurmJobNodelist{"SLURM_JOB_NODELIST", nullptr, "Slurm: the job's hosts; the first is MASTER_ADDR", Group::scheduler};
+inline constexpr Knob kSlurmNodelist{"SLURM_NODELIST", nullptr, "Slurm: older name of SLURM_JOB_NODELIST", Group::scheduler};
+inline constexpr Knob kSlurmJobId{"SLURM_JOB_ID", nullptr, "Slurm: MASTER_PORT defaults to 20000 + SLURM_JOB_ID mod 20000", Group::scheduler};
+inline constexpr Knob kSmHosts{"SM_HOSTS", nullptr, "SageMaker: the job's hosts as a JSON list, one rank each; the first is MASTER_ADDR (port 29500 unless MASTER_PORT is set)", Group::scheduler};
+inline constexpr Knob kSmCurrentHost{"SM_CURRENT_HOST", nullptr, "SageMaker: this host; its index in SM_HOSTS is the rank", Group::scheduler};
+// --- lockstep's runtime ---
+inline constexpr Knob kStoreAddr{"LOCKSTEP_STORE_ADDR", nullptr, "host:port of the launcher's store (set by lockstep run); wins over MASTER_ADDR/MASTER_PORT", Group::comm};
+inline constexpr Knob kToken{"LOCKSTEP_TOKEN", "", "the run's secret: every store connection proves it holds it (HMAC); lockstep run reads it too, for jobs across machines", Group::comm};
+inline constexpr Knob kRunId{"LOCKSTEP_RUN_ID", "default", "names the run's keys on the store", Group::comm};
+inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so far (set by lockstep run); the Trainer resumes from its newest checkpoint when above 0", Group::comm};
+inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, mpi or auto (shm when every rank is on one machine, else gloo)", Group::comm};
+inline constexpr Knob kTimeout{"LOCKSTEP_TIMEOUT", "300", "seconds any collective or store call may take", Group::comm};
+inline constexpr Knob kPeerCheck{"LOCKSTEP_PEER_CHECK", "5", "seconds within which a dead peer is reported", Group::comm};
+inline constexpr Knob kGlooIface{"LOCKSTEP_GLOO_IFACE", nullptr, "network interface Gloo binds (default: the address the hostname resolves to)", Group::comm};
+inline constexpr Knob kLogLevel{"LOCKSTEP_LOG_LEVEL", "info", "error, warn, info or debug: the lowest level of lines lockstep writes", Group::comm};
+inline constexpr Knob kLogSubsystems{"LOCKSTEP_LOG_SUBSYSTEMS", "all", "which subsystems log: all, a list such as comm,store, or ^list to exclude (names: base store comm shm gloo mpi hier run data ddp train doctor)", Group::comm};
+// --- the launcher ---
+inline constexpr Knob kPath{"PATH", "/usr/local/bin:/usr/bin:/bin", "where lockstep run finds a PROGRAM given without a '/'", Group::launch};
+// --- the Trainer ---
+inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt only: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP) or kill-after-step:STEP:RANK", Group::train};
+// --- libraries lockstep runs on ---
+inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
+inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS picked kernels below the CPU's, the Trainer and lockstep doctor say so", Group::libraries};
+inline constexpr Knob kGlibcTunables{"GLIBC_TUNABLES", nullptr, "glibc's tunables; when unset, lockstep run gives workers malloc tunables that keep freed memory for reuse", Group::libraries};
+// clang-format on
+
+inline constexpr const Knob* kAll[] = {&kRank,
+                                       &kWorldSize,
+                                       &kLocalRank,
+                                       &kLocalWorldSize,
+                                       &kMasterAddr,
+                                       &kMasterPort,
+                                       &kTorchelasticRestartCount,
+                                       &kOmpiRank,
+                                       &kOmpiSize,
+                                       &kOmpiLocalRank,
+                                       &kOmpiLocalSize,
+                                       &kSlurmProcId,
+                                       &kSlurmNtasks,
+                                       &kSlurmLocalId,
+                                       &kSlurmNtasksPerNode,
+                                       &kSlurmTasksPerNode,
+                                       &kSlurmJobNodelist,
+                                       &kSlurmNodelist,
+                                       &kSlurmJobId,
+                                       &kSmHosts,
+                                       &kSmCurrentHost,
+                                       &kStoreAddr,
+                                       &kToken,
+                                       &kRunId,
+                                       &kRestartCount,
+                                       &kBackend,
+                                       &kTimeout,
+                                       &kPeerCheck,
+                                       &kGlooIface,
+                                       &kLogLevel,
+                                       &kLogSubsystems,
+                                       &kPath,
+                                       &kFaultInject,
+                                       &kOmpNumThreads,
+                                       &kOpenblasCoretype,
+                                       &kGlibcTunables};
+
+// The variable's value when set and not empty, else its default, else nullopt.
+std::optional<std::string> get(const Knob& knob);
+// Whether the variable is set at all (even to an empty value).
+bool is_set(const Knob& knob);
+
+// A snapshot of the whole environment, NAME -> value: what a launcher passes on to its
+// workers, and what the rendezvous parses (tests pass a map of their own instead).
+using Environment = std::map<std::string, std::string>;
+Environment environment();
+// The value in `env` when present and not empty, else nullopt (no default applied).
+std::optional<std::string> lookup(const Environment& env, const Knob& knob);
+
+// The table as the Markdown of docs/environment.md (one table per group).
+std::string markdown();
+
+}  // namespace lockstep::knobs

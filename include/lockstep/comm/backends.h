@@ -1,0 +1,26 @@
+// The names of lockstep's communication backends: the one list that flags, arguments and
+// error messages are checked against. Header-only and torch-free.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace lockstep::comm {
+
+// "auto" picks shm when every rank is on one machine and gloo otherwise.
+inline constexpr const char* kBackendNames[] = {"auto", "shm", "gloo", "mpi"};
+
+inline bool is_backend_name(std::string_view name) {
+  for (const char* b : kBackendNames)
+    if (name == b) return true;
+  return false;
+}
+
+// "auto | shm | gloo | mpi", for help texts.
+inline std::string backend_choices(const char* separator = " | ") {
+  std::string out;
+  for (const char* b : kBackendNames) out += (out.empty() ? "" : separator) + std::string(b);
+  return out;
+}
+
+}  // namespace lockstep::comm

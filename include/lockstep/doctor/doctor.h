@@ -1,0 +1,80 @@
+// lockstep doctor: why N workers are or are not N times faster than one.
+//
+// It runs the user's Trainer-based program (by default the Fashion-MNIST example) for a short
+// measured segment with 1 worker and with N, through `lockstep run`, reads the step-time
+// breakdown each run wrote to metrics.jsonl, measures `lockstep bench allreduce` on the same
+// backend for the bucket size the run used, and turns the numbers into findings ranked by the
+// share of the step they would save. The analysis (diagnose) is a pure function of the two
+// summaries, one rule per kind of finding, tested on numbers whose right answer is known.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lockstep::doctor {
+
+// Per-step averages of one measured run (first logging window dropped as warm-up).
+struct RunSummary {
+  int world = 1, threads = 1, cores = 1, per_device = 0, accumulation = 1, loader_workers = 0;
+  std::string backend, comm_hook = "none";
+  std::string blas_core, blas_best_core;  // OpenBLAS's kernels in use, and the CPU's best
+  bool blas_forced = false;               // ... chosen with OPENBLAS_CORETYPE
+  double samples_per_second = 0;
+  double step = 0, data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0;
+  double bytes_per_step = 0, buckets_per_step = 0;
+  int windows = 0;  // logging windows averaged
+  double other() const;
+  double compute() const { return forward + backward; }
+  nlohmann::json to_json() const;  // doctor.json's "one" and "many"
+  static RunSummary from_json(const nlohmann::json& j);
+};
+
+// Reads OUTPUT_DIR/metrics.jsonl of a Trainer run (its last start). Throws ConfigError when
+// there is nothing to measure (too few logged steps), naming the file.
+RunSummary read_summary(const std::string& metrics_path);
+
+struct Finding {
+  std::string kind;            // blas | threads | data | batch | compression | scheduling | compute
+  std::string problem;         // what the numbers show
+  std::string action;          // what to change, concretely
+  std::string predicted;       // the predicted effect
+  double saving = 0;           // predicted share of the N-worker step saved (ranks the findings)
+  bool recommendation = true;  // false: a note that explains, with nothing to change
+  nlohmann::json to_json() const;
+  static Finding from_json(const nlohmann::json& j);
+};
+
+// What diagnose() looks at: the 1-worker and N-worker runs, and two measurements the doctor
+// takes beside them.
+struct Evidence {
+  RunSummary one, many;
+  // lockstep bench's algorithm bandwidth for the run's bucket size on its backend; 0: not measured.
+  double bench_gbps = 0;
+  // 1-worker samples/s with OPENBLAS_CORETYPE set to the CPU's best kernels over without; 0: not
+  // measured.
+  double blas_speedup = 0;
+};
+
+// Every rule's finding, recommendations first (oversubscription before the rest, since it
+// distorts every other number), then by predicted saving; notes last.
+std::vector<Finding> diagnose(const Evidence& evidence);
+double scaling_efficiency(const RunSummary& one, const RunSummary& many);
+double training_gbps(const RunSummary& many);  // bytes all-reduced / time spent all-reducing
+
+std::string format_report(const Evidence& evidence, const std::vector<Finding>& findings);
+nlohmann::json findings_json(const Evidence& evidence, const std::vector<Finding>& findings);
+
+struct DoctorOptions {
+  int nproc = 2;
+  int steps = 30;   // optimiser steps per run
+  int window = 10;  // logging window; the first is warm-up
+  std::string backend = "auto";
+  std::string output_dir;            // empty: a fresh directory under /tmp
+  std::vector<std::string> program;  // PROGRAM ARGS...; empty: the Fashion-MNIST example
+};
+
+// Runs both segments and the bench, prints the report, writes OUTPUT_DIR/doctor.json.
+int run_doctor(const DoctorOptions& options);
+
+}  // namespace lockstep::doctor

@@ -1,0 +1,112 @@
+// The records of OUTPUT_DIR/metrics.jsonl, the Trainer's log: one JSON object per line, each
+// with an "event" key. The format is documented in docs/metrics.md, which is generated from the
+// tables below (`lockstep metrics-format`) and checked against them by a test, so the Trainer
+// that writes these lines, lockstep doctor and lockstep report that read them, and a user's own
+// tools all use the same keys.
+//
+//   {"event":"train_begin", ...}   once per start (a resumed run appends another)
+//   {"event":"log", ...}           every --logging-steps optimiser steps
+//   {"event":"eval", ...}          after every evaluation during training
+//
+// Each table row is (C++ type, key, meaning); the key is the member's name. Fields of type
+// std::optional are left out of a line when absent. Readers ignore keys they do not know.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+// clang-format off
+#define LOCKSTEP_TRAIN_BEGIN_FIELDS(X)                                                                  \
+  X(int, world_size, "workers in the run")                                                              \
+  X(int, per_device_train_batch_size, "samples per worker per micro-batch")                             \
+  X(int, gradient_accumulation_steps, "micro-batches per optimiser step")                               \
+  X(int, dataloader_num_workers, "batch-building threads per worker")                                  \
+  X(int, intra_op_threads, "libtorch intra-op threads per worker")                                      \
+  X(int, cores, "CPU cores the machine reports")                                                        \
+  X(std::string, backend, "communication backend in use (shm, gloo, mpi)")                              \
+  X(double, ddp_bucket_cap_mb, "gradient bucket size")                                                  \
+  X(std::string, ddp_comm_hook, "gradient compression on the wire (none, fp16, bf16)")                  \
+  X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
+  X(std::int64_t, max_steps, "optimiser steps the run will take")                                       \
+  X(std::int64_t, start_step, "the step this start begins at (above 0 after a resume)")                 \
+  X(std::string, blas, "the BLAS library's configuration string (OpenBLAS), empty if unknown")         \
+  X(std::string, blas_core, "the OpenBLAS kernel set in use")                                           \
+  X(std::string, blas_best_core, "the fastest OpenBLAS kernel set this CPU runs")                       \
+  X(bool, blas_forced, "whether OPENBLAS_CORETYPE chose the kernels")
+
+#define LOCKSTEP_STEP_LOG_FIELDS(X)                                                                     \
+  X(std::int64_t, step, "optimiser steps done")                                                         \
+  X(double, epoch, "epochs done, fractional")                                                           \
+  X(double, loss, "training loss over the window, averaged over samples on every rank")               \
+  X(double, learning_rate, "the learning rate of the window's last step")                               \
+  X(std::optional<double>, grad_norm, "global gradient norm before clipping (when --max-grad-norm > 0)") \
+  X(double, samples_per_second, "samples of all workers per second of wall time over the window")      \
+  X(int, world_size, "workers")                                                                          \
+  X(double, step_seconds, "time per step, averaged over steps and ranks")                               \
+  X(double, data_seconds, "... waiting for the batch")                                                  \
+  X(double, forward_seconds, "... in forward and the loss")                                             \
+  X(double, backward_seconds, "... computing backward (communication it hid included)")                 \
+  X(double, exposed_comm_seconds, "... waiting at backward's end for the gradient all-reduce")          \
+  X(double, comm_seconds, "... all-reducing, overlapped or not")                                        \
+  X(double, optimizer_seconds, "... clipping and in the optimiser")                                     \
+  X(double, exposed_comm_fraction, "exposed_comm_seconds / step_seconds")                               \
+  X(double, allreduce_bytes_per_step, "gradient bytes each rank all-reduced per step")                  \
+  X(double, buckets_per_step, "gradient buckets per step")
+
+#define LOCKSTEP_EVAL_LOG_FIELDS(X)                                                                     \
+  X(std::int64_t, step, "optimiser steps done when it ran")                                             \
+  X(double, epoch, "epochs done, fractional")                                                           \
+  X(double, eval_loss, "mean loss over every real sample of the eval set")                              \
+  X(double, eval_accuracy, "share of samples whose highest output is the target")                       \
+  X(std::int64_t, eval_samples, "samples evaluated (each once, across all ranks)")                      \
+  X(double, eval_seconds, "time the evaluation took")
+// clang-format on
+
+namespace lockstep::train::metrics {
+
+#define LOCKSTEP_METRICS_MEMBER(type, name, meaning) type name{};
+
+struct TrainBegin {
+  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_METRICS_MEMBER)
+  nlohmann::json to_json() const;
+  static TrainBegin from_json(const nlohmann::json& j);
+};
+
+struct StepLog {
+  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_METRICS_MEMBER)
+  nlohmann::json to_json() const;
+  static StepLog from_json(const nlohmann::json& j);
+};
+
+struct EvalLog {
+  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_METRICS_MEMBER)
+  nlohmann::json to_json() const;
+  static EvalLog from_json(const nlohmann::json& j);
+};
+
+#undef LOCKSTEP_METRICS_MEMBER
+
+// The event names of the "event" key.
+inline constexpr const char* kTrainBegin = "train_begin";
+inline constexpr const char* kLog = "log";
+inline constexpr const char* kEval = "eval";
+
+// One start of a run: its train_begin and the lines after it.
+struct Segment {
+  std::optional<TrainBegin> begin;
+  std::vector<StepLog> logs;
+  std::vector<EvalLog> evals;
+};
+
+// Every start recorded in a metrics.jsonl, oldest first. A ConfigError names the file when it
+// cannot be read or a line in its middle is not JSON; an incomplete last line (a run killed
+// while writing it) is skipped.
+std::vector<Segment> read_metrics(const std::string& path);
+
+// docs/metrics.md's tables: every record's keys, types and meanings.
+std::string markdown();
+
+}  // namespace lockstep::train::metrics

@@ -1,0 +1,67 @@
+// What a training step costs, by part, and the logging window that averages it over steps and
+// ranks into a metrics.jsonl "log" record. Torch-free.
+//
+// Threading: one window per Trainer, on its training thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/train_core/metrics.h"
+
+namespace lockstep::train {
+
+using Clock = std::chrono::steady_clock;
+
+// One optimiser step on one rank, in seconds.
+struct StepTimes {
+  double data = 0;          // waiting for batches
+  double forward = 0;       // forward and loss
+  double backward = 0;      // backward compute (communication it hid included, exposed excluded)
+  double exposed_comm = 0;  // backward's end waiting for the gradient all-reduce
+  double comm = 0;          // all-reduce run time, overlapped or not
+  double optimizer = 0;     // clipping and the optimiser
+  double total = 0;         // the whole step
+};
+
+// The numbers every rank contributes to a log line. Plain doubles, so one f64 allreduce sums
+// them field by field.
+struct WindowSums {
+  double loss_sum = 0, loss_count = 0;
+  double data = 0, forward = 0, backward = 0, exposed_comm = 0, comm = 0, optimizer = 0, total = 0;
+};
+static_assert(sizeof(WindowSums) == 9 * sizeof(double), "WindowSums is all-reduced as 9 doubles");
+
+class LogWindow {
+ public:
+  // One micro-batch's mean loss over `count` samples.
+  void add_loss(double mean_loss, double count);
+  // A finished step: its times, the samples it took on all ranks, and what it all-reduced.
+  void add_step(const StepTimes& times, double samples_all_ranks, double bytes, int buckets);
+  void set_grad_norm(double norm) { grad_norm_ = norm; }
+  // Time spent on evaluation or saving does not count as training time.
+  void exclude(Clock::duration paused) { begin_ += paused; }
+
+  std::int64_t steps() const { return steps_; }
+  double local_mean_loss() const;
+  double local_samples_per_second() const;
+
+  // Collective: one allreduce of every rank's sums; the record's loss is the mean over samples
+  // on all ranks, its times the means over steps and ranks. step, epoch and learning_rate are
+  // the caller's to fill.
+  metrics::StepLog summarise(comm::Communicator& comm) const;
+  // The summed losses of every rank (valid after summarise), for the run's mean loss.
+  const WindowSums& global_sums() const { return global_; }
+
+ private:
+  WindowSums local_;
+  mutable WindowSums global_;
+  std::int64_t steps_ = 0;
+  double samples_ = 0;  // all ranks
+  double bytes_ = 0, buckets_ = 0;
+  double grad_norm_ = -1;  // < 0: not measured
+  Clock::time_point begin_ = Clock::now();
+};
+
+}  // namespace lockstep::train

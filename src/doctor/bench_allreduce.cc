@@ -1,0 +1,172 @@
+// `lockstep bench allreduce`: the nccl-tests sweep. For each size: warm-up, a correctness
+// check against values every rank can compute alone, then timed iterations between barriers.
+// Time is the slowest rank's mean; algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
+// bandwidth each rank's link needed, comparable across world sizes and with nccl-tests.
+#include "lockstep/doctor/bench_allreduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "lockstep/comm/backends.h"
+#include "lockstep/comm/reference.h"
+#include "lockstep/comm/rendezvous.h"
+#include "lockstep/error.h"
+
+namespace lockstep::doctor {
+
+using namespace lockstep::comm;
+
+namespace {
+
+void fill(void* buf, DType t, std::size_t n, int rank) {
+  for (std::size_t i = 0; i < n; ++i) store_element(t, buf, i, reference::input(rank, i));
+}
+
+std::size_t count_wrong(const void* out, DType t, ReduceOp op, std::size_t n, int world) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double want = reference::reduced(op, t, world, i);
+    if (std::abs(load_element(t, out, i) - want) > reference::tolerance(t, want)) ++wrong;
+  }
+  return wrong;
+}
+
+std::string human_bytes(std::size_t b) {
+  char buf[32];
+  if (b >= (1u << 20))
+    std::snprintf(buf, sizeof buf, "%zuM", b >> 20);
+  else if (b >= (1u << 10))
+    std::snprintf(buf, sizeof buf, "%zuK", b >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%zu", b);
+  return buf;
+}
+
+}  // namespace
+
+void BenchOptions::validate() const {
+  if (!is_backend_name(backend))
+    throw ConfigError("--backend '" + backend + "' is unknown: use " + backend_choices(", "));
+  const std::size_t element = dtype_size(parse_dtype(dtype));
+  parse_reduce_op(op);
+  if (min_bytes < element)
+    throw ConfigError("--min-bytes " + std::to_string(min_bytes) + " is below one " + dtype + " element (" +
+                      std::to_string(element) + " bytes): the sweep starts at one element at least");
+  if (max_bytes < min_bytes)
+    throw ConfigError("--max-bytes " + std::to_string(max_bytes) + " is below --min-bytes " +
+                      std::to_string(min_bytes));
+  if (max_bytes > (std::size_t{1} << 36))
+    throw ConfigError("--max-bytes " + std::to_string(max_bytes) +
+                      " is above 64 GiB: each rank allocates it twice");
+  if (warmup < 0 || iters < 0)
+    throw ConfigError("--warmup and --iters must be at least 0 (--iters 0: chosen per size)");
+}
+
+int bench_allreduce_worker(const BenchOptions& options) {
+  options.validate();
+  DType dtype = parse_dtype(options.dtype);
+  ReduceOp op = parse_reduce_op(options.op);
+  CommOptions comm_options;
+  comm_options.backend = options.backend;
+  if (options.shm_slot_bytes != 0) comm_options.shm_slot_bytes = options.shm_slot_bytes;
+  Job job = join_from_env(comm_options);
+  Communicator& comm = *job.comm;
+  int rank = comm.rank(), world = comm.size();
+  const std::size_t esize = dtype_size(dtype);
+
+  std::vector<char> send(options.max_bytes), recv(options.max_bytes);
+  nlohmann::json rows = nlohmann::json::array();
+  std::uint64_t wrong_anywhere = 0;
+  if (rank == 0 && !options.json) {
+    std::printf("# lockstep bench allreduce: backend %s, %d ranks, %s %s\n", comm.backend_name().c_str(),
+                world, options.dtype.c_str(), options.op.c_str());
+    std::printf("%12s %12s %6s %6s %12s %10s %10s %8s\n", "size(B)", "count", "type", "redop", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
+    std::size_t count = bytes / esize;
+    fill(send.data(), dtype, count, rank);
+    comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    std::size_t wrong = count_wrong(recv.data(), dtype, op, count, world);
+    std::uint64_t total_wrong = wrong;
+    comm.allreduce(&total_wrong, 1, DType::i64, ReduceOp::sum)->wait();
+
+    int iters = options.iters > 0 ? options.iters
+                                  : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
+    for (int i = 0; i < options.warmup; ++i)
+      comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    comm.barrier()->wait();
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+    comm.allreduce(&seconds, 1, DType::f64, ReduceOp::max)->wait();
+
+    double algbw = static_cast<double>(bytes) / seconds / 1e9;
+    double busbw = algbw * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
+    if (rank == 0) {
+      if (options.json) {
+        rows.push_back({{"bytes", bytes},
+                        {"count", count},
+                        {"dtype", options.dtype},
+                        {"op", options.op},
+                        {"time_us", seconds * 1e6},
+                        {"algbw_gbps", algbw},
+                        {"busbw_gbps", busbw},
+                        {"wrong", total_wrong},
+                        {"iters", iters}});
+      } else {
+        std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", bytes, count, options.dtype.c_str(),
+                    options.op.c_str(), seconds * 1e6, algbw, busbw,
+                    static_cast<unsigned long long>(total_wrong));
+        std::fflush(stdout);
+      }
+    }
+    wrong_anywhere += total_wrong;
+    if (total_wrong != 0 && rank == 0)
+      std::fprintf(stderr, "lockstep bench: %llu wrong elements at %s\n",
+                   static_cast<unsigned long long>(total_wrong), human_bytes(bytes).c_str());
+  }
+  if (rank == 0 && options.json) {
+    nlohmann::json doc = {
+        {"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  }
+  return wrong_anywhere == 0 ? 0 : 1;
+}
+
+// Each rank contributes (rank + 1) * (i % 1000 + 1); the sum over ranks is a triangle number
+// times (i % 1000 + 1), exact in f32.
+int demo_worker(const std::string& backend, std::size_t count) {
+  CommOptions options;
+  options.backend = backend;
+  const auto start = std::chrono::steady_clock::now();
+  Job job = join_from_env(options);
+  Communicator& comm = *job.comm;
+  const double setup_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::vector<float> data(count);
+  for (std::size_t i = 0; i < count; ++i)
+    data[i] = static_cast<float>((comm.rank() + 1) * static_cast<int>(i % 1000 + 1));
+  const auto begin = std::chrono::steady_clock::now();
+  comm.allreduce(data.data(), count, DType::f32, ReduceOp::sum)->wait();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  const int world = comm.size();
+  const auto triangle = static_cast<float>(world * (world + 1) / 2);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    if (data[i] != triangle * static_cast<float>(i % 1000 + 1)) ++wrong;
+  std::printf("rank %d of %d, %s: joined in %.1f ms; allreduce of %zu floats in %.2f ms: %s\n", comm.rank(),
+              world, comm.backend_name().c_str(), setup_ms, count, ms,
+              wrong == 0 ? "correct" : (std::to_string(wrong) + " WRONG elements").c_str());
+  std::fflush(stdout);
+  comm.barrier()->wait();
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace lockstep::doctor

@@ -1,0 +1,216 @@
+// The doctor's rules: each looks at the evidence and returns a finding, or nothing. diagnose()
+// runs them all and ranks what they found.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "lockstep/doctor/doctor.h"
+#include "lockstep/train_core/blas.h"
+
+namespace lockstep::doctor {
+namespace {
+
+std::string fmt(const char* format, double a, double b = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, format, a, b);
+  return buf;
+}
+std::string ms(double seconds) {
+  return fmt("%.1f ms", seconds * 1e3);
+}
+std::string pct(double fraction) {
+  return fmt("%.0f%%", fraction * 100);
+}
+
+double step_of(const RunSummary& many) {
+  return std::max(many.step, 1e-9);
+}
+
+// Matrix products on kernels below what the CPU runs: every worker count pays it.
+std::optional<Finding> blas_kernels(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (train::blas_advice(many.blas_core, many.blas_best_core, many.blas_forced).empty()) return std::nullopt;
+  Finding f;
+  f.kind = "blas";
+  f.problem = "OpenBLAS multiplies with its " + many.blas_core + " kernels, but this CPU runs its " +
+              many.blas_best_core + " kernels (OpenBLAS did not recognise the CPU model)";
+  f.action = "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
+             " in its environment (read when OpenBLAS loads)";
+  if (e.blas_speedup > 0) {
+    f.predicted = "measured with 1 worker: " + fmt("%.0f", e.one.samples_per_second) + " -> " +
+                  fmt("%.0f samples/s (%.1fx)", e.one.samples_per_second * e.blas_speedup, e.blas_speedup);
+    f.saving = std::max(0.0, 1.0 - 1.0 / e.blas_speedup);
+  } else {
+    f.predicted = "faster forward and backward; not measured";
+    f.saving = 0.5 * many.compute() / step_of(many);
+  }
+  return f;
+}
+
+// Oversubscription: a fact of the configuration, whatever the timings say.
+std::optional<Finding> oversubscribed_threads(const Evidence& e) {
+  const RunSummary& many = e.many;
+  const int used = many.world * many.threads;
+  if (used <= many.cores) return std::nullopt;
+  const int fit = std::max(1, many.cores / std::max(1, many.world));
+  Finding f;
+  f.kind = "threads";
+  f.problem = std::to_string(many.world) + " workers x " + std::to_string(many.threads) +
+              " intra-op threads = " + std::to_string(used) + " threads on " + std::to_string(many.cores) +
+              " cores: the threads of different workers take turns on the same cores";
+  f.action = "run with OMP_NUM_THREADS=" + std::to_string(fit) +
+             " (lockstep run sets cores / workers when it is unset; or call torch::set_num_threads(" +
+             std::to_string(fit) + "))";
+  f.predicted = "compute no longer time-shared: forward+backward up to " +
+                fmt("%.1fx", static_cast<double>(used) / many.cores) + " faster per worker";
+  f.saving = 1.0 - static_cast<double>(many.cores) / static_cast<double>(used);
+  return f;
+}
+
+// Data loading starves the step.
+std::optional<Finding> data_wait(const Evidence& e) {
+  const RunSummary& many = e.many;
+  const double share = many.data / step_of(many);
+  if (share <= 0.10) return std::nullopt;
+  const double compute = std::max(many.step - many.data, 1e-9);
+  const int workers = std::max(many.loader_workers + static_cast<int>(std::ceil(many.data / compute)),
+                               many.loader_workers + 1);
+  Finding f;
+  f.kind = "data";
+  f.problem = "each step waits " + ms(many.data) + " for its batch (" + pct(share) +
+              " of the step) with --dataloader-num-workers " + std::to_string(many.loader_workers);
+  f.action = "set --dataloader-num-workers " + std::to_string(workers) +
+             " so batches are built while the model computes (or make the dataset's get() cheaper)";
+  f.predicted = "step " + ms(many.step) + " -> about " + ms(std::max(compute, many.data / workers)) +
+                " once loading overlaps compute";
+  f.saving = share;
+  return f;
+}
+
+double exposed_share(const RunSummary& many) {
+  return many.exposed / step_of(many);
+}
+bool communication_exposed(const RunSummary& many) {
+  return many.world > 1 && exposed_share(many) > 0.15;
+}
+
+// Communication that backward could not hide: accumulate more samples per all-reduce.
+// Accumulating k micro-batches per step leaves each side's per-sample compute and spreads the
+// per-step costs (exposed all-reduce, optimiser) over k times more samples; the efficiency
+// tends to one_micro / per_micro. Aim for 90%, or near that limit when it is lower.
+std::optional<Finding> larger_batch(const Evidence& e) {
+  const RunSummary &one = e.one, &many = e.many;
+  if (!communication_exposed(many)) return std::nullopt;
+  const double efficiency = scaling_efficiency(one, many);
+  const double per_micro = std::max(many.step - many.exposed - many.optimizer, 1e-9);
+  const double one_micro = std::max(one.step - one.optimizer, 1e-9);
+  const double limit = one_micro / per_micro;
+  const double target = std::min(0.9, 0.95 * limit);
+  int factor = 1;
+  double predicted = efficiency;
+  for (int k = 2; k <= 64; k *= 2) {
+    predicted = (k * one_micro + one.optimizer) / (k * per_micro + many.optimizer + many.exposed);
+    factor = k;
+    if (predicted >= target) break;
+  }
+  Finding f;
+  f.kind = "batch";
+  f.problem = "backward's end waits " + ms(many.exposed) + " per step for the all-reduce (" +
+              pct(exposed_share(many)) + " of the step): " + fmt("%.1f MB", many.bytes_per_step / 1e6) +
+              " of gradients per " + std::to_string(many.per_device * many.accumulation) +
+              " samples per worker";
+  f.action = "communicate less often per sample: --gradient-accumulation-steps " +
+             std::to_string(factor * many.accumulation) + " (or a per-device batch " +
+             std::to_string(factor) + "x larger if memory allows)";
+  f.predicted = "scaling efficiency " + pct(efficiency) + " -> about " + pct(predicted) +
+                " (the all-reduce then costs the same per " + std::to_string(factor) + "x more samples)";
+  if (limit < 0.9)
+    f.predicted += "; beyond that, compute that is slower with " + std::to_string(many.world) +
+                   " workers caps it near " + pct(limit);
+  f.saving = exposed_share(many) * (1.0 - 1.0 / factor);
+  return f;
+}
+
+bool allreduce_far_below_bench(const Evidence& e) {
+  const double got = training_gbps(e.many);
+  return e.bench_gbps > 0 && got > 0 && got < 0.5 * e.bench_gbps;
+}
+
+// All-reduces far slower inside training than in the bench: they compete with backward for cores.
+std::optional<Finding> comm_competes_for_cores(const Evidence& e) {
+  if (!communication_exposed(e.many) || !allreduce_far_below_bench(e)) return std::nullopt;
+  const double got = training_gbps(e.many);
+  Finding f;
+  f.kind = "scheduling";
+  f.recommendation = false;
+  f.problem = "inside training the all-reduce moved " + fmt("%.2f GB/s", got) + ", " +
+              pct(got / e.bench_gbps) + " of the " + fmt("%.2f GB/s", e.bench_gbps) +
+              " lockstep bench gets for the same bucket size on " + e.many.backend +
+              ": the transport is not the limit, the all-reduce competes with backward for the cores";
+  f.action = "keep workers x threads below the core count so the communication thread has a core";
+  f.predicted = "up to " + fmt("%.1fx", e.bench_gbps / got) + " faster all-reduces";
+  f.saving = exposed_share(e.many) * 0.5;
+  return f;
+}
+
+// All-reduces at the transport's speed: send fewer bytes.
+std::optional<Finding> compress_gradients(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (!communication_exposed(many) || allreduce_far_below_bench(e) || many.comm_hook != "none")
+    return std::nullopt;
+  Finding f;
+  f.kind = "compression";
+  f.problem = "the all-reduce runs near the transport's speed (" + fmt("%.2f GB/s", training_gbps(many)) +
+              (e.bench_gbps > 0 ? ", bench " + fmt("%.2f GB/s", e.bench_gbps) : std::string()) +
+              "): it is bandwidth-bound";
+  f.action = "send bf16 gradients: --ddp-comm-hook bf16 (summed in float32, rounded once)";
+  f.predicted =
+      "half the bytes: exposed communication about " + ms(many.exposed) + " -> " + ms(many.exposed / 2);
+  f.saving = exposed_share(many) * 0.5;
+  return f;
+}
+
+// Compute itself slowed down with more workers: a note (shared memory bandwidth, cores).
+std::optional<Finding> compute_slowed(const Evidence& e) {
+  const double one_compute = e.one.compute();
+  if (one_compute <= 0 || e.many.compute() <= 1.35 * one_compute) return std::nullopt;
+  Finding f;
+  f.kind = "compute";
+  f.recommendation = false;
+  f.problem = "forward+backward take " + ms(e.many.compute()) + " per step with " +
+              std::to_string(e.many.world) + " workers against " + ms(one_compute) +
+              " with one: the workers share memory bandwidth and caches";
+  f.action = "nothing in lockstep changes this; fewer, larger workers or a larger batch use the cores better";
+  return f;
+}
+
+using Rule = std::optional<Finding> (*)(const Evidence&);
+constexpr Rule kRules[] = {blas_kernels,  oversubscribed_threads,  data_wait,
+                           larger_batch,  comm_competes_for_cores, compress_gradients,
+                           compute_slowed};
+
+}  // namespace
+
+double scaling_efficiency(const RunSummary& one, const RunSummary& many) {
+  if (one.samples_per_second <= 0 || many.world <= 0) return 0;
+  return many.samples_per_second / (static_cast<double>(many.world) * one.samples_per_second);
+}
+
+double training_gbps(const RunSummary& many) {
+  return many.comm > 0 ? many.bytes_per_step / many.comm / 1e9 : 0;
+}
+
+std::vector<Finding> diagnose(const Evidence& evidence) {
+  std::vector<Finding> out;
+  for (Rule rule : kRules)
+    if (auto f = rule(evidence)) out.push_back(std::move(*f));
+  std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) {
+    if (x.recommendation != y.recommendation) return x.recommendation;
+    if ((x.kind == "threads") != (y.kind == "threads")) return x.kind == "threads";
+    return x.saving > y.saving;
+  });
+  return out;
+}
+
+}  // namespace lockstep::doctor

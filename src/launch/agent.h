@@ -1,0 +1,81 @@
+// The agent: what one `lockstep run` does on its machine.
+//   launcher.cc          the job: join, attempts and restarts, leave
+//   agent_rendezvous.cc  agents meet on node 0's store, agree on ranks, watch each other
+//   attempt.cc           one attempt: start the workers, watch everything, stop, report
+// Threading: all on the calling thread (an event loop over the workers' pipes, a signalfd
+// and periodic store checks); node 0's store server runs its own thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "failure.h"
+#include "lockstep/comm/store.h"
+#include "lockstep/launch/launcher.h"
+#include "worker_env.h"
+
+namespace lockstep::launch {
+
+// SIGINT, SIGTERM, SIGHUP and SIGCHLD, blocked and read from a signalfd. Construct before any
+// thread starts: threads inherit the mask.
+class SignalWatch {
+ public:
+  SignalWatch();
+  ~SignalWatch();
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
+  int fd() const { return fd_; }
+  // The termination signals that arrived since the last call (SIGCHLD is left to the reaper).
+  std::vector<int> drain();
+  // Waits up to `timeout` for a signal; returns what drain() would.
+  std::vector<int> wait(std::chrono::milliseconds timeout);
+
+ private:
+  int fd_ = -1;
+};
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& options, std::string program_path);
+  // The whole job on this node; returns the launcher's exit code.
+  int run();
+
+ private:
+  // agent_rendezvous.cc
+  void join();
+  void leave();
+  std::string key(const std::string& k) const;
+  std::string attempt_key(const std::string& k) const;
+  int agree_on_master_port();
+  // Publishes a failure unless another came first; returns the one that counts.
+  Failure publish_failure(const Failure& mine);
+  std::optional<Failure> published_failure();
+  std::optional<std::string> lost_agent();  // a node whose launcher died mid-attempt
+  void mark_done();
+  bool all_nodes_done();
+  // After a failure: every node confirms its workers stopped before any starts the next attempt.
+  bool wait_for_every_node_to_stop();
+
+  // attempt.cc
+  int run_attempt();
+  OutputPolicy output_policy();
+  void watch_once(struct Attempt& a);
+  void on_signals(struct Attempt& a, const std::vector<int>& signals);
+  void check_other_nodes(struct Attempt& a);
+  void fail(struct Attempt& a, const Failure& f);
+  int conclude(struct Attempt& a);
+
+  const LaunchOptions& options_;
+  std::string program_path_;
+  SignalWatch signals_;
+  JobPlacement placement_;
+  std::vector<std::string> hosts_;  // by node rank
+  std::unique_ptr<comm::StoreServer> server_;
+  std::unique_ptr<comm::StoreClient> store_;
+  bool interrupted_ = false, timed_out_ = false, store_lost_ = false;
+  bool no_restart_ = false;  // the failure's exit code says a restart cannot help
+};
+
+}  // namespace lockstep::launch

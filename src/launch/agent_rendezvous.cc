@@ -1,0 +1,172 @@
+// How the agents of a job meet and watch each other: agent 0 hosts the store; every agent
+// claims its node rank, announces its host and worker count, and waits for the others; ranks
+// are numbered node by node. Each agent holds an ephemeral "alive" key: when it dies its
+// connection closes and the key vanishes, which the others notice.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "agent.h"
+#include "lockstep/base/log.h"
+#include "lockstep/error.h"
+
+namespace lockstep::launch {
+namespace {
+
+using comm::Seconds;
+using nlohmann::json;
+
+// A port no one listens on right now (the kernel's pick); for MASTER_PORT, which the workers'
+// own program (e.g. PyTorch's TCPStore on rank 0) binds.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw SystemError("cannot find a free TCP port");
+  return ntohs(addr.sin_port);
+}
+
+// The run's secret: the option, LOCKSTEP_TOKEN, a fresh one on one machine, or (with a
+// warning) one derived from the run id across machines.
+std::string choose_token(const LaunchOptions& o, const std::string& run_id) {
+  if (!o.token.empty()) return o.token;
+  if (auto t = knobs::get(knobs::kToken); t && !t->empty()) return *t;
+  if (o.nnodes == 1) return comm::random_token();
+  if (o.node_rank == 0)
+    LOCKSTEP_LOG(warn, run)
+        << "LOCKSTEP_TOKEN is not set, so the store's token derives from the run id; set the "
+           "same secret LOCKSTEP_TOKEN on every node to keep other programs out";
+  return "lockstep-run:" + run_id;
+}
+
+}  // namespace
+
+std::string Agent::key(const std::string& k) const {
+  return "launch/" + placement_.run_id + "/" + k;
+}
+
+std::string Agent::attempt_key(const std::string& k) const {
+  return key("attempt/" + std::to_string(placement_.attempt) + "/" + k);
+}
+
+void Agent::join() {
+  const LaunchOptions& o = options_;
+  placement_.run_id = !o.run_id.empty() ? o.run_id
+                      : o.nnodes == 1   ? comm::random_token().substr(0, 12)
+                                        : "default";
+  placement_.token = choose_token(o, placement_.run_id);
+  if (o.node_rank == 0)
+    server_ = std::make_unique<comm::StoreServer>(
+        comm::StoreServerOptions{o.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", o.master_port, placement_.token});
+  const int store_port = server_ ? server_->port() : o.master_port;
+  store_ = std::make_unique<comm::StoreClient>(comm::StoreClientOptions{
+      o.node_rank == 0 ? "127.0.0.1" : o.master_addr, store_port, placement_.token, Seconds(o.join_timeout)});
+  placement_.store_address = (o.nnodes == 1 ? "127.0.0.1" : o.master_addr) + ":" + std::to_string(store_port);
+
+  const std::string me = std::to_string(o.node_rank);
+  if (store_->add(key("claim/" + me), 1) != 1)
+    throw ConfigError("another launcher already joined run '" + placement_.run_id + "' as --node-rank " + me +
+                      ": give each node a distinct --node-rank in 0.." + std::to_string(o.nnodes - 1));
+  store_->set_ephemeral(key("alive/" + me), "1");
+  store_->set(key("agent/" + me), json{{"host", host_name()}, {"nproc", o.nproc_per_node}}.dump());
+  std::vector<std::string> keys;
+  for (int n = 0; n < o.nnodes; ++n) keys.push_back(key("agent/" + std::to_string(n)));
+  try {
+    store_->wait(keys, Seconds(o.join_timeout));
+  } catch (const TimeoutError&) {
+    throw TimeoutError("not every node joined within " + std::to_string(static_cast<int>(o.join_timeout)) +
+                       " s: start one `lockstep run` per node, each with --nnodes " +
+                       std::to_string(o.nnodes) + " and its own --node-rank");
+  }
+  // From now on a store that does not answer means node 0's launcher is gone: give up on a call
+  // within seconds (reconnects included), not the join timeout.
+  store_->set_timeout(Seconds(std::max(3.0, 20 * o.monitor_interval)));
+  placement_.world_size = 0;
+  for (int n = 0; n < o.nnodes; ++n) {
+    const json a = json::parse(store_->get(keys[static_cast<std::size_t>(n)]));
+    if (n == o.node_rank) placement_.first_rank = placement_.world_size;
+    hosts_.push_back(a["host"].get<std::string>());
+    placement_.world_size += a["nproc"].get<int>();
+  }
+}
+
+void Agent::leave() {
+  try {
+    store_->set(key("bye/" + std::to_string(options_.node_rank)), "1");
+    if (!server_) return;
+    std::vector<std::string> keys;
+    for (int n = 0; n < options_.nnodes; ++n) keys.push_back(key("bye/" + std::to_string(n)));
+    store_->wait(keys, Seconds(10));  // keep the store up until every agent read its last key
+  } catch (const Error&) {
+    // Another agent is gone already: nothing is waiting on us.
+  }
+}
+
+int Agent::agree_on_master_port() {
+  if (options_.node_rank == 0) {
+    const int port = free_port();
+    store_->set(attempt_key("master_port"), std::to_string(port));
+    return port;
+  }
+  return std::stoi(
+      store_->get(attempt_key("master_port"), Seconds(options_.join_timeout + options_.grace_period + 30)));
+}
+
+Failure Agent::publish_failure(const Failure& mine) {
+  if (store_lost_) return mine;
+  try {
+    return Failure::from_json(
+        json::parse(store_->compare_set(attempt_key("failed"), "", mine.to_json().dump())));
+  } catch (const Error&) {
+    store_lost_ = true;  // node 0 is gone: this node stops on its own
+    return mine;
+  }
+}
+
+std::optional<Failure> Agent::published_failure() {
+  if (auto f = store_->try_get(attempt_key("failed"))) return Failure::from_json(json::parse(*f));
+  return std::nullopt;
+}
+
+// A node whose launcher is gone before its workers finished this attempt. (One that finished
+// may leave: its ephemeral key vanishes with it.)
+std::optional<std::string> Agent::lost_agent() {
+  for (int n = 0; n < options_.nnodes; ++n) {
+    if (n == options_.node_rank) continue;
+    const std::string id = std::to_string(n);
+    if (!store_->try_get(key("alive/" + id)) && !store_->try_get(attempt_key("done/" + id)))
+      return id + " (" + hosts_[static_cast<std::size_t>(n)] + ")";
+  }
+  return std::nullopt;
+}
+
+void Agent::mark_done() {
+  store_->set(attempt_key("done/" + std::to_string(options_.node_rank)), "1");
+}
+
+bool Agent::all_nodes_done() {
+  for (int n = 0; n < options_.nnodes; ++n)
+    if (!store_->try_get(attempt_key("done/" + std::to_string(n)))) return false;
+  return true;
+}
+
+bool Agent::wait_for_every_node_to_stop() {
+  store_->set(attempt_key("stopped/" + std::to_string(options_.node_rank)), "1");
+  std::vector<std::string> keys;
+  for (int n = 0; n < options_.nnodes; ++n) keys.push_back(attempt_key("stopped/" + std::to_string(n)));
+  try {
+    store_->wait(keys, Seconds(options_.grace_period + 30));
+    return true;
+  } catch (const TimeoutError&) {
+    return false;
+  }
+}
+
+}  // namespace lockstep::launch

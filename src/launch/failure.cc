@@ -1,0 +1,123 @@
+#include "failure.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+
+namespace lockstep::launch {
+
+nlohmann::json Failure::to_json() const {
+  return {{"reason", reason}, {"detail", detail}, {"rank", rank},       {"local_rank", local_rank},
+          {"node", node},     {"host", host},     {"pid", pid},         {"code", code},
+          {"signal", signal}, {"time", time},     {"elapsed", elapsed}, {"stderr_tail", stderr_tail}};
+}
+
+Failure Failure::from_json(const nlohmann::json& j) {
+  Failure f;
+  f.reason = j.value("reason", "exit");
+  f.detail = j.value("detail", "");
+  f.rank = j.value("rank", -1);
+  f.local_rank = j.value("local_rank", -1);
+  f.node = j.value("node", 0);
+  f.host = j.value("host", "?");
+  f.pid = j.value("pid", 0);
+  f.code = j.value("code", 1);
+  f.signal = j.value("signal", 0);
+  f.time = j.value("time", "?");
+  f.elapsed = j.value("elapsed", 0.0);
+  f.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
+  return f;
+}
+
+std::string Failure::describe() const {
+  if (reason == "timeout") return "the job exceeded --timeout " + detail;
+  if (reason == "interrupted") return "the launcher on node " + std::to_string(node) + " got " + detail;
+  if (reason == "store-lost")
+    return "node 0's launcher, which hosts the job's store, stopped answering (" + detail + ")";
+  if (reason == "agent-lost") return "the launcher of node " + detail + " died or lost its connection";
+  const std::string who = "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) +
+                          ", node " + std::to_string(node) + ", host " + host + ", pid " +
+                          std::to_string(pid) + ")";
+  return who + " " +
+         (signal ? "was killed by " + signal_name(signal) : "exited with code " + std::to_string(code));
+}
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string wall_clock() {
+  char buf[32];
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&now, &tm);
+  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
+  return buf;
+}
+
+Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_start) {
+  Failure f;
+  f.rank = w.spec.rank;
+  f.local_rank = w.spec.local_rank;
+  f.node = node;
+  f.host = host_name();
+  f.pid = w.pid;
+  f.code = w.exit->code;
+  f.signal = w.exit->signal;
+  f.time = wall_clock();
+  f.elapsed = std::chrono::duration<double>(w.exit->when - attempt_start).count();
+  f.stderr_tail.assign(w.err_tail.begin(), w.err_tail.end());
+  return f;
+}
+
+Failure event_failure(const std::string& reason, const std::string& detail, int code, int node,
+                      Clock::time_point attempt_start) {
+  Failure f;
+  f.reason = reason;
+  f.detail = detail;
+  f.node = node;
+  f.host = host_name();
+  f.code = code;
+  f.time = wall_clock();
+  f.elapsed = std::chrono::duration<double>(Clock::now() - attempt_start).count();
+  return f;
+}
+
+namespace {
+
+std::string worker_state(const Worker& w) {
+  if (!w.exit) return "still running (killed)";
+  if (w.exit->stopped_by_us)
+    return "stopped by lockstep (" +
+           (w.exit->signal ? signal_name(w.exit->signal) : "exit " + std::to_string(w.exit->code)) + ")";
+  if (w.exit->signal) return "killed by " + signal_name(w.exit->signal);
+  return "exited with code " + std::to_string(w.exit->code);
+}
+
+}  // namespace
+
+std::string failure_report(const Failure& f, const std::vector<Worker>& workers, int attempt,
+                           int max_restarts, const std::string& run_id) {
+  char elapsed[64];
+  std::snprintf(elapsed, sizeof elapsed, "%.1f", f.elapsed);
+  std::string out = "job FAILED (attempt " + std::to_string(attempt + 1) + " of " +
+                    std::to_string(max_restarts + 1) + ", run id " + run_id + ")\n";
+  out += "  first failure: " + f.describe() + " at " + f.time + " (" + elapsed + " s into the attempt)\n";
+  if (!f.stderr_tail.empty()) {
+    out += "  last " + std::to_string(f.stderr_tail.size()) + " lines of its stderr:\n";
+    for (const auto& l : f.stderr_tail) out += "    | " + l + "\n";
+  } else if (f.reason == "exit") {
+    out += "  it wrote nothing to stderr\n";
+  }
+  out += "  workers on this node (" + host_name() + "):\n";
+  for (const auto& w : workers)
+    out += "    rank " + std::to_string(w.spec.rank) + " (pid " + std::to_string(w.pid) +
+           "): " + worker_state(w) + "\n";
+  out.pop_back();  // the logger ends the line
+  return out;
+}
+
+}  // namespace lockstep::launch

@@ -1,0 +1,57 @@
+#include "worker_env.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace lockstep::launch {
+namespace {
+
+// Defaults the user's own settings win over.
+void add_defaults(knobs::Environment& env, int local_workers) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (!env.count(knobs::kOmpNumThreads.name))
+    env[knobs::kOmpNumThreads.name] =
+        std::to_string(std::max(1u, cores / static_cast<unsigned>(local_workers)));
+  if (!env.count(knobs::kGlibcTunables.name)) env[knobs::kGlibcTunables.name] = kWorkerMallocTunables;
+}
+
+// What every worker of this node shares: the job's shape and how to reach its store.
+void add_job(knobs::Environment& env, const LaunchOptions& o, const JobPlacement& p) {
+  const std::string master_addr = o.nnodes == 1 ? "127.0.0.1" : o.master_addr;
+  env[knobs::kMasterAddr.name] = master_addr;
+  env[knobs::kMasterPort.name] = std::to_string(p.master_port);
+  env[knobs::kWorldSize.name] = env["ROLE_WORLD_SIZE"] = std::to_string(p.world_size);
+  env[knobs::kLocalWorldSize.name] = std::to_string(o.nproc_per_node);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
+  env["ROLE_NAME"] = "default";
+  env[knobs::kTorchelasticRestartCount.name] = env[knobs::kRestartCount.name] = std::to_string(p.attempt);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = env[knobs::kRunId.name] = p.run_id;
+  env[knobs::kStoreAddr.name] = p.store_address;
+  env[knobs::kToken.name] = p.token;
+  if (!o.backend.empty()) env[knobs::kBackend.name] = o.backend;
+}
+
+}  // namespace
+
+std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlacement& placement,
+                                     knobs::Environment inherited) {
+  add_defaults(inherited, options.nproc_per_node);
+  add_job(inherited, options, placement);
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    knobs::Environment env = inherited;
+    const int rank = placement.first_rank + local;
+    env[knobs::kRank.name] = env["ROLE_RANK"] = std::to_string(rank);
+    env[knobs::kLocalRank.name] = std::to_string(local);
+    WorkerSpec spec;
+    spec.rank = rank;
+    spec.local_rank = local;
+    for (auto& [k, v] : env) spec.env.push_back(k + "=" + v);
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+}  // namespace lockstep::launch

@@ -1,0 +1,95 @@
+// The Trainer's insides, shared by the files that implement it:
+//   trainer.cc              construction, the run (set-up, epochs, what follows each step)
+//   training_step.cc        one optimiser step: micro-batches, backward, clipping, the optimiser
+//   trainer_checkpoints.cc  saving, finding and resuming from checkpoints
+//   evaluate.cc             distributed evaluation
+// Threading: everything here runs on the training thread; the reducer's hooks run inside
+// backward on that same thread (CPU autograd).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/data/loader.h"
+#include "lockstep/data/sampler.h"
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/train/trainer.h"
+#include "lockstep/train_core/run_outputs.h"
+#include "lockstep/train_core/schedule.h"
+#include "lockstep/train_core/step_metrics.h"
+
+namespace lockstep::train {
+
+using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// What one call of train() carries from step to step.
+struct RunProgress {
+  Clock::time_point start = Clock::now();
+  std::int64_t first_step = 0;  // where this start began (above 0 after a resume)
+  std::int64_t last_saved = -1;
+  TrainerControl control;
+  LogWindow window;
+  double loss_sum = 0, loss_count = 0, samples = 0;  // the whole run, all ranks
+};
+
+struct Trainer::Impl {
+  Model model;
+  std::shared_ptr<const Dataset> train_set, eval_set;
+  TrainingArguments args;
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks;
+  comm::Job job;  // when the Trainer joined by itself
+  comm::Communicator* comm = nullptr;
+  LossFn loss_fn;
+
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Reducer> reducer;
+  Schedule schedule;
+  TrainerState state;
+  bool improved_since_save = false;  // the best metric changed since the last checkpoint
+  std::unique_ptr<RunOutputs> outputs;
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  // Samples one rank takes per optimiser step.
+  std::size_t samples_per_step() const;
+  double learning_rate_at(std::int64_t step) const { return args.learning_rate * schedule.multiplier(step); }
+  TraceWriter* trace() const { return outputs ? outputs->trace() : nullptr; }
+  // Rank 0 writes the line to metrics.jsonl; every rank keeps it in the log history.
+  void log(const nlohmann::json& entry);
+
+  // trainer.cc
+  TrainResult train();
+  void prepare(data::DistributedSampler& sampler, bool& resumed_mid_epoch);
+  void build_optimizer();
+  void announce();
+  void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
+  void after_step(std::size_t position, std::size_t num_samples, RunProgress& run);
+  void log_window(RunProgress& run);
+  void show_progress(double loss, double samples_per_second, double exposed_fraction, const RunProgress& run);
+  void load_best_model();
+  TrainResult result(const RunProgress& run) const;
+
+  // training_step.cc
+  StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
+
+  // trainer_checkpoints.cc
+  std::string resume_target() const;
+  void resume(const std::string& dir, data::DistributedSampler& sampler);
+  std::string save(std::size_t sampler_position);
+
+  // evaluate.cc
+  nlohmann::json evaluate();
+  void evaluate_during_training(TrainerControl& control);
+};
+
+}  // namespace lockstep::train

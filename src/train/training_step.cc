@@ -1,0 +1,105 @@
+// One optimiser step: per_step samples in micro-batches of the per-device batch, all but the
+// last under no_sync (only the last all-reduces), each micro-batch's loss weighted so the
+// gradient is the mean over the whole step; then clipping by global norm after the all-reduce,
+// the learning rate of this step, and the optimiser.
+#include <torch/torch.h>
+
+#include "evaluate.h"
+#include "lockstep/error.h"
+#include "trainer_impl.h"
+
+namespace lockstep::train {
+namespace {
+
+struct MicroBatch {
+  int index = 0, count = 1;
+  std::size_t step_samples = 0;
+  bool last() const { return index == count - 1; }
+};
+
+// Forward and backward of one micro-batch; adds its times to `t` and its loss to `window`.
+void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, const MicroBatch& micro,
+                      StepTimes& t, LogWindow& window) {
+  const auto begin = Clock::now();
+  auto batch = loader.next();
+  const auto loaded = Clock::now();
+  if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
+  const double n = static_cast<double>(batch->target.size(0));
+  if (trainer.reducer) {
+    trainer.reducer->set_sync(micro.last());
+    trainer.reducer->before_forward();
+  }
+  torch::Tensor loss;
+  {
+    CpuAutocast autocast(trainer.args.bf16);
+    torch::Tensor out = trainer.model.forward(batch->input);
+    if (trainer.reducer) trainer.reducer->after_forward(&out);
+    loss = trainer.loss_fn(out.to(torch::kFloat), batch->target);
+  }
+  window.add_loss(loss.item<double>(), n);
+  // The mean over this micro-batch, weighted to make the mean over the whole step.
+  auto scaled = loss * (n / static_cast<double>(micro.step_samples));
+  const auto forwarded = Clock::now();
+  scaled.backward();
+  const auto backwarded = Clock::now();
+  t.data += seconds_between(begin, loaded);
+  t.forward += seconds_between(loaded, forwarded);
+  t.backward += seconds_between(forwarded, backwarded);
+  if (TraceWriter* trace = trainer.trace()) {
+    trace->span("data wait", 1, begin, loaded);
+    trace->span("forward", 1, loaded, forwarded, {{"micro_batch", micro.index}});
+    trace->span(micro.last() ? "backward + all-reduce" : "backward (no_sync)", 1, forwarded, backwarded);
+  }
+}
+
+// The all-reduce of this step, as the reducer saw it: exposed time is taken out of backward.
+void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, int& buckets) {
+  if (!trainer.reducer) return;
+  const DdpStats& st = trainer.reducer->stats();
+  t.exposed_comm = st.exposed_comm_seconds;
+  t.comm = st.comm_seconds;
+  t.backward -= st.exposed_comm_seconds;
+  bytes = static_cast<double>(st.bytes_allreduced);
+  buckets = st.bucket_count;
+  if (TraceWriter* trace = trainer.trace())
+    for (const auto& b : st.buckets)
+      trace->span("all-reduce", 2, b.started, b.finished,
+                  {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
+}
+
+void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
+  const auto begin = Clock::now();
+  if (trainer.args.max_grad_norm > 0)
+    window.set_grad_norm(
+        torch::nn::utils::clip_grad_norm_(trainer.model.module->parameters(), trainer.args.max_grad_norm));
+  const double lr = trainer.learning_rate_at(trainer.state.global_step);
+  for (auto& group : trainer.optimizer->param_groups()) group.options().set_lr(lr);
+  trainer.optimizer->step();
+  trainer.optimizer->zero_grad();
+  const auto end = Clock::now();
+  t.optimizer = seconds_between(begin, end);
+  if (TraceWriter* trace = trainer.trace()) trace->span("optimizer", 1, begin, end);
+}
+
+}  // namespace
+
+StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t step_samples,
+                                    LogWindow& window) {
+  const auto begin = Clock::now();
+  const auto batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
+  MicroBatch micro;
+  micro.count = static_cast<int>((step_samples + batch_size - 1) / batch_size);
+  micro.step_samples = step_samples;
+  StepTimes t;
+  for (micro.index = 0; micro.index < micro.count; ++micro.index)
+    forward_backward(*this, loader, micro, t, window);
+  double bytes = 0;
+  int buckets = 0;
+  account_communication(*this, t, bytes, buckets);
+  optimizer_step(*this, t, window);
+  t.total = seconds_between(begin, Clock::now());
+  window.add_step(t, static_cast<double>(step_samples) * world(), bytes, buckets);
+  return t;
+}
+
+}  // namespace lockstep::train

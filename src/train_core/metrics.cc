@@ -1,0 +1,141 @@
+#include "lockstep/train_core/metrics.h"
+
+#include <fstream>
+#include <type_traits>
+
+#include "lockstep/error.h"
+
+namespace lockstep::train::metrics {
+namespace {
+
+using nlohmann::json;
+
+template <class T>
+void put(json& j, const char* key, const T& value) {
+  j[key] = value;
+}
+template <class T>
+void put(json& j, const char* key, const std::optional<T>& value) {
+  if (value) j[key] = *value;
+}
+
+template <class T>
+void take(const json& j, const char* key, T& value) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  value = it->get<T>();
+}
+template <class T>
+void take(const json& j, const char* key, std::optional<T>& value) {
+  auto it = j.find(key);
+  if (it != j.end() && !it->is_null()) value = it->get<T>();
+}
+
+template <class T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, std::string>)
+    return "string";
+  else if constexpr (std::is_same_v<T, bool>)
+    return "boolean";
+  else if constexpr (std::is_integral_v<T>)
+    return "integer";
+  else if constexpr (std::is_same_v<T, std::optional<double>>)
+    return "number, optional";
+  else
+    return "number";
+}
+
+#define LOCKSTEP_PUT(type, name, meaning) put(j, #name, name);
+#define LOCKSTEP_TAKE(type, name, meaning) take(j, #name, r.name);
+#define LOCKSTEP_DOC_ROW(type, name, meaning) \
+  out += "| `" #name "` | " + std::string(type_name<type>()) + " | " + (meaning) + " |\n";
+
+// Lines written before records carried an "event" key are told apart by their keys.
+std::string event_of(const json& j) {
+  if (auto e = j.find("event"); e != j.end() && e->is_string()) return e->get<std::string>();
+  if (j.contains("eval_loss")) return kEval;
+  if (j.contains("loss")) return kLog;
+  return "";
+}
+
+}  // namespace
+
+json TrainBegin::to_json() const {
+  json j = {{"event", kTrainBegin}};
+  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_PUT)
+  return j;
+}
+TrainBegin TrainBegin::from_json(const json& j) {
+  TrainBegin r;
+  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_TAKE)
+  return r;
+}
+
+json StepLog::to_json() const {
+  json j = {{"event", kLog}};
+  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_PUT)
+  return j;
+}
+StepLog StepLog::from_json(const json& j) {
+  StepLog r;
+  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_TAKE)
+  return r;
+}
+
+json EvalLog::to_json() const {
+  json j = {{"event", kEval}};
+  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_PUT)
+  return j;
+}
+EvalLog EvalLog::from_json(const json& j) {
+  EvalLog r;
+  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_TAKE)
+  return r;
+}
+
+std::vector<Segment> read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError("cannot read " + path + ": it is written by a lockstep Trainer run (--output-dir)");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::vector<Segment> segments;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].empty()) continue;
+    json j = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      if (i + 1 == lines.size()) break;  // cut short by a kill: the rest of the file is fine
+      throw ConfigError(path + ":" + std::to_string(i + 1) +
+                        " is not a JSON object: " + lines[i].substr(0, 80));
+    }
+    const std::string event = event_of(j);
+    try {
+      if (event == kTrainBegin) {
+        segments.emplace_back();
+        segments.back().begin = TrainBegin::from_json(j);
+        continue;
+      }
+      if (segments.empty()) segments.emplace_back();  // lines before any train_begin
+      if (event == kLog) segments.back().logs.push_back(StepLog::from_json(j));
+      if (event == kEval) segments.back().evals.push_back(EvalLog::from_json(j));
+    } catch (const json::exception& e) {
+      throw ConfigError(path + ":" + std::to_string(i + 1) + ": a value has the wrong type (" + e.what() +
+                        ")");
+    }
+  }
+  return segments;
+}
+
+std::string markdown() {
+  std::string out;
+  const char* head = "| key | type | meaning |\n|---|---|---|\n";
+  out += "### `train_begin`\n\n" + std::string(head);
+  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_DOC_ROW)
+  out += "\n### `log`\n\n" + std::string(head);
+  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_DOC_ROW)
+  out += "\n### `eval`\n\n" + std::string(head);
+  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_DOC_ROW)
+  return out;
+}
+
+}  // namespace lockstep::train::metrics

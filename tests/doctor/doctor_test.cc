@@ -1,0 +1,369 @@
+// lockstep doctor: the analysis on numbers whose right answer is known, then the whole command
+// on real runs built to have one known problem each (and one with none).
+#include "lockstep/doctor/doctor.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "lockstep/train_core/blas.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using namespace lockstep::doctor;
+
+namespace {
+
+RunSummary healthy(int world) {
+  RunSummary s;
+  s.world = world;
+  s.threads = 1;
+  s.cores = 2;
+  s.per_device = 64;
+  s.backend = "shm";
+  s.data = 0.0005;
+  s.forward = 0.020;
+  s.backward = 0.020;
+  s.exposed = world > 1 ? 0.002 : 0;
+  s.comm = world > 1 ? 0.004 : 0;
+  s.optimizer = 0.002;
+  s.step = s.data + s.forward + s.backward + s.exposed + s.optimizer;
+  s.samples_per_second = world * 64 / s.step;
+  s.bytes_per_step = world > 1 ? 1e6 : 0;
+  s.buckets_per_step = 1;
+  return s;
+}
+
+Evidence evidence(const RunSummary& one, const RunSummary& many, double bench_gbps, double blas_speedup = 0) {
+  Evidence e;
+  e.one = one;
+  e.many = many;
+  e.bench_gbps = bench_gbps;
+  e.blas_speedup = blas_speedup;
+  return e;
+}
+
+bool has(const std::vector<Finding>& f, const std::string& kind) {
+  for (const auto& x : f)
+    if (x.kind == kind && x.recommendation) return true;
+  return false;
+}
+
+std::string fresh_dir(const std::string& name) {
+  fs::path p =
+      fs::path(::testing::TempDir()) / ("lockstep_doctor_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+}  // namespace
+
+TEST(DoctorAnalysis, AHealthyConfigurationGetsNoRecommendation) {
+  auto f = diagnose(evidence(healthy(1), healthy(2), 2.0));
+  for (const auto& x : f) EXPECT_FALSE(x.recommendation) << x.kind << ": " << x.problem;
+  EXPECT_NE(format_report(evidence(healthy(1), healthy(2), 2.0), f).find("No problem found"),
+            std::string::npos);
+  EXPECT_GT(scaling_efficiency(healthy(1), healthy(2)), 0.9);
+}
+
+TEST(DoctorAnalysis, ExposedCommunicationAsksForALargerBatchWithAPrediction) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.exposed = 0.040;  // as long as the compute
+  many.comm = 0.050;
+  many.step += 0.038;
+  many.samples_per_second = 2 * 64 / many.step;
+  many.bytes_per_step = 50e6;
+  auto f = diagnose(evidence(one, many, 0.5));
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f.front().kind, "batch");
+  EXPECT_NE(f.front().action.find("--gradient-accumulation-steps"), std::string::npos) << f.front().action;
+  EXPECT_NE(f.front().predicted.find("scaling efficiency"), std::string::npos);
+  // 1 GB/s inside training against 0.5 in the bench: bandwidth-bound, so compression is offered.
+  EXPECT_TRUE(has(f, "compression"));
+}
+
+TEST(DoctorAnalysis, SlowAllReducesInsideTrainingBlameSchedulingNotTheTransport) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.exposed = 0.030;
+  many.comm = 0.100;  // 10 MB in 100 ms: 0.1 GB/s
+  many.bytes_per_step = 10e6;
+  many.step += 0.028;
+  auto f = diagnose(evidence(one, many, 2.0));  // the bench moves 2 GB/s
+  bool scheduling = false;
+  for (const auto& x : f) scheduling |= x.kind == "scheduling";
+  EXPECT_TRUE(scheduling);
+  EXPECT_FALSE(has(f, "compression"));
+}
+
+TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.threads = 2;  // 2 x 2 on 2 cores
+  auto f = diagnose(evidence(one, many, 0));
+  ASSERT_TRUE(has(f, "threads"));
+  EXPECT_NE(f.front().action.find("OMP_NUM_THREADS=1"), std::string::npos) << f.front().action;
+  // Oversubscription comes first even when the exposed communication it causes is larger.
+  many.exposed = 0.100;
+  many.step += 0.100;
+  f = diagnose(evidence(one, many, 0));
+  ASSERT_TRUE(has(f, "batch"));
+  EXPECT_EQ(f.front().kind, "threads");
+
+  many = healthy(2);
+  many.data = 0.030;
+  many.step += 0.030;
+  f = diagnose(evidence(one, many, 0));
+  ASSERT_TRUE(has(f, "data"));
+  EXPECT_NE(f.front().action.find("--dataloader-num-workers 1"), std::string::npos) << f.front().action;
+}
+TEST(DoctorAnalysis, KernelsBelowTheCpusComeFirstWithTheMeasuredSpeedup) {
+  RunSummary one = healthy(1), many = healthy(2);
+  for (RunSummary* s : {&one, &many}) s->blas_core = "Prescott", s->blas_best_core = "SkylakeX";
+  many.data = 0.030;  // a data problem too, smaller than what the kernels cost
+  many.step += 0.030;
+  auto f = diagnose(evidence(one, many, 0, 3.0));
+  ASSERT_TRUE(has(f, "blas"));
+  EXPECT_EQ(f.front().kind, "blas");
+  EXPECT_NE(f.front().action.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << f.front().action;
+  EXPECT_NE(f.front().predicted.find("3.0x"), std::string::npos) << f.front().predicted;
+  EXPECT_TRUE(has(f, "data"));
+  // Kernels someone chose with OPENBLAS_CORETYPE, or as good as the CPU allows: nothing to say.
+  for (RunSummary* s : {&one, &many}) s->blas_forced = true;
+  EXPECT_FALSE(has(diagnose(evidence(one, many, 0)), "blas"));
+  for (RunSummary* s : {&one, &many}) s->blas_core = "SkylakeX", s->blas_forced = false;
+  EXPECT_FALSE(has(diagnose(evidence(one, many, 0)), "blas"));
+}
+
+// ----- the command, on real runs of the Fashion-MNIST example ---------------------------------
+
+namespace {
+
+// The kernels this machine's OpenBLAS picks by itself ("" when libblas is not OpenBLAS).
+std::string openblas_own_core() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return std::getenv("OPENBLAS_CORETYPE");
+  void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  auto corename = blas ? reinterpret_cast<char* (*)()>(::dlsym(blas, "openblas_get_corename")) : nullptr;
+  return corename ? corename() : "";
+}
+
+struct DoctorRun {
+  int code;
+  std::string output;
+  nlohmann::json doc;
+};
+
+DoctorRun doctor(const std::string& name, std::vector<std::string> program_flags,
+                 const std::map<std::string, std::string>& env = {}, const std::string& backend = "auto") {
+  std::string out = fresh_dir(name);
+  // The findings under test are about distribution: pin OpenBLAS to the kernels it picks by
+  // itself, which silences the kernel finding (it has its own test) without changing the speed.
+  auto environment = env;
+  auto own = openblas_own_core();
+  if (!own.empty() && !environment.count("OPENBLAS_CORETYPE")) environment["OPENBLAS_CORETYPE"] = own;
+  std::vector<std::string> argv = {LOCKSTEP_BINARY, "doctor", "--steps",      "24", "--window", "8",
+                                   "--backend",     backend,  "--output-dir", out,  "--",       FASHION_MNIST,
+                                   "--train-limit", "8192"};
+  argv.insert(argv.end(), program_flags.begin(), program_flags.end());
+  lockstep::testing::Process p(argv, environment);
+  DoctorRun r;
+  r.code = p.wait(300);
+  r.output = p.output();
+  std::ifstream in(out + "/doctor.json");
+  if (in) r.doc = nlohmann::json::parse(in);
+  return r;
+}
+
+std::string first_recommendation(const nlohmann::json& doc) {
+  for (const auto& f : doc["findings"])
+    if (f["recommendation"].get<bool>()) return f["kind"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+TEST(Doctor, AWideModelWithATinyBatchIsToldToAccumulate) {
+  // 40 MB of gradients per 2 samples over TCP (gloo): the all-reduce outlasts backward.
+  auto r = doctor(
+      "wide",
+      {"--model", "wide", "--per-device-train-batch-size", "2", "--optim", "sgd", "--sgd-momentum", "0"},
+      {{"OMP_NUM_THREADS", "1"}}, "gloo");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "batch") << r.output;
+  EXPECT_NE(r.output.find("--gradient-accumulation-steps"), std::string::npos) << r.output;
+  EXPECT_GT(r.doc["many"]["allreduce_bytes_per_step"].get<double>(), 40e6);  // 12.6 M float gradients
+  EXPECT_GT(r.doc["bench_gbps"].get<double>(), 0) << r.output;
+}
+
+TEST(Doctor, OversubscribedThreadsAreToldToUseFewer) {
+  // Each of the 2 workers gets as many threads as the machine has cores: twice too many.
+  const int cores = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
+  auto r = doctor("threads", {"--model", "cnn"}, {{"OMP_NUM_THREADS", std::to_string(cores)}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.doc["many"]["intra_op_threads"].get<int>(), cores);
+  EXPECT_EQ(first_recommendation(r.doc), "threads") << r.output;
+  EXPECT_NE(r.output.find("OMP_NUM_THREADS=" + std::to_string(std::max(1, cores / 2))), std::string::npos)
+      << r.output;
+}
+
+TEST(Doctor, ASlowDatasetPointsAtDataLoading) {
+  auto r = doctor("data", {"--model", "cnn", "--data-delay-ms", "60"}, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "data") << r.output;
+  EXPECT_NE(r.output.find("--dataloader-num-workers"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, AHealthyConfigurationIsNotGivenAnInventedProblem) {
+  auto r = doctor("healthy", {"--model", "cnn"}, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "") << r.output;
+  EXPECT_NE(r.output.find("No problem found"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("scaling efficiency"), std::string::npos) << r.output;
+}
+
+// Where this machine's OpenBLAS runs kernels below the CPU's (Debian 12's on Emerald Rapids),
+// the doctor names OPENBLAS_CORETYPE first and measures what it gives.
+TEST(Doctor, KernelsBelowTheCpusAreNamedWithAMeasuredSpeedup) {
+  std::string core = std::getenv("OPENBLAS_CORETYPE") ? "" : openblas_own_core();
+  auto best = lockstep::train::blas_info().best_core;
+  if (lockstep::train::blas_advice(core, best, false).empty())
+    GTEST_SKIP() << "this machine's BLAS already runs the CPU's best kernels (" << core << ")";
+  auto r = doctor("blas", {"--model", "mlp"}, {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_CORETYPE", "<unset>"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "blas") << r.output;
+  EXPECT_NE(r.output.find("OPENBLAS_CORETYPE=" + best), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measured with 1 worker"), std::string::npos) << r.output;
+  EXPECT_EQ(r.doc["one"]["blas_core"].get<std::string>(), core);
+}
+
+TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {
+  lockstep::testing::Process p(
+      {LOCKSTEP_BINARY, "doctor", "--output-dir", fresh_dir("bad"), "--", "/bin/true"});
+  EXPECT_NE(p.wait(60), 0);
+  EXPECT_NE(p.output().find("did not run the lockstep Trainer"), std::string::npos) << p.output();
+}
+
+// ----- lockstep report ---------------------------------------------------------------------
+
+namespace {
+
+std::string cell_after(const std::string& html, const std::string& row_marker, int column) {
+  auto at = html.find(row_marker);
+  if (at == std::string::npos) return "(no row " + row_marker + ")";
+  for (int c = 0; c <= column; ++c) {
+    at = html.find("<td>", at);
+    if (at == std::string::npos) return "(no cell)";
+    at += 4;
+  }
+  return html.substr(at, html.find("</td>", at) - at);
+}
+
+std::string printed(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// Width and height from a PNG's IHDR chunk; {0, 0} when it is not a PNG.
+std::pair<int, int> png_size(const std::string& bytes) {
+  if (bytes.size() < 24 || bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0) return {0, 0};
+  auto be = [&](std::size_t i) {
+    return (static_cast<unsigned char>(bytes[i]) << 24) | (static_cast<unsigned char>(bytes[i + 1]) << 16) |
+           (static_cast<unsigned char>(bytes[i + 2]) << 8) | static_cast<unsigned char>(bytes[i + 3]);
+  };
+  return {static_cast<int>(be(16)), static_cast<int>(be(20))};
+}
+
+std::string screenshot(const std::string& html_path, const std::string& png_path) {
+  lockstep::testing::Process c(
+      {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+       "--window-size=1200,2400", "--screenshot=" + png_path, "file://" + html_path},
+      {{"HOME", ::testing::TempDir()}});
+  EXPECT_EQ(c.wait(120), 0) << c.output();
+  return lockstep::testing::read_file(png_path);
+}
+
+}  // namespace
+
+TEST(Report, APageWithTheRunsNumbersThatRendersInABrowser) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "the report test needs Debian's chromium (./scripts/test installs it)";
+  std::string out = fresh_dir("report");
+  lockstep::testing::Process run({LOCKSTEP_BINARY,
+                                  "run",
+                                  "--nproc-per-node",
+                                  "2",
+                                  FASHION_MNIST,
+                                  "--model",
+                                  "mlp",
+                                  "--train-limit",
+                                  "2048",
+                                  "--eval-limit",
+                                  "500",
+                                  "--max-steps",
+                                  "30",
+                                  "--logging-steps",
+                                  "5",
+                                  "--eval-strategy",
+                                  "steps",
+                                  "--eval-steps",
+                                  "15",
+                                  "--save-strategy",
+                                  "no",
+                                  "--trace",
+                                  "--disable-tqdm",
+                                  "--output-dir",
+                                  out});
+  ASSERT_EQ(run.wait(180), 0) << run.output();
+  lockstep::testing::Process report({LOCKSTEP_BINARY, "report", out});
+  ASSERT_EQ(report.wait(60), 0) << report.output();
+  const std::string html = lockstep::testing::read_file(out + "/report.html");
+
+  // The numbers on the page are the ones in metrics.jsonl.
+  int logs = 0, evals = 0;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto e = nlohmann::json::parse(line);
+    if (e.contains("eval_loss")) {
+      std::string row = "data-eval-step='" + std::to_string(e["step"].get<int>()) + "'";
+      EXPECT_EQ(cell_after(html, row, 1), printed("%.4f", e["eval_loss"].get<double>()));
+      EXPECT_EQ(cell_after(html, row, 2), printed("%.4f", e["eval_accuracy"].get<double>()));
+      ++evals;
+    } else if (e.contains("loss")) {
+      std::string row = "data-step='" + std::to_string(e["step"].get<int>()) + "'";
+      EXPECT_EQ(cell_after(html, row, 2), printed("%.4f", e["loss"].get<double>())) << row;
+      EXPECT_EQ(cell_after(html, row, 4), printed("%.0f", e["samples_per_second"].get<double>())) << row;
+      EXPECT_EQ(cell_after(html, row, 5), printed("%.1f", 100 * e["exposed_comm_fraction"].get<double>()))
+          << row;
+      ++logs;
+    }
+  }
+  EXPECT_EQ(logs, 6);
+  EXPECT_EQ(evals, 2);
+  EXPECT_NE(html.find("id='sum-steps'>30<"), std::string::npos);
+  for (int rank : {0, 1}) {  // the per-rank breakdown came from both traces
+    EXPECT_EQ(cell_after(html, "data-rank='" + std::to_string(rank) + "'", 1), "30") << rank;
+  }
+  // Self-contained: no scripts, no external resources.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href="), std::string::npos);
+  EXPECT_GE(lockstep::testing::count_of(html, "<svg"), 5u);  // the charts are inline SVG
+
+  // It renders: a real browser draws a 1200x2400 page with far more on it than a blank one.
+  const std::string blank_html = out + "/blank.html";
+  std::ofstream(blank_html) << "<!doctype html><html><body></body></html>\n";
+  const std::string shot = screenshot(out + "/report.html", out + "/report.png");
+  const std::string blank = screenshot(blank_html, out + "/blank.png");
+  EXPECT_EQ(png_size(shot), std::make_pair(1200, 2400));
+  EXPECT_GT(shot.size(), 5 * blank.size())
+      << "report " << shot.size() << " bytes, blank page " << blank.size();
+}
+
+TEST(Report, ADirectoryWithoutMetricsIsAClearError) {
+  lockstep::testing::Process p({LOCKSTEP_BINARY, "report", "/nonexistent/run"});
+  EXPECT_NE(p.wait(30), 0);
+  EXPECT_NE(p.output().find("no metrics.jsonl in /nonexistent/run"), std::string::npos) << p.output();
+}
