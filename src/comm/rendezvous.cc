@@ -260,7 +260,7 @@ Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
     throw ConfigError("no store to rendezvous through: set MASTER_ADDR/MASTER_PORT or use lockstep run");
   } else {
     if (info_.rank == 0)
-      server_ = std::make_unique<StoreServer>(StoreServerOptions{"0.0.0.0", info_.master_port, info_.token});
+      server_ = std::make_unique<StoreServer>(StoreServerOptions{"*", info_.master_port, info_.token});
     store_ = std::make_shared<StoreClient>(StoreClientOptions{
         info_.rank == 0 ? "127.0.0.1" : info_.master_addr, info_.master_port, info_.token, info_.timeout});
   }

@@ -103,28 +103,26 @@ void StoreClient::close_socket() {
   fd_ = -1;
 }
 
-// Connects and authenticates, retrying refused or reset connections with a capped backoff
-// (the server may not be listening yet: workers often start before rank 0 or the launcher).
-void StoreClient::connect_until(Clock::time_point deadline) {
-  std::string where = options_.host + ":" + std::to_string(options_.port);
-  std::string last_error = "no attempt made";
-  auto backoff = std::chrono::milliseconds(10);
-  for (;;) {
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
-    if (rc != 0) {
-      throw ConfigError("store: cannot resolve host '" + options_.host + "': " + gai_strerror(rc) +
-                        " (check MASTER_ADDR / LOCKSTEP_STORE_ADDR)");
-    }
-    int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int c = ::connect(fd, res->ai_addr, res->ai_addrlen);
-    ::freeaddrinfo(res);
+namespace {
+
+// A TCP connection to host:port (IPv4 or IPv6, each address getaddrinfo gives in turn), or -1
+// with `error` set. ConfigError when the name does not resolve at all.
+int tcp_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0)
+    throw ConfigError("store: cannot resolve host '" + host + "': " + gai_strerror(rc) +
+                      " (check MASTER_ADDR / LOCKSTEP_STORE_ADDR; an IP address always works)");
+  int connected = -1;
+  for (addrinfo* ai = res; ai != nullptr && connected < 0; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    int c = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (c != 0 && errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
-      int wait_ms = std::min(remaining_ms(deadline), 2000);
-      if (::poll(&p, 1, wait_ms) == 1) {
+      if (::poll(&p, 1, std::min(remaining_ms(deadline), 2000)) == 1) {
         int err = 0;
         socklen_t len = sizeof err;
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
@@ -135,38 +133,68 @@ void StoreClient::connect_until(Clock::time_point deadline) {
       }
     }
     if (c == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      connected = fd;
+    } else {
+      error = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (connected >= 0) {
+    int one = 1;
+    ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return connected;
+}
+
+// The handshake of docs/store-protocol.md: each side proves it holds the token (HMAC over
+// both nonces); the token itself never crosses the wire. AuthError when either side fails.
+void authenticate(int fd, const std::string& token, const std::string& where, Clock::time_point deadline) {
+  const std::string hello = recv_message(fd, deadline);
+  wire::Reader r(hello);
+  if (r.type() != Type::kHello || r.bytes(4) != std::string_view(wire::kMagic, 4))
+    throw Error("store: " + where + " is not a lockstep store (bad greeting)");
+  const std::uint16_t version = r.u16();
+  if (version != wire::kVersion)
+    throw Error("store: " + where + " speaks protocol version " + std::to_string(version) + ", this client " +
+                std::to_string(wire::kVersion));
+  const std::string server_nonce(r.bytes(wire::kNonceBytes));
+  const std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
+  const auto mac = wire::handshake_mac(token, wire::kClientLabel, server_nonce, client_nonce);
+  send_all(fd,
+           wire::Writer(Type::kAuth)
+               .bytes(client_nonce)
+               .bytes(std::string_view(reinterpret_cast<const char*>(mac.data()), mac.size()))
+               .frame(),
+           deadline);
+  const std::string answer = recv_message(fd, deadline);
+  wire::Reader a(answer);
+  const Type t = a.type();
+  if (t == Type::kError)
+    throw AuthError("store at " + where + " refused this process: " + a.str() +
+                    ". Its LOCKSTEP_TOKEN differs from the run's: start every worker with the same token "
+                    "(lockstep run sets it)");
+  const auto want = wire::handshake_mac(token, wire::kServerLabel, server_nonce, client_nonce);
+  if (t != Type::kAuthOk || !wire::mac_equal(a.bytes(wire::kMacBytes), want))
+    throw AuthError(
+        "store at " + where +
+        " could not prove it holds this run's token: it belongs to another job, or LOCKSTEP_TOKEN is "
+        "wrong here");
+}
+
+}  // namespace
+
+// Connects and authenticates, retrying refused or reset connections with a capped backoff
+// (the server may not be listening yet: workers often start before rank 0 or the launcher).
+void StoreClient::connect_until(Clock::time_point deadline) {
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  std::string last_error = "no attempt made";
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    const int fd = tcp_connect(options_.host, options_.port, deadline, last_error);
+    if (fd >= 0) {
       try {
-        std::string hello = recv_message(fd, deadline);
-        wire::Reader r(hello);
-        if (r.type() != Type::kHello || r.bytes(4) != std::string_view(wire::kMagic, 4))
-          throw Error("store: " + where + " is not a lockstep store (bad greeting)");
-        std::uint16_t version = r.u16();
-        if (version != wire::kVersion)
-          throw Error("store: " + where + " speaks protocol version " + std::to_string(version) +
-                      ", this client " + std::to_string(wire::kVersion));
-        std::string server_nonce(r.bytes(wire::kNonceBytes));
-        std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
-        auto mac = wire::handshake_mac(options_.token, wire::kClientLabel, server_nonce, client_nonce);
-        send_all(fd,
-                 wire::Writer(Type::kAuth)
-                     .bytes(client_nonce)
-                     .bytes(std::string_view(reinterpret_cast<const char*>(mac.data()), mac.size()))
-                     .frame(),
-                 deadline);
-        std::string answer = recv_message(fd, deadline);
-        wire::Reader a(answer);
-        Type t = a.type();
-        if (t == Type::kError)
-          throw AuthError("store at " + where + " refused this process: " + a.str() +
-                          ". Its LOCKSTEP_TOKEN differs from the run's: start every worker "
-                          "with the same token (lockstep run sets it)");
-        auto want = wire::handshake_mac(options_.token, wire::kServerLabel, server_nonce, client_nonce);
-        if (t != Type::kAuthOk || !wire::mac_equal(a.bytes(wire::kMacBytes), want))
-          throw AuthError("store at " + where +
-                          " could not prove it holds this run's token: "
-                          "it belongs to another job, or LOCKSTEP_TOKEN is wrong here");
+        authenticate(fd, options_.token, where, deadline);
         fd_ = fd;
         return;
       } catch (const Transient& t) {
@@ -176,16 +204,12 @@ void StoreClient::connect_until(Clock::time_point deadline) {
         ::close(fd);
         throw;
       }
-    } else {
-      last_error = std::strerror(errno);
-      ::close(fd);
     }
-    if (Clock::now() + backoff >= deadline) {
+    if (Clock::now() + backoff >= deadline)
       throw TimeoutError("store: could not reach " + where + " within " +
                          log::seconds_text(options_.timeout.count()) + " (last error: " + last_error +
-                         "). Is rank 0 or the launcher running, and are MASTER_ADDR/MASTER_PORT "
-                         "(or LOCKSTEP_STORE_ADDR) right?");
-    }
+                         "). Is rank 0 or the launcher running, and are MASTER_ADDR/MASTER_PORT (or "
+                         "LOCKSTEP_STORE_ADDR) right?");
     // Retry pacing while the server comes up; not synchronisation.
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));

@@ -22,8 +22,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -58,37 +60,84 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
+// "1.2.3.4:5" or "[::1]:5".
+std::string address_text(const sockaddr* addr, socklen_t len) {
+  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+  ::getnameinfo(addr, len, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
+  const std::string h = host;
+  return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + port;
+}
+
+int local_port(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+int adopt_listener(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return fd;
+}
+
+// A listening socket for the first address getaddrinfo gives for (host, port), or -1 with errno.
+// `dual_stack`: an IPv6 socket that takes IPv4 connections too.
+int try_listen(int family, const char* host, int port, bool dual_stack, std::string& gai_error) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
+  if (int rc = ::getaddrinfo(host, std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    gai_error = gai_strerror(rc);
+    errno = EINVAL;
+    return -1;
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1, zero = 0;
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd >= 0 && dual_stack) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  if (fd >= 0 && (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 1024) != 0)) {
+    const int err = errno;
+    ::close(fd);
+    fd = -1;
+    errno = err;
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+// Binds and listens on host:port. host "*" is every address, IPv6 and IPv4 (one dual-stack
+// socket), or every IPv4 address where the kernel has no IPv6; otherwise a numeric address of
+// either family.
+int open_listener(const StoreServerOptions& o) {
+  std::string gai_error;
+  int fd = -1;
+  if (o.host == "*") {
+    fd = try_listen(AF_INET6, nullptr, o.port, /*dual_stack=*/true, gai_error);
+    if (fd < 0 && errno != EADDRINUSE) fd = try_listen(AF_INET, nullptr, o.port, false, gai_error);
+  } else {
+    fd = try_listen(AF_UNSPEC, o.host.c_str(), o.port, false, gai_error);
+  }
+  if (fd >= 0) return fd;
+  const int err = errno;
+  if (!gai_error.empty())
+    throw ConfigError("store: cannot bind to '" + o.host + "': not a numeric address (" + gai_error +
+                      "; use an address such as 0.0.0.0, 127.0.0.1, ::1, or * for every one)");
+  throw ConfigError(
+      "store: cannot listen on " + o.host + ":" + std::to_string(o.port) + ": " + std::strerror(err) +
+      (err == EADDRINUSE ? " (another job uses this port: pick another MASTER_PORT, or 0 for a free one)"
+                         : ""));
+}
+
 }  // namespace
 
 class StoreServer::Impl {
  public:
   explicit Impl(StoreServerOptions options) : options_(std::move(options)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (listen_fd_ < 0) throw SystemError("store: socket() failed: " + errno_text());
-    int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(options_.port));
-    if (::inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
-      ::close(listen_fd_);
-      throw ConfigError("store: cannot bind to '" + options_.host +
-                        "': not an IPv4 address (use e.g. 0.0.0.0 or 127.0.0.1)");
-    }
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      int e = errno;
-      ::close(listen_fd_);
-      throw ConfigError("store: cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
-                        ": " + std::strerror(e) +
-                        (e == EADDRINUSE ? " (another job uses this port: pick another "
-                                           "MASTER_PORT, or 0 for a free one)"
-                                         : ""));
-    }
-    ::listen(listen_fd_, 1024);
-    socklen_t len = sizeof addr;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-
+    listen_fd_ = options_.listen_fd >= 0 ? adopt_listener(options_.listen_fd) : open_listener(options_);
+    port_ = local_port(listen_fd_);
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     add_fd(listen_fd_, kListenId, EPOLLIN);
@@ -113,6 +162,11 @@ class StoreServer::Impl {
 
   int port() const { return port_; }
   std::uint64_t refused() const { return refused_.load(); }
+
+  bool await_parked(std::size_t n, Seconds timeout) {
+    std::unique_lock<std::mutex> lock(parked_mu_);
+    return parked_cv_.wait_for(lock, timeout, [&] { return parked_ >= n; });
+  }
 
  private:
   static constexpr std::uint64_t kListenId = 0;
@@ -157,7 +211,7 @@ class StoreServer::Impl {
 
   void accept_all() {
     for (;;) {
-      sockaddr_in addr{};
+      sockaddr_storage addr{};
       socklen_t len = sizeof addr;
       int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or a transient error: the next event retries
@@ -166,9 +220,7 @@ class StoreServer::Impl {
       std::uint64_t id = next_id_++;
       Conn c;
       c.fd = fd;
-      char ip[INET_ADDRSTRLEN] = "?";
-      ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
-      c.peer = std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port));
+      c.peer = address_text(reinterpret_cast<sockaddr*>(&addr), len);
       c.server_nonce = wire::random_bytes(wire::kNonceBytes);
       c.out = wire::Writer(Type::kHello)
                   .bytes(std::string_view(wire::kMagic, 4))
@@ -274,115 +326,120 @@ class StoreServer::Impl {
     }
   }
 
-  void handle(std::uint64_t id, const std::string& msg) {
+  // The first message must prove the client holds the token; the reply proves the server does.
+  void authenticate(std::uint64_t id, Type type, wire::Reader& r) {
     Conn& c = conns_.at(id);
+    if (type != Type::kAuth)
+      throw Error("expected AUTH, got message type " + std::to_string(static_cast<int>(type)));
+    std::string client_nonce(r.bytes(wire::kNonceBytes));
+    std::string_view mac = r.bytes(wire::kMacBytes);
+    r.expect_end();
+    auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce, client_nonce);
+    if (!wire::mac_equal(mac, want))
+      throw AuthError("authentication failed: the client does not hold this run's token");
+    auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce, client_nonce);
+    c.ready = true;
+    reply(id, wire::Writer(Type::kAuthOk)
+                  .bytes(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size())));
+  }
+
+  void handle(std::uint64_t id, const std::string& msg) {
     wire::Reader r(msg);
-    Type type = r.type();
-    if (!c.ready) {
-      if (type != Type::kAuth)
-        throw Error("expected AUTH, got message type " + std::to_string(static_cast<int>(type)));
-      std::string client_nonce(r.bytes(wire::kNonceBytes));
-      std::string_view mac = r.bytes(wire::kMacBytes);
-      r.expect_end();
-      auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce, client_nonce);
-      if (!wire::mac_equal(mac, want))
-        throw AuthError("authentication failed: the client does not hold this run's token");
-      auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce, client_nonce);
-      c.ready = true;
-      reply(id, wire::Writer(Type::kAuthOk)
-                    .bytes(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size())));
-      return;
-    }
+    const Type type = r.type();
+    if (!conns_.at(id).ready) return authenticate(id, type, r);
     switch (type) {
-      case Type::kSet: {
-        std::string key = r.str(), value = r.str();
-        r.expect_end();
-        put(key, std::move(value));
-        reply(id, wire::Writer(Type::kOk));
-        return;
-      }
-      case Type::kSetEphemeral: {
-        std::string key = r.str(), value = r.str();
-        r.expect_end();
-        c.ephemeral.push_back(key);
-        put(key, std::move(value));
-        reply(id, wire::Writer(Type::kOk));
-        return;
-      }
-      case Type::kGet: {
-        std::string key = r.str();
-        r.expect_end();
-        auto it = kv_.find(key);
-        wire::Writer w(Type::kValue);
-        w.u8(it != kv_.end() ? 1 : 0).str(it != kv_.end() ? it->second : std::string());
-        reply(id, w);
-        return;
-      }
-      case Type::kAdd: {
-        std::string key = r.str();
-        std::int64_t delta = r.i64();
-        r.expect_end();
-        std::int64_t current = 0;
-        if (auto it = kv_.find(key); it != kv_.end()) {
-          char* end = nullptr;
-          current = std::strtoll(it->second.c_str(), &end, 10);
-          if (it->second.empty() || *end != '\0') {
-            reply(id,
-                  wire::Writer(Type::kError).str("ADD on key '" + key + "' whose value is not an integer"));
-            return;
-          }
-        }
-        current += delta;
-        put(key, std::to_string(current));
-        reply(id, wire::Writer(Type::kInt).i64(current));
-        return;
-      }
-      case Type::kCompareSet: {
-        std::string key = r.str(), expected = r.str(), desired = r.str();
-        r.expect_end();
-        auto it = kv_.find(key);
-        std::string current = it != kv_.end() ? it->second : std::string();
-        bool matches = it != kv_.end() ? current == expected : expected.empty();
-        if (matches) {
-          put(key, desired);
-          current = desired;
-        }
-        reply(id, wire::Writer(Type::kValue).u8(1).str(current));
-        return;
-      }
-      case Type::kWait: {
-        std::uint32_t timeout_ms = r.u32();
-        std::uint32_t n = r.u32();
-        Waiter w;
-        w.conn_id = id;
-        for (std::uint32_t i = 0; i < n; ++i) {
-          std::string key = r.str();
-          if (!kv_.count(key)) w.missing.insert(std::move(key));
-        }
-        r.expect_end();
-        if (w.missing.empty()) {
-          reply(id, wire::Writer(Type::kOk));
-          return;
-        }
-        w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-        std::uint64_t wid = next_waiter_++;
-        for (const auto& k : w.missing) waiting_on_[k].insert(wid);
-        deadlines_.emplace(w.deadline, wid);
-        waiters_.emplace(wid, std::move(w));
-        return;
-      }
+      case Type::kSet: return on_set(id, r, /*ephemeral=*/false);
+      case Type::kSetEphemeral: return on_set(id, r, /*ephemeral=*/true);
+      case Type::kGet: return on_get(id, r);
+      case Type::kAdd: return on_add(id, r);
+      case Type::kCompareSet: return on_compare_set(id, r);
+      case Type::kWait: return on_wait(id, r);
       case Type::kDelete: {
         std::string key = r.str();
         r.expect_end();
-        reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.erase(key))));
-        return;
+        return reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.erase(key))));
       }
       case Type::kNumKeys:
         r.expect_end();
-        reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.size())));
-        return;
+        return reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.size())));
       default: throw Error("unknown message type " + std::to_string(static_cast<int>(type)));
     }
+  }
+
+  void on_set(std::uint64_t id, wire::Reader& r, bool ephemeral) {
+    std::string key = r.str(), value = r.str();
+    r.expect_end();
+    if (ephemeral) conns_.at(id).ephemeral.push_back(key);
+    put(key, std::move(value));
+    reply(id, wire::Writer(Type::kOk));
+  }
+
+  void on_get(std::uint64_t id, wire::Reader& r) {
+    std::string key = r.str();
+    r.expect_end();
+    auto it = kv_.find(key);
+    wire::Writer w(Type::kValue);
+    w.u8(it != kv_.end() ? 1 : 0).str(it != kv_.end() ? it->second : std::string());
+    reply(id, w);
+  }
+
+  void on_add(std::uint64_t id, wire::Reader& r) {
+    std::string key = r.str();
+    std::int64_t delta = r.i64();
+    r.expect_end();
+    std::int64_t current = 0;
+    if (auto it = kv_.find(key); it != kv_.end()) {
+      char* end = nullptr;
+      current = std::strtoll(it->second.c_str(), &end, 10);
+      if (it->second.empty() || *end != '\0')
+        return reply(
+            id, wire::Writer(Type::kError).str("ADD on key '" + key + "' whose value is not an integer"));
+    }
+    current += delta;
+    put(key, std::to_string(current));
+    reply(id, wire::Writer(Type::kInt).i64(current));
+  }
+
+  void on_compare_set(std::uint64_t id, wire::Reader& r) {
+    std::string key = r.str(), expected = r.str(), desired = r.str();
+    r.expect_end();
+    auto it = kv_.find(key);
+    std::string current = it != kv_.end() ? it->second : std::string();
+    const bool matches = it != kv_.end() ? current == expected : expected.empty();
+    if (matches) {
+      put(key, desired);
+      current = desired;
+    }
+    reply(id, wire::Writer(Type::kValue).u8(1).str(current));
+  }
+
+  // Answered at once when every key exists; otherwise parked until they do or the deadline.
+  void on_wait(std::uint64_t id, wire::Reader& r) {
+    const std::uint32_t timeout_ms = r.u32();
+    const std::uint32_t n = r.u32();
+    Waiter w;
+    w.conn_id = id;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      std::string key = r.str();
+      if (!kv_.count(key)) w.missing.insert(std::move(key));
+    }
+    r.expect_end();
+    if (w.missing.empty()) return reply(id, wire::Writer(Type::kOk));
+    w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    const std::uint64_t wid = next_waiter_++;
+    for (const auto& k : w.missing) waiting_on_[k].insert(wid);
+    deadlines_.emplace(w.deadline, wid);
+    waiters_.emplace(wid, std::move(w));
+    publish_parked();
+  }
+
+  // For tests that need a WAIT to be parked before they set its key (StoreServer::await_waiting).
+  void publish_parked() {
+    {
+      std::lock_guard<std::mutex> lock(parked_mu_);
+      parked_ = waiters_.size();
+    }
+    parked_cv_.notify_all();
   }
 
   void put(const std::string& key, std::string value) {
@@ -418,7 +475,9 @@ class StoreServer::Impl {
         break;
       }
     }
-    return waiters_.erase(w);
+    auto next = waiters_.erase(w);
+    publish_parked();
+    return next;
   }
 
   void expire_waiters() {
@@ -442,6 +501,9 @@ class StoreServer::Impl {
   int listen_fd_ = -1, epoll_fd_ = -1, stop_fd_ = -1, port_ = 0;
   std::thread thread_;
   std::atomic<std::uint64_t> refused_{0};
+  std::mutex parked_mu_;
+  std::condition_variable parked_cv_;
+  std::size_t parked_ = 0;  // waiters_.size(), as other threads may read it
   std::uint64_t next_id_ = 2, next_waiter_ = 1;
   std::unordered_map<std::uint64_t, Conn> conns_;
   std::unordered_map<std::string, std::string> kv_;
@@ -460,6 +522,9 @@ std::uint64_t StoreServer::refused_connections() const {
 }
 void StoreServer::stop() {
   impl_->stop();
+}
+bool StoreServer::await_waiting(std::size_t n, Seconds timeout) {
+  return impl_->await_parked(n, timeout);
 }
 
 std::string random_token() {

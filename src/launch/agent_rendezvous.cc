@@ -64,7 +64,7 @@ void Agent::join() {
   placement_.token = choose_token(o, placement_.run_id);
   if (o.node_rank == 0)
     server_ = std::make_unique<comm::StoreServer>(
-        comm::StoreServerOptions{o.nnodes > 1 ? "0.0.0.0" : "127.0.0.1", o.master_port, placement_.token});
+        comm::StoreServerOptions{o.nnodes > 1 ? "*" : "127.0.0.1", o.master_port, placement_.token});
   const int store_port = server_ ? server_->port() : o.master_port;
   store_ = std::make_unique<comm::StoreClient>(comm::StoreClientOptions{
       o.node_rank == 0 ? "127.0.0.1" : o.master_addr, store_port, placement_.token, Seconds(o.join_timeout)});

@@ -5,14 +5,15 @@
 #include <cstring>
 #include <sstream>
 
+#include "lockstep/comm/reference.h"
+
 namespace lockstep::testing {
 namespace {
 
 using namespace lockstep::comm;
 
-// Small signed integers: exact in every dtype, and sums of up to 8 ranks stay exact in f16.
 double value(int rank, std::size_t i) {
-  return static_cast<double>(static_cast<long>((rank * 7 + i * 3) % 13) - 4);
+  return reference::input(rank, i);
 }
 
 struct Buffer {
@@ -24,31 +25,8 @@ struct Buffer {
   double get(std::size_t i) { return load_element(t, data(), i); }
 };
 
-double reference(ReduceOp op, DType t, int world, std::size_t i) {
-  double sum = 0, lo = 1e300, hi = -1e300;
-  for (int r = 0; r < world; ++r) {
-    double v = value(r, i);
-    sum += v;
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  switch (op) {
-    case ReduceOp::sum: return sum;
-    case ReduceOp::min: return lo;
-    case ReduceOp::max: return hi;
-    case ReduceOp::avg: return (t == DType::i32 || t == DType::i64) ? std::trunc(sum / world) : sum / world;
-  }
-  return 0;
-}
-
-// Half types round the final value once: allow half an ulp of the type, relative.
-double tolerance(DType t, double want) {
-  switch (t) {
-    case DType::f16: return std::abs(want) * 1e-3 + 1e-6;
-    case DType::bf16: return std::abs(want) * 4e-3 + 1e-6;
-    case DType::f32: return std::abs(want) * 1e-6;
-    default: return 1e-12;
-  }
+double expected(ReduceOp op, DType t, int world, std::size_t i) {
+  return reference::reduced(op, t, world, i);
 }
 
 class Checker {
@@ -91,9 +69,9 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
           for (std::size_t i = 0; i < n; ++i) store_element(t, at, i, value(rank, i));
           comm.allreduce(at, n, t, op)->wait();
           for (std::size_t i = 0; i < n; ++i) {
-            double want = reference(op, t, world, i);
+            double want = expected(op, t, world, i);
             check.expect(label(std::string("allreduce shared ") + reduce_op_name(op)), i,
-                         load_element(t, at, i), want, tolerance(t, want));
+                         load_element(t, at, i), want, reference::tolerance(t, want));
           }
         }
         // allreduce, out of place and in place
@@ -102,11 +80,11 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
         comm.allreduce(in.data(), out.data(), n, t, op)->wait();
         comm.allreduce(inplace.data(), n, t, op)->wait();
         for (std::size_t i = 0; i < n; ++i) {
-          double want = reference(op, t, world, i);
+          double want = expected(op, t, world, i);
           check.expect(label(std::string("allreduce ") + reduce_op_name(op)), i, out.get(i), want,
-                       tolerance(t, want));
+                       reference::tolerance(t, want));
           check.expect(label(std::string("allreduce in-place ") + reduce_op_name(op)), i, inplace.get(i),
-                       want, tolerance(t, want));
+                       want, reference::tolerance(t, want));
         }
         // the input of an out-of-place allreduce is left alone
         for (std::size_t i = 0; i < n; ++i)
@@ -117,9 +95,9 @@ std::vector<std::string> run_conformance(Communicator& comm, const std::vector<s
         for (std::size_t i = 0; i < n * static_cast<std::size_t>(world); ++i) rs_in.set(i, value(rank, i));
         comm.reduce_scatter(rs_in.data(), rs_out.data(), n, t, op)->wait();
         for (std::size_t i = 0; i < n; ++i) {
-          double want = reference(op, t, world, static_cast<std::size_t>(rank) * n + i);
+          double want = expected(op, t, world, static_cast<std::size_t>(rank) * n + i);
           check.expect(label(std::string("reduce_scatter ") + reduce_op_name(op)), i, rs_out.get(i), want,
-                       tolerance(t, want));
+                       reference::tolerance(t, want));
         }
       }
       // broadcast from every root

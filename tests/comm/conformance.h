@@ -1,5 +1,6 @@
 // The conformance table: every collective x dtype x op x count on a communicator, checked
-// against a reference computed here in double precision, independently of any backend.
+// against comm::reference (exact values computed in double precision, independently of any
+// backend, with one justified tolerance per dtype).
 // Used by the thread-rank gtest and by comm_worker (real processes, incl. under mpirun).
 #pragma once
 

@@ -121,6 +121,25 @@ TEST_P(Misuse, DifferentSizesOrDtypesFailOnEveryRank) {
   }
 }
 
+// Sets the promise when rank 0 leaves its part, however it leaves (an unexpected exception
+// included), so the rank waiting on it never hangs the suite.
+struct SignalOnExit {
+  std::promise<void>& promise;
+  ~SignalOnExit() {
+    try {
+      promise.set_value();
+    } catch (const std::future_error&) {
+      // already set
+    }
+  }
+};
+
+// A bounded wait for the other rank's signal: a failure, not a hang, when it never comes.
+void await(const std::shared_future<void>& signal) {
+  ASSERT_EQ(signal.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the other rank never signalled";
+}
+
 TEST_P(Misuse, ARankThatNeverArrivesIsATimeoutNamingIt) {
   CommOptions options{GetParam()};
   options.timeout = comm::Seconds(1);
@@ -128,9 +147,10 @@ TEST_P(Misuse, ARankThatNeverArrivesIsATimeoutNamingIt) {
   auto failed = rank0_failed.get_future().share();
   run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
     if (comm.rank() == 1) {
-      failed.wait();  // stays alive, issuing nothing, until rank 0 has given up
+      await(failed);  // stays alive, issuing nothing, until rank 0 has given up
       return;
     }
+    SignalOnExit signal{rank0_failed};
     float v = 1;
     try {
       comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
@@ -141,7 +161,6 @@ TEST_P(Misuse, ARankThatNeverArrivesIsATimeoutNamingIt) {
         EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
       }
     }
-    rank0_failed.set_value();
   });
 }
 
@@ -167,6 +186,7 @@ TEST(Work, WaitWithATimeoutDoesNotHang) {
   run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
     float v = 1;
     if (comm.rank() == 0) {
+      SignalOnExit signal{done};
       auto work = comm.allreduce(&v, 1, DType::f32, ReduceOp::sum);
       EXPECT_THROW(work->wait(comm::Seconds(0.1)), TimeoutError);
       EXPECT_FALSE(work->done());
@@ -174,7 +194,7 @@ TEST(Work, WaitWithATimeoutDoesNotHang) {
       work->wait();  // rank 1 joins now: the collective completes
       EXPECT_EQ(v, 2.0f);
     } else {
-      released.wait();
+      await(released);
       comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
     }
   });

@@ -3,9 +3,11 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <thread>
 
 #include "lockstep/error.h"
@@ -58,17 +60,16 @@ TEST(Store, AddOnNonIntegerIsAnError) {
   EXPECT_EQ(c->add("n", 5), 5);  // the connection still serves
 }
 
+// The key is set only once the server holds the reader's request parked: the get really waited.
 TEST(Store, GetWaitsForAKeySetLater) {
   LocalStore store;
-  auto reader = store.client();
-  std::thread writer([&] {
-    auto w = store.client();
-    w->wait({"reader-started"});
-    w->set("late", "value");
-  });
-  store.client()->set("reader-started", "1");
-  EXPECT_EQ(reader->get("late", Seconds(10)), "value");
-  writer.join();
+  auto reader = store.client(), writer = store.client();
+  auto got = std::async(std::launch::async, [&] { return reader->get("late", Seconds(20)); });
+  ASSERT_TRUE(store.server().await_waiting(1, Seconds(10))) << "the get never reached the server";
+  EXPECT_EQ(writer->try_get("late"), std::nullopt);
+  writer->set("late", "value");
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(got.get(), "value");
 }
 
 TEST(Store, WaitTimesOutNamingTheMissingKeys) {
@@ -99,11 +100,68 @@ TEST(Store, WrongTokenIsRefusedOnBothSides) {
   EXPECT_EQ(store.client()->add("still-serving", 1), 1);
 }
 
+// A listening loopback socket on a free port, owned by the test.
+struct Listener {
+  int fd = -1, port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(fd, 8), 0);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  // The next connection, or -1 after `seconds`.
+  int accept_within(double seconds) const {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(seconds * 1000)) != 1) return -1;
+    return ::accept(fd, nullptr, nullptr);
+  }
+};
+
+std::string frame(char type, const std::string& payload) {
+  const auto n = static_cast<std::uint32_t>(payload.size() + 1);
+  std::string out;
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
+  out.push_back(type);
+  return out + payload;
+}
+
+// An impostor that follows docs/store-protocol.md but cannot know the token: it accepts any
+// AUTH and answers with a proof it made up. Only the client's own check can catch it.
 TEST(Store, ClientRefusesAServerWithoutTheToken) {
-  comm::StoreServer impostor(comm::StoreServerOptions{"127.0.0.1", 0, "impostor-token"});
-  // The server refuses us first (our MAC does not verify there): either way, an AuthError.
-  EXPECT_THROW(comm::StoreClient(comm::StoreClientOptions{"127.0.0.1", impostor.port(), "real", Seconds(5)}),
-               AuthError);
+  Listener impostor;
+  std::string auth_seen;
+  std::thread serve([&] {
+    const int c = impostor.accept_within(10);
+    ASSERT_GE(c, 0);
+    const std::string hello =
+        frame(0x01, std::string("LKST") + std::string("\x01\x00", 2) + std::string(32, 'n'));
+    ASSERT_EQ(::send(c, hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
+    char buf[128];
+    for (std::size_t want = 4 + 1 + 32 + 32; auth_seen.size() < want;) {
+      ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      auth_seen.append(buf, static_cast<std::size_t>(n));
+    }
+    const std::string ok = frame(0x03, std::string(32, '\0'));
+    ::send(c, ok.data(), ok.size(), MSG_NOSIGNAL);
+    ::close(c);
+  });
+  try {
+    comm::StoreClient client(comm::StoreClientOptions{"127.0.0.1", impostor.port, "real", Seconds(5)});
+    FAIL() << "accepted a server that does not hold the token";
+  } catch (const AuthError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not prove it holds this run's token"), std::string::npos)
+        << e.what();
+  }
+  serve.join();
+  ASSERT_EQ(auth_seen.size(), 4u + 1 + 32 + 32);  // the client sent its proof first, as the protocol says
+  EXPECT_EQ(auth_seen[4], 0x02);
+  ::close(impostor.fd);
 }
 
 int raw_connect(int port) {
@@ -156,21 +214,26 @@ TEST(Store, GarbageAndOversizedMessagesCloseOnlyThatConnection) {
   EXPECT_EQ(good->get("k"), "v");
 }
 
+// The client's first connection finds nobody serving (the test accepts and hangs up); only
+// then does a server take over the same listening socket, which the test held all along.
 TEST(Store, ClientWaitsForAServerThatIsNotUpYet) {
-  // Reserve a free port, release it, start connecting, then bring the server up there.
-  int port;
-  {
-    comm::StoreServer probe(comm::StoreServerOptions{"127.0.0.1", 0, "t"});
-    port = probe.port();
-  }
+  Listener listener;
   std::unique_ptr<comm::StoreClient> client;
   std::thread connecting([&] {
-    client =
-        std::make_unique<comm::StoreClient>(comm::StoreClientOptions{"127.0.0.1", port, "t", Seconds(20)});
+    client = std::make_unique<comm::StoreClient>(
+        comm::StoreClientOptions{"127.0.0.1", listener.port, "t", Seconds(20)});
   });
-  comm::StoreServer server(comm::StoreServerOptions{"127.0.0.1", port, "t"});
+  const int first = listener.accept_within(10);
+  ASSERT_GE(first, 0) << "the client never tried";
+  ::close(first);  // no server yet: the client must retry
+  comm::StoreServerOptions options;
+  options.token = "t";
+  options.listen_fd = listener.fd;
+  comm::StoreServer server(options);
   connecting.join();
+  ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->add("x", 2), 2);
+  EXPECT_EQ(server.port(), listener.port);
 }
 
 TEST(Store, UnreachableStoreIsATimeoutNamingTheAddress) {

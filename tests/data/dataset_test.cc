@@ -16,11 +16,6 @@
 namespace lockstep::data {
 namespace {
 
-std::string temp_dir() {
-  char t[] = "/tmp/lockstep-data-XXXXXX";
-  return mkdtemp(t);
-}
-
 std::string gunzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   std::string out;
@@ -68,7 +63,8 @@ TEST(FashionMnist, AMissingDatasetNamesThePackage) {
 }
 
 TEST(Idx, CorruptAndTruncatedFilesAreClearErrors) {
-  std::string dir = temp_dir();
+  testing::TempDir temp("idx");
+  const std::string dir = temp.path();
   std::string labels = gunzip(std::string(kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz");
   ASSERT_EQ(labels.size(), 8u + 10000u);
 

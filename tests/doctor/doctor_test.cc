@@ -53,13 +53,6 @@ bool has(const std::vector<Finding>& f, const std::string& kind) {
   return false;
 }
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p =
-      fs::path(::testing::TempDir()) / ("lockstep_doctor_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  return p.string();
-}
-
 }  // namespace
 
 TEST(DoctorAnalysis, AHealthyConfigurationGetsNoRecommendation) {
@@ -157,7 +150,8 @@ struct DoctorRun {
 
 DoctorRun doctor(const std::string& name, std::vector<std::string> program_flags,
                  const std::map<std::string, std::string>& env = {}, const std::string& backend = "auto") {
-  std::string out = fresh_dir(name);
+  lockstep::testing::TempDir out_dir(name);
+  const std::string out = out_dir.path();
   // The findings under test are about distribution: pin OpenBLAS to the kernels it picks by
   // itself, which silences the kernel finding (it has its own test) without changing the speed.
   auto environment = env;
@@ -239,8 +233,8 @@ TEST(Doctor, KernelsBelowTheCpusAreNamedWithAMeasuredSpeedup) {
 }
 
 TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {
-  lockstep::testing::Process p(
-      {LOCKSTEP_BINARY, "doctor", "--output-dir", fresh_dir("bad"), "--", "/bin/true"});
+  lockstep::testing::TempDir out("bad");
+  lockstep::testing::Process p({LOCKSTEP_BINARY, "doctor", "--output-dir", out.path(), "--", "/bin/true"});
   EXPECT_NE(p.wait(60), 0);
   EXPECT_NE(p.output().find("did not run the lockstep Trainer"), std::string::npos) << p.output();
 }
@@ -290,7 +284,8 @@ std::string screenshot(const std::string& html_path, const std::string& png_path
 TEST(Report, APageWithTheRunsNumbersThatRendersInABrowser) {
   ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
       << "the report test needs Debian's chromium (./scripts/test installs it)";
-  std::string out = fresh_dir("report");
+  lockstep::testing::TempDir out_dir("report");
+  const std::string out = out_dir.path();
   lockstep::testing::Process run({LOCKSTEP_BINARY,
                                   "run",
                                   "--nproc-per-node",

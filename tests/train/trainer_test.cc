@@ -34,13 +34,6 @@ struct TinyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tiny);
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("lockstep_train_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 std::shared_ptr<const FashionMnistDataset> fashion(data::FashionMnist::Split split, std::size_t limit) {
   return std::make_shared<FashionMnistDataset>(split, data::kFashionMnistDir, limit);
 }
@@ -99,7 +92,8 @@ std::vector<torch::Tensor> train_threads(int world, TrainingArguments args) {
 
 TEST(Trainer, AccumulationMatchesALargerBatchAndMoreWorkers) {
   // Step k of each run sees the same 24 samples: the sampler's permutation split over ranks.
-  auto args = quiet_args(fresh_dir("accumulation"));
+  lockstep::testing::TempDir out_dir("accumulation");
+  auto args = quiet_args(out_dir.path());
   args.optim = "sgd";
   args.learning_rate = 0.05;
   args.max_steps = 4;
@@ -121,7 +115,8 @@ TEST(Trainer, AccumulationMatchesALargerBatchAndMoreWorkers) {
 
 TEST(Trainer, ClippingBoundsTheGlobalNormOfTheUpdate) {
   auto norm_of_update = [&](double max_norm) {
-    auto args = quiet_args(fresh_dir("clip"));
+    lockstep::testing::TempDir out_dir("clip");
+    auto args = quiet_args(out_dir.path());
     args.optim = "sgd";
     args.sgd_momentum = 0;
     args.learning_rate = 1.0;
@@ -141,7 +136,8 @@ TEST(Trainer, ClippingBoundsTheGlobalNormOfTheUpdate) {
 TEST(Trainer, EvaluationCountsEveryRealSampleOnceAcrossRanks) {
   auto eval_set = fashion(data::FashionMnist::Split::test, 101);  // 101 = 3 x 34 - 1: padding
   auto train_set = fashion(data::FashionMnist::Split::train, 64);
-  auto args = quiet_args(fresh_dir("eval"));
+  lockstep::testing::TempDir out_dir("eval");
+  auto args = quiet_args(out_dir.path());
   args.per_device_eval_batch_size = 16;
   nlohmann::json single;
   {
@@ -188,7 +184,8 @@ TEST(Trainer, EarlyStoppingCallbackCountsEvaluationsWithoutImprovement) {
 }
 
 TEST(Trainer, EarlyStoppingEndsARunThatStoppedImprovingOnEveryRank) {
-  auto args = quiet_args(fresh_dir("early"));
+  lockstep::testing::TempDir out_dir("early");
+  auto args = quiet_args(out_dir.path());
   args.learning_rate = 0;  // nothing improves after the first evaluation
   args.max_steps = 100;
   args.per_device_train_batch_size = 8;
@@ -216,7 +213,8 @@ TEST(Trainer, ConfigurationErrorsAreReportedBeforeTraining) {
   auto train_set = fashion(data::FashionMnist::Split::train, 64);
   comm::CommOptions options;
   lockstep::testing::run_ranks_as_threads(1, options, [&](comm::Communicator& comm) {
-    auto args = quiet_args(fresh_dir("config"));
+    lockstep::testing::TempDir out_dir("config");
+    auto args = quiet_args(out_dir.path());
     args.eval_strategy = "epoch";
     Tiny net = seeded_tiny();
     try {
@@ -225,14 +223,16 @@ TEST(Trainer, ConfigurationErrorsAreReportedBeforeTraining) {
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("eval dataset"), std::string::npos) << e.what();
     }
-    args = quiet_args(fresh_dir("config"));
+    lockstep::testing::TempDir other_dir("config");
+    args = quiet_args(other_dir.path());
     args.per_device_train_batch_size = 0;
     EXPECT_THROW(Trainer(Model::of(net), train_set, nullptr, args, {}, &comm), ConfigError);
   });
 }
 
 TEST(Checkpoint, AModuleLoadsOnlyIntoTheSameShapesAndSaysWhichParameterDiffers) {
-  std::string dir = fresh_dir("module");
+  lockstep::testing::TempDir temp("module");
+  const std::string dir = temp.path();
   Tiny saved = seeded_tiny(16);
   save_module(*saved, dir + "/model.pt");
   Tiny same(16);
@@ -266,7 +266,8 @@ TEST(Checkpoint, AModuleLoadsOnlyIntoTheSameShapesAndSaysWhichParameterDiffers) 
 }
 
 TEST(Checkpoint, RotationKeepsTheLatestAndTheBestAndIgnoresPartialDirectories) {
-  std::string dir = fresh_dir("rotation");
+  lockstep::testing::TempDir temp("rotation");
+  const std::string dir = temp.path();
   for (int step : {10, 20, 30, 40, 50}) {
     fs::create_directories(dir + "/checkpoint-" + std::to_string(step));
     std::ofstream(dir + "/checkpoint-" + std::to_string(step) + "/trainer_state.json") << "{}";
@@ -381,7 +382,8 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 }  // namespace
 
 TEST(TrainerRuns, AShortRunOnTwoWorkersLowersTheLoss) {
-  std::string out = fresh_dir("short");
+  lockstep::testing::TempDir out_dir("short");
+  const std::string out = out_dir.path();
   lockstep::testing::Process run(
       launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "40", "--logging-steps", "5",
                                  "--save-strategy", "no", "--trace", "--output-dir", out})));
@@ -420,7 +422,8 @@ TEST(TrainerRuns, AShortRunOnTwoWorkersLowersTheLoss) {
 }
 
 TEST(TrainerRuns, Bf16AutocastAndGradientAccumulationTrain) {
-  std::string out = fresh_dir("bf16");
+  lockstep::testing::TempDir out_dir("bf16");
+  const std::string out = out_dir.path();
   lockstep::testing::Process run(
       launch(2, with(kShortRun, {"--model", "cnn", "--max-steps", "16", "--logging-steps", "4", "--bf16",
                                  "--gradient-accumulation-steps", "2", "--per-device-train-batch-size", "8",
@@ -441,7 +444,8 @@ TEST(TrainerRuns, AKilledAndRestartedRunEndsBitwiseEqualToAnUninterruptedOne) {
       with(kShortRun, {"--model", "cnn", "--max-steps", "30", "--save-strategy", "steps", "--save-steps",
                        "13", "--warmup-steps", "3", "--lr-scheduler-type", "cosine",
                        "--dataloader-num-workers", "2", "--logging-steps", "10"});
-  std::string straight = fresh_dir("straight"), killed = fresh_dir("killed");
+  lockstep::testing::TempDir straight_dir("straight"), killed_dir("killed");
+  const std::string straight = straight_dir.path(), killed = killed_dir.path();
   lockstep::testing::Process a(launch(2, with(flags, {"--output-dir", straight})));
   ASSERT_EQ(a.wait(240), 0) << a.output();
   lockstep::testing::Process b(launch(2, with(flags, {"--output-dir", killed}), {"--max-restarts", "1"}),
@@ -471,7 +475,8 @@ TEST(TrainerRuns, AKilledAndRestartedRunEndsBitwiseEqualToAnUninterruptedOne) {
 }
 
 TEST(TrainerRuns, AKillDuringASaveLeavesThePreviousCheckpointUsable) {
-  std::string out = fresh_dir("killsave");
+  lockstep::testing::TempDir out_dir("killsave");
+  const std::string out = out_dir.path();
   const std::vector<std::string> flags =
       with(kShortRun, {"--model", "mlp", "--max-steps", "12", "--save-strategy", "steps", "--save-steps", "5",
                        "--output-dir", out});
@@ -499,7 +504,8 @@ TEST(TrainerRuns, AKillDuringASaveLeavesThePreviousCheckpointUsable) {
 }
 
 TEST(TrainerRuns, RotationKeepsTheLatestAndTheBestCheckpoint) {
-  std::string out = fresh_dir("rotate");
+  lockstep::testing::TempDir out_dir("rotate");
+  const std::string out = out_dir.path();
   lockstep::testing::Process run(
       launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "16", "--save-strategy", "steps",
                                  "--save-steps", "4", "--save-total-limit", "1", "--eval-strategy", "steps",
@@ -519,7 +525,8 @@ TEST(TrainerRuns, RotationKeepsTheLatestAndTheBestCheckpoint) {
 }
 
 TEST(TrainerRuns, LoadBestModelAtEndLeavesTheBestCheckpointsWeightsInTheModel) {
-  std::string out = fresh_dir("best");
+  lockstep::testing::TempDir out_dir("best");
+  const std::string out = out_dir.path();
   // A rate high enough that accuracy goes up and down between evaluations.
   lockstep::testing::Process run(launch(2, {"--model",
                                             "mlp",

@@ -30,10 +30,13 @@ using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
 struct StoreServerOptions {
-  std::string host = "0.0.0.0";  // address to bind
-  int port = 0;                  // 0: let the kernel pick a free port (see port())
-  std::string token;             // the run's secret; empty is allowed only for tests
+  // Numeric address to bind: "0.0.0.0" (every IPv4 address), "127.0.0.1", "::1", an
+  // interface's address, or "*" (every address, IPv6 and IPv4 alike).
+  std::string host = "0.0.0.0";
+  int port = 0;       // 0: let the kernel pick a free port (see port())
+  std::string token;  // the run's secret; empty is allowed only for tests
   std::size_t max_message_bytes = 64u << 20;
+  int listen_fd = -1;  // >= 0: serve this socket, already bound and listening (host/port unused)
 };
 
 class StoreServer {
@@ -47,6 +50,9 @@ class StoreServer {
   // Connections refused so far (bad token, malformed or oversized message); for tests.
   std::uint64_t refused_connections() const;
   void stop();
+  // Blocks until at least `n` WAIT requests are parked (their keys missing), or `timeout`
+  // passes (false). For tests that must set a key only once a client waits for it.
+  bool await_waiting(std::size_t n, Seconds timeout);
 
  private:
   class Impl;
