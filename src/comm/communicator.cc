@@ -292,7 +292,6 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   if (rank < 0 || rank >= size)
     throw ConfigError("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(size - 1) +
                       " (RANK must be < WORLD_SIZE)");
-  log::set_rank(rank);
   if (!store) {
 #ifdef LOCKSTEP_HAVE_MPI
     if (options.backend == "mpi") {

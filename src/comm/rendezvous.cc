@@ -244,7 +244,9 @@ RendezvousInfo rendezvous_info_from(const Environment& env) {
 }
 
 Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
-  log::set_rank(info_.rank);
+  // Under lockstep run (LOCKSTEP_STORE_ADDR) the launcher prefixes every output line with
+  // "[rank N]" already; elsewhere the log lines name the rank themselves.
+  if (info_.store_host.empty()) log::set_rank(info_.rank);
   prefix_ = "run/" + info_.run_id + "/" + std::to_string(info_.restart_count) + "/";
   if (info_.world_size == 1 && info_.store_host.empty() && info_.master_port == 0) {
     // A job of one hosts a private store on a free loopback port.

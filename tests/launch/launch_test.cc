@@ -189,6 +189,9 @@ TEST_P(BadInputs, OneLineErrorNonZeroExitWithinTenSeconds) {
   Process run(argv);
   int code = run.wait(30);
   EXPECT_NE(code, 0) << run.output();
+  if (GetParam().name.rfind("Unreachable", 0) != 0) {
+    EXPECT_EQ(code, 2) << "bad input exits 2: " << run.output();
+  }
   EXPECT_LT(seconds_since(start), 10);
   EXPECT_NE(run.output().find(GetParam().expect), std::string::npos) << run.output();
   EXPECT_EQ(count_of(run.output(), "\n"), 1u) << "expected one line:\n" << run.output();
@@ -210,8 +213,24 @@ INSTANTIATE_TEST_SUITE_P(
                  {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
                   std::to_string(free_port()), "--timeout", "2", "/bin/true"},
                  "could not reach"},
-        BadInput{"NotANumber", {"--nproc-per-node", "many", "/bin/true"}, "not a number"}),
+        BadInput{"NotANumber", {"--nproc-per-node", "many", "/bin/true"}, "not a number"},
+        BadInput{"UnknownOption",
+                 {"--frobnicate", "/bin/true"},
+                 "unknown option --frobnicate before the program"}),
     [](const ::testing::TestParamInfo<BadInput>& param) { return param.param.name; });
+
+// An empty sweep used to divide by zero in every rank (SIGFPE): now it is refused before any
+// process starts.
+TEST(Bench, AnEmptySweepIsOneLineAndExitTwo) {
+  auto start = std::chrono::steady_clock::now();
+  Process bench({kLockstep, "bench", "allreduce", "--min-bytes", "0", "--max-bytes", "0"});
+  EXPECT_EQ(bench.wait(30), 2) << bench.output();
+  EXPECT_LT(seconds_since(start), 10);
+  EXPECT_EQ(
+      bench.output(),
+      "lockstep: error: --min-bytes 0 is below one f32 element (4 bytes): the sweep starts at one element at "
+      "least\n");
+}
 
 TEST(Launch, AWrongTokenIsRefusedWithAOneLineError) {
   std::string port = std::to_string(free_port());

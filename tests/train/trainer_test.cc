@@ -5,9 +5,12 @@
 #include "lockstep/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -570,4 +573,94 @@ TEST(TrainerRuns, LoadBestModelAtEndLeavesTheBestCheckpointsWeightsInTheModel) {
   EXPECT_NE(run.output().find("loaded the best model, checkpoint-" + std::to_string(best_step)),
             std::string::npos)
       << run.output();
+}
+
+// ----- failure paths: one clear line, the documented exit code, nothing lost -----------------
+
+namespace {
+
+// A tmpfs of `size` mounted on `dir` for the test's lifetime (needs root; error() says why not).
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::string& dir, const std::string& size) : dir_(dir) {
+    const std::string options = "size=" + size;
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0)
+      mounted_ = true;
+    else
+      error_ = std::strerror(errno);
+  }
+  ~TmpfsMount() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool ok() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string dir_, error_;
+  bool mounted_ = false;
+};
+
+bool any_temporary_left(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+// 12 MB hold one MLP checkpoint with AdamW state (6.4 MB) but not two: the save of step 4 runs
+// out of space mid-file.
+TEST(TrainerRuns, AFullDiskIsOneLineKeepsThePreviousCheckpointAndIsNotRestarted) {
+  lockstep::testing::TempDir temp("fulldisk");
+  TmpfsMount disk(temp.path(), "12m");
+  if (!disk.ok())
+    GTEST_SKIP() << "cannot mount a 12 MB tmpfs on " << temp.path() << " (" << disk.error() << ")";
+  const std::string out = temp / "run";
+  lockstep::testing::Process run(
+      launch(2,
+             with(kShortRun, {"--model", "mlp", "--optim", "adamw", "--max-steps", "20", "--save-strategy",
+                              "steps", "--save-steps", "2", "--output-dir", out}),
+             {"--max-restarts", "2"}));
+  EXPECT_EQ(run.wait(180), 3) << run.output();
+  const std::string& o = run.output();
+  EXPECT_NE(o.find("no space left on the device holding " + out + "/.tmp-checkpoint-4"), std::string::npos)
+      << o;
+  EXPECT_NE(o.find("checkpoint-2 is intact"), std::string::npos) << o;
+  EXPECT_NE(o.find("not restarting: exit code 3"), std::string::npos) << o;
+  EXPECT_EQ(lockstep::testing::count_of(o, "job FAILED"), 1u) << o;
+  for (const char* noise : {"terminate called", "frame #", "c10::Error", "unexpected pos"})
+    EXPECT_EQ(o.find(noise), std::string::npos) << noise << " in:\n" << o;
+  EXPECT_FALSE(any_temporary_left(out));
+  EXPECT_EQ(latest_checkpoint(out), out + "/checkpoint-2");
+  lockstep::testing::Process eval({FASHION_MNIST, "evaluate", "--model", "mlp", "--checkpoint",
+                                   out + "/checkpoint-2", "--eval-limit", "100"});
+  EXPECT_EQ(eval.wait(60), 0) << eval.output();
+}
+
+TEST(TrainerRuns, ADamagedTrainerStateIsOneLineNamingTheFile) {
+  lockstep::testing::TempDir temp("damaged");
+  const std::string out = temp / "run";
+  const auto flags = with(kShortRun, {"--model", "mlp", "--max-steps", "4", "--save-strategy", "steps",
+                                      "--save-steps", "4", "--output-dir", out});
+  lockstep::testing::Process first(with({FASHION_MNIST}, flags));
+  ASSERT_EQ(first.wait(120), 0) << first.output();
+  std::ofstream(out + "/checkpoint-4/trainer_state.json") << "{\"global_step\": 4, \"epoch\": ";
+  lockstep::testing::Process resume(
+      with({FASHION_MNIST}, with(flags, {"--resume-from-checkpoint", "latest"})));
+  EXPECT_EQ(resume.wait(120), 2) << resume.output();
+  const std::string want = "fashion_mnist: error: " + out + "/checkpoint-4/trainer_state.json";
+  EXPECT_NE(resume.output().find(want), std::string::npos) << resume.output();
+  EXPECT_NE(resume.output().find("not valid JSON at line 1"), std::string::npos) << resume.output();
+  EXPECT_EQ(resume.output().find("json.exception"), std::string::npos) << resume.output();
+}
+
+// Every program ends the same way on bad input: one line, exit 2.
+TEST(TrainerRuns, ABadFlagIsOneLineAndExitTwo) {
+  lockstep::testing::Process bad({FASHION_MNIST, "--per-device-train-batch-size", "0"});
+  EXPECT_EQ(bad.wait(60), 2) << bad.output();
+  EXPECT_EQ(bad.output(), "fashion_mnist: error: --per-device-train-batch-size must be at least 1 (got 0)\n");
+  lockstep::testing::Process unknown({FASHION_MNIST, "--no-such-flag"});
+  EXPECT_EQ(unknown.wait(60), 2) << unknown.output();
+  EXPECT_EQ(lockstep::testing::count_of(unknown.output(), "\n"), 1u) << unknown.output();
+  EXPECT_NE(unknown.output().find("--no-such-flag"), std::string::npos) << unknown.output();
 }
