@@ -78,145 +78,171 @@ std::vector<int> widths_of(const std::string& model) {
                               "': use mlp (784-1024-1024-10), wide (784-2048x3-10) or cnn");
 }
 
+struct Config {
+  std::string model = "mlp", hook = "none", backend = "auto";
+  int batch = 64, steps = 60, warmup = 5, threads = 1;
+  double bucket_cap_mb = 25, first_bucket_cap_mb = 1, slot_mb = 1;
+  bool no_sync = false, verify = false, private_buckets = false, timeline = false;
+  int crash_rank = -1, crash_step = -1;
+};
+
+void add_options(CLI::App& app, Config& c) {
+  app.add_option("--model", c.model, "mlp | wide | cnn")->capture_default_str();
+  app.add_option("--batch", c.batch, "samples per worker per step")->capture_default_str();
+  app.add_option("--steps", c.steps, "measured steps")->capture_default_str();
+  app.add_option("--warmup", c.warmup, "unmeasured steps first")->capture_default_str();
+  app.add_option("--threads", c.threads, "torch intra-op threads per worker")->capture_default_str();
+  app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket cap")->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket cap")
+      ->capture_default_str();
+  app.add_option("--comm-hook", c.hook, "none | fp16 | bf16")->capture_default_str();
+  app.add_option("--backend", c.backend, "shm | gloo | auto")->capture_default_str();
+  app.add_option("--shm-slot-mb", c.slot_mb, "shm backend staging slot per rank")->capture_default_str();
+  app.add_flag("--no-sync", c.no_sync, "DDP without communication (every step under no_sync)");
+  app.add_flag("--private-buckets", c.private_buckets,
+               "buckets in private memory, reduced through the shm staging slots (the pre-zero-copy path)");
+  app.add_flag("--verify", c.verify, "check that all ranks end with bitwise-equal parameters");
+  app.add_option("--crash-rank", c.crash_rank, "this rank kills itself (SIGKILL) ...");
+  app.add_option("--crash-step", c.crash_step, "... during the backward of this step (fault tests)");
+  app.add_flag("--timeline", c.timeline, "print the last step's bucket timeline per rank to stderr");
+}
+
+// The model, and when started as a rank, the job and the DDP wrapper around the model.
+struct Side {
+  std::shared_ptr<NetImpl> model;
+  std::optional<lockstep::comm::Job> job;
+  std::optional<lockstep::DistributedDataParallel<NetImpl>> ddp;
+  int rank = 0, world = 1;
+};
+
+void join(const Config& c, Side& side) {
+  if (!lockstep::comm::started_as_rank()) return;
+  lockstep::comm::CommOptions options;
+  options.backend = c.backend;
+  options.shm_slot_bytes = static_cast<std::size_t>(c.slot_mb * (1 << 20));
+  side.job = lockstep::comm::join_from_env(options);
+  side.rank = side.job->comm->rank();
+  side.world = side.job->comm->size();
+  lockstep::DdpOptions o;
+  o.bucket_cap_mb = c.bucket_cap_mb;
+  o.first_bucket_cap_mb = c.first_bucket_cap_mb;
+  o.comm_hook = lockstep::parse_comm_hook(c.hook);
+  o.shared_buckets = !c.private_buckets;
+  side.ddp.emplace(side.model, *side.job->comm, o);
+}
+
+struct Totals {
+  double forward = 0, backward = 0, optimizer = 0, exposed = 0, comm = 0, elapsed = 0;
+  std::size_t bytes = 0;
+  int buckets = 0, shared = 0;
+};
+
+// Warm-up steps, then `steps` measured ones, on a pool of batches made beforehand.
+Totals run_steps(const Config& c, Side& side) {
+  torch::optim::SGD optimizer(side.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::manual_seed(100 + side.rank);  // different data on every rank
+  const int pool = 8;
+  std::vector<torch::Tensor> inputs, labels;
+  for (int i = 0; i < pool; ++i) {
+    inputs.push_back(torch::rand({c.batch, 1, 28, 28}));
+    labels.push_back(torch::randint(0, 10, {c.batch}));
+  }
+  Totals t;
+  Clock::time_point start;
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    if (step == c.warmup) {
+      if (side.job) side.job->comm->barrier()->wait();
+      start = Clock::now();
+      t = Totals{};
+    }
+    const auto t0 = Clock::now();
+    std::optional<lockstep::NoSync> guard;
+    if (side.ddp && c.no_sync) guard.emplace(side.ddp->no_sync());
+    auto out = side.ddp ? side.ddp->forward(inputs[step % pool]) : side.model->forward(inputs[step % pool]);
+    auto loss = torch::cross_entropy_loss(out, labels[step % pool]);
+    const auto t1 = Clock::now();
+    optimizer.zero_grad();
+    if (step == c.crash_step && side.rank == c.crash_rank)  // dies inside backward, buckets in flight
+      out.register_hook([](const torch::Tensor&) { std::raise(SIGKILL); });
+    loss.backward();
+    const auto t2 = Clock::now();
+    optimizer.step();
+    const auto t3 = Clock::now();
+    t.forward += std::chrono::duration<double>(t1 - t0).count();
+    t.backward += std::chrono::duration<double>(t2 - t1).count();
+    t.optimizer += std::chrono::duration<double>(t3 - t2).count();
+    if (side.ddp && !c.no_sync) {
+      const auto& s = side.ddp->stats();
+      t.exposed += s.exposed_comm_seconds;
+      t.comm += s.comm_seconds;
+      t.bytes = s.bytes_allreduced;
+      t.buckets = s.bucket_count;
+      t.shared = s.shared_buckets;
+    }
+  }
+  if (side.job) side.job->comm->barrier()->wait();
+  t.elapsed = since(start);
+  return t;
+}
+
+void print_timeline(const Side& side) {
+  const auto& s = side.ddp->stats();
+  auto ms = [&](lockstep::SteadyTime t) {
+    return std::chrono::duration<double, std::milli>(t - s.backward_begin).count();
+  };
+  std::fprintf(stderr, "rank %d backward 0..%.2f ms, reduced at %.2f\n", side.rank, ms(s.backward_end),
+               ms(s.reduced));
+  for (auto& b : s.buckets)
+    std::fprintf(stderr, "rank %d bucket %d %zu bytes queued %.2f started %.2f finished %.2f\n", side.rank,
+                 b.index, b.bytes, ms(b.queued), ms(b.started), ms(b.finished));
+}
+
+// Every rank's parameters against rank 0's, bit for bit.
+bool parameters_agree(Side& side) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat;
+  for (auto& p : side.model->parameters()) flat.push_back(p.reshape(-1));
+  auto mine = torch::cat(flat);
+  auto root = mine.clone();
+  side.job->comm
+      ->broadcast(root.data_ptr(), static_cast<std::size_t>(root.numel()), lockstep::comm::DType::f32, 0)
+      ->wait();
+  return torch::equal(mine, root);
+}
+
+void print_json(const Config& c, const Side& side, const Totals& t) {
+  const double n = c.steps;
+  std::printf(
+      "{\"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": %d, \"ddp\": %s, \"no_sync\": %s, "
+      "\"comm_hook\": \"%s\", \"bucket_cap_mb\": %g, \"samples_per_s\": %.1f, \"step_s\": %.6f, "
+      "\"forward_s\": %.6f, \"backward_s\": %.6f, \"optimizer_s\": %.6f, \"exposed_comm_s\": %.6f, "
+      "\"comm_s\": %.6f, \"bytes_per_step\": %zu, \"buckets\": %d, \"shared_buckets\": %d}\n",
+      c.model.c_str(), side.world, c.batch, c.threads, side.ddp ? "true" : "false",
+      c.no_sync ? "true" : "false", c.hook.c_str(), c.bucket_cap_mb, c.batch * side.world * n / t.elapsed,
+      t.elapsed / n, t.forward / n, t.backward / n, t.optimizer / n, t.exposed / n, t.comm / n, t.bytes,
+      t.buckets, t.shared);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"DDP training throughput on Fashion-MNIST-sized inputs"};
-  std::string model_name = "mlp", hook = "none", backend = "auto";
-  int batch = 64, steps = 60, warmup = 5, threads = 1;
-  double bucket_cap_mb = 25;
-  bool no_sync = false, verify = false, private_buckets = false;
-  app.add_option("--model", model_name, "mlp | wide | cnn")->capture_default_str();
-  app.add_option("--batch", batch, "samples per worker per step")->capture_default_str();
-  app.add_option("--steps", steps, "measured steps")->capture_default_str();
-  app.add_option("--warmup", warmup, "unmeasured steps first")->capture_default_str();
-  app.add_option("--threads", threads, "torch intra-op threads per worker")->capture_default_str();
-  app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP bucket cap")->capture_default_str();
-  double first_bucket_cap_mb = 1;
-  app.add_option("--first-bucket-cap-mb", first_bucket_cap_mb, "DDP first bucket cap")->capture_default_str();
-  app.add_option("--comm-hook", hook, "none | fp16 | bf16")->capture_default_str();
-  app.add_option("--backend", backend, "shm | gloo | auto")->capture_default_str();
-  double slot_mb = 1;
-  app.add_option("--shm-slot-mb", slot_mb, "shm backend staging slot per rank")->capture_default_str();
-  app.add_flag("--no-sync", no_sync, "DDP without communication (every step under no_sync)");
-  app.add_flag("--private-buckets", private_buckets,
-               "buckets in private memory, reduced through the shm staging slots (the pre-zero-copy path)");
-  app.add_flag("--verify", verify, "check that all ranks end with bitwise-equal parameters");
-  int crash_rank = -1, crash_step = -1;
-  app.add_option("--crash-rank", crash_rank, "this rank kills itself (SIGKILL) ...");
-  app.add_option("--crash-step", crash_step, "... during the backward of this step (fault tests)");
-  bool timeline = false;
-  app.add_flag("--timeline", timeline, "print the last step's bucket timeline per rank to stderr");
+  Config config;
+  add_options(app, config);
   CLI11_PARSE(app, argc, argv);
-
   return lockstep::run_main(argc, argv, [&] {
-    torch::set_num_threads(threads);
+    torch::set_num_threads(config.threads);
     torch::manual_seed(1);
-    auto model = std::make_shared<NetImpl>(widths_of(model_name));
-    std::optional<lockstep::comm::Job> job;
-    std::optional<lockstep::DistributedDataParallel<NetImpl>> ddp;
-    int rank = 0, world = 1;
-    if (lockstep::comm::started_as_rank()) {
-      lockstep::comm::CommOptions options;
-      options.backend = backend;
-      options.shm_slot_bytes = std::size_t(slot_mb * (1 << 20));
-      job = lockstep::comm::join_from_env(options);
-      rank = job->comm->rank();
-      world = job->comm->size();
-      lockstep::DdpOptions o;
-      o.bucket_cap_mb = bucket_cap_mb;
-      o.first_bucket_cap_mb = first_bucket_cap_mb;
-      o.comm_hook = lockstep::parse_comm_hook(hook);
-      o.shared_buckets = !private_buckets;
-      ddp.emplace(model, *job->comm, o);
+    Side side;
+    side.model = std::make_shared<NetImpl>(widths_of(config.model));
+    join(config, side);
+    const Totals totals = run_steps(config, side);
+    if (side.ddp && config.timeline) print_timeline(side);
+    if (config.verify && side.job && !parameters_agree(side)) {
+      std::fprintf(stderr, "rank %d: parameters differ from rank 0's\n", side.rank);
+      return 3;
     }
-    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    // A pool of batches, different per rank, made before timing starts.
-    torch::manual_seed(100 + rank);
-    const int pool = 8;
-    std::vector<torch::Tensor> inputs, labels;
-    for (int i = 0; i < pool; ++i) {
-      inputs.push_back(torch::rand({batch, 1, 28, 28}));
-      labels.push_back(torch::randint(0, 10, {batch}));
-    }
-
-    double forward_s = 0, backward_s = 0, optimizer_s = 0, exposed_s = 0, comm_s = 0;
-    std::size_t bytes = 0;
-    int buckets = 0, shared = 0;
-    Clock::time_point start;
-    for (int step = 0; step < warmup + steps; ++step) {
-      if (step == warmup) {
-        if (job) job->comm->barrier()->wait();
-        start = Clock::now();
-        forward_s = backward_s = optimizer_s = exposed_s = comm_s = 0;
-      }
-      auto& x = inputs[step % pool];
-      auto& y = labels[step % pool];
-      auto t0 = Clock::now();
-      std::optional<lockstep::NoSync> guard;
-      if (ddp && no_sync) guard.emplace(ddp->no_sync());
-      auto out = ddp ? ddp->forward(x) : model->forward(x);
-      auto loss = torch::cross_entropy_loss(out, y);
-      auto t1 = Clock::now();
-      optimizer.zero_grad();
-      if (step == crash_step && rank == crash_rank) {
-        // Dies inside backward, once the first bucket has been handed to the communicator.
-        out.register_hook([](const torch::Tensor&) { std::raise(SIGKILL); });
-      }
-      loss.backward();
-      auto t2 = Clock::now();
-      optimizer.step();
-      auto t3 = Clock::now();
-      forward_s += std::chrono::duration<double>(t1 - t0).count();
-      backward_s += std::chrono::duration<double>(t2 - t1).count();
-      optimizer_s += std::chrono::duration<double>(t3 - t2).count();
-      if (ddp && !no_sync) {
-        auto& s = ddp->stats();
-        exposed_s += s.exposed_comm_seconds;
-        comm_s += s.comm_seconds;
-        bytes = s.bytes_allreduced;
-        buckets = s.bucket_count;
-        shared = s.shared_buckets;
-      }
-    }
-    if (job) job->comm->barrier()->wait();
-    double elapsed = since(start);
-    if (ddp && timeline) {
-      auto& s = ddp->stats();
-      auto ms = [&](lockstep::SteadyTime t) {
-        return std::chrono::duration<double, std::milli>(t - s.backward_begin).count();
-      };
-      std::fprintf(stderr, "rank %d backward 0..%.2f ms, reduced at %.2f\n", rank, ms(s.backward_end),
-                   ms(s.reduced));
-      for (auto& b : s.buckets)
-        std::fprintf(stderr, "rank %d bucket %d %zu bytes queued %.2f started %.2f finished %.2f\n", rank,
-                     b.index, b.bytes, ms(b.queued), ms(b.started), ms(b.finished));
-    }
-
-    if (verify && job) {
-      // Every rank's parameters against rank 0's, bit for bit.
-      torch::NoGradGuard no_grad;
-      std::vector<torch::Tensor> flat;
-      for (auto& p : model->parameters()) flat.push_back(p.reshape(-1));
-      auto mine = torch::cat(flat);
-      auto root = mine.clone();
-      job->comm->broadcast(root.data_ptr(), root.numel(), lockstep::comm::DType::f32, 0)->wait();
-      if (!torch::equal(mine, root)) {
-        std::fprintf(stderr, "rank %d: parameters differ from rank 0's\n", rank);
-        return 3;
-      }
-    }
-    if (rank == 0) {
-      double n = steps;
-      std::printf(
-          "{\"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": %d, \"ddp\": %s, \"no_sync\": %s, "
-          "\"comm_hook\": \"%s\", \"bucket_cap_mb\": %g, \"samples_per_s\": %.1f, \"step_s\": %.6f, "
-          "\"forward_s\": %.6f, \"backward_s\": %.6f, \"optimizer_s\": %.6f, \"exposed_comm_s\": %.6f, "
-          "\"comm_s\": %.6f, \"bytes_per_step\": %zu, \"buckets\": %d, \"shared_buckets\": %d}\n",
-          model_name.c_str(), world, batch, threads, ddp ? "true" : "false", no_sync ? "true" : "false",
-          hook.c_str(), bucket_cap_mb, batch * world * n / elapsed, elapsed / n, forward_s / n,
-          backward_s / n, optimizer_s / n, exposed_s / n, comm_s / n, bytes, buckets, shared);
-    }
+    if (side.rank == 0) print_json(config, side, totals);
     return 0;
   });
 }

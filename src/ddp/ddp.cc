@@ -162,6 +162,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void launch_ready();
   void launch(int b);
   void finish_backward();
+  std::vector<int> fill_missing();
+  void wait_for_buckets(DdpStats& s, std::exception_ptr& error);
+  void copy_out_of_buckets();
+  ConfigError unused_parameters_error(const std::vector<int>& missing) const;
 };
 
 void Reducer::Impl::check_and_broadcast() {
@@ -368,30 +372,25 @@ void Reducer::Impl::launch(int b) {
   }
 }
 
-void Reducer::Impl::finish_backward() {
-  std::lock_guard<std::mutex> lock(mu);
-  auto callback_begin = Clock::now();
-  torch::NoGradGuard no_grad;
+// Zeros stand in for gradients that never arrived, so the peers' all-reduce completes either
+// way; returns the parameters that had none.
+std::vector<int> Reducer::Impl::fill_missing() {
   std::vector<int> missing;
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (ready[i]) continue;
     missing.push_back(int(i));
     auto& p = params[i];
-    // Zeros stand in for the missing gradient, so the peers' all-reduce completes either way.
     p.view.zero_();
     if (options.gradient_as_bucket_view && options.find_unused_parameters) p.tensor.mutable_grad() = p.view;
     ready[i] = 1;
     --buckets[p.bucket].pending;
   }
-  launch_ready();
+  return missing;
+}
 
-  std::exception_ptr error;
-  DdpStats s;
-  s.step = stats.step + 1;
-  s.bucket_count = int(buckets.size());
-  s.backward_begin = backward_begin;
-  s.backward_end = last_ready;
-  s.backward_seconds = seconds_between(backward_begin, last_ready);
+// Waits for every bucket's all-reduce, decompresses, and records what it cost; the first error
+// is kept for after every bucket was waited for.
+void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     BucketStats bs;
@@ -418,16 +417,52 @@ void Reducer::Impl::finish_backward() {
     if (bs.started != SteadyTime{} && bs.started < last_ready) ++s.buckets_started_before_backward_end;
     s.buckets.push_back(bs);
   }
-  if (!options.gradient_as_bucket_view) {
-    for (auto& p : params) {
-      auto& grad = p.tensor.mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(p.view);
-      } else if (options.find_unused_parameters) {
-        grad = p.view.clone();
-      }
+}
+
+// Without gradient_as_bucket_view the averaged values go back into each parameter's own grad.
+void Reducer::Impl::copy_out_of_buckets() {
+  if (options.gradient_as_bucket_view) return;
+  for (auto& p : params) {
+    auto& grad = p.tensor.mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(p.view);
+    } else if (options.find_unused_parameters) {
+      grad = p.view.clone();
     }
   }
+}
+
+ConfigError Reducer::Impl::unused_parameters_error(const std::vector<int>& missing) const {
+  std::ostringstream m;
+  m << "DistributedDataParallel: on rank " << comm.rank() << ", " << missing.size()
+    << " parameter(s) received no gradient in this backward pass: ";
+  for (std::size_t k = 0; k < missing.size() && k < 5; ++k) {
+    auto& p = params[missing[k]];
+    m << (k ? ", " : "") << "'" << p.name << "' " << p.tensor.sizes();
+  }
+  if (missing.size() > 5) m << " and " << missing.size() - 5 << " more";
+  m << ". Every trainable parameter must contribute to the loss of every synchronised step. If some "
+       "are used only on some steps, pass find_unused_parameters = true; if they are never used, "
+       "freeze them (requires_grad(false)) or remove them.";
+  return ConfigError(m.str());
+}
+
+void Reducer::Impl::finish_backward() {
+  std::lock_guard<std::mutex> lock(mu);
+  const auto callback_begin = Clock::now();
+  torch::NoGradGuard no_grad;
+  const std::vector<int> missing = fill_missing();
+  launch_ready();
+
+  std::exception_ptr error;
+  DdpStats s;
+  s.step = stats.step + 1;
+  s.bucket_count = int(buckets.size());
+  s.backward_begin = backward_begin;
+  s.backward_end = last_ready;
+  s.backward_seconds = seconds_between(backward_begin, last_ready);
+  wait_for_buckets(s, error);
+  copy_out_of_buckets();
   s.reduced = Clock::now();
   s.exposed_comm_seconds = seconds_between(callback_begin, s.reduced);
   stats = std::move(s);
@@ -440,20 +475,7 @@ void Reducer::Impl::finish_backward() {
     broken = true;
     std::rethrow_exception(error);
   }
-  if (!missing.empty() && !options.find_unused_parameters) {
-    std::ostringstream m;
-    m << "DistributedDataParallel: on rank " << comm.rank() << ", " << missing.size()
-      << " parameter(s) received no gradient in this backward pass: ";
-    for (std::size_t k = 0; k < missing.size() && k < 5; ++k) {
-      auto& p = params[missing[k]];
-      m << (k ? ", " : "") << "'" << p.name << "' " << p.tensor.sizes();
-    }
-    if (missing.size() > 5) m << " and " << missing.size() - 5 << " more";
-    m << ". Every trainable parameter must contribute to the loss of every synchronised step. If some "
-         "are used only on some steps, pass find_unused_parameters = true; if they are never used, "
-         "freeze them (requires_grad(false)) or remove them.";
-    throw ConfigError(m.str());
-  }
+  if (!missing.empty() && !options.find_unused_parameters) throw unused_parameters_error(missing);
 }
 
 Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options)
