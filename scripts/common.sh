@@ -12,7 +12,7 @@ LOCKSTEP_PACKAGES=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch dataset-fashion-mnist
-  libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium
+  libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium iproute2
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
@@ -20,7 +20,8 @@ LOCKSTEP_PACKAGES=(
 # ddp and train layers build on; Debian's libtorch multiplies matrices through libblas.so.3,
 # which is the slow reference BLAS until an OpenBLAS package (libopenblas0-pthread) takes over
 # that alternative. libyaml-cpp-dev reads the Trainer's --config files; chromium (headless)
-# renders `lockstep report` pages in the tests.
+# renders `lockstep report` pages in the tests; iproute2 (ip, tc) makes the network namespaces
+# the multi-machine tests run in.
 
 install_missing_packages() {
   local missing=()

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "locality.h"
 #include "lockstep/comm/communicator.h"
 
 namespace lockstep::comm {
@@ -50,16 +53,38 @@ class Backend {
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
 };
 
+// The shm backend as the hier backend uses it inside a machine: besides the collectives, the
+// in-place allreduce of a shared buffer split in two, so the cross-machine step runs in between.
+class LocalBackend : public Backend {
+ public:
+  // Called with this rank's share of the buffer, reduced over the machine's ranks: `first` is
+  // its first element, `count` its length. It may change the share in place.
+  using ShareStep = std::function<void(void* share, std::size_t first, std::size_t count)>;
+  // Whether [p, p + bytes) lies in a buffer from allocate_shared of this rank.
+  virtual bool owns_shared(const void* p, std::size_t bytes) const = 0;
+  // c.send == c.recv, a shared buffer on every rank: each rank reduces its share straight out
+  // of every rank's buffer into its own, `between` runs on it, then the share is copied into
+  // every peer's buffer.
+  virtual void allreduce_shared_around(const Collective& c, const ShareStep& between) = 0;
+};
+
 struct BackendContext {
   std::shared_ptr<StoreClient> store;
   std::string prefix;  // store key prefix unique to this communicator
   int rank = 0;
   int size = 1;
   CommOptions options;
+  Locality locality;  // which ranks share a machine (probed at creation)
+  // How messages name rank r of this backend: the job's global rank when the backend serves a
+  // group of it (the hier backend's levels); empty: r itself.
+  std::vector<int> global_ranks{};
+  int global(int r) const { return global_ranks.empty() ? r : global_ranks[static_cast<std::size_t>(r)]; }
 };
 
 std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
+std::unique_ptr<LocalBackend> make_local_shm_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx);  // when built with gloo
+std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when built with MPI
 
 // Compares every rank's signature of collective `c` (gathered by the caller) and throws

@@ -16,7 +16,9 @@
 #include <thread>
 
 #include "backend.h"
+#include "locality.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/backends.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -257,34 +259,100 @@ std::shared_ptr<void> Communicator::allocate_shared(std::size_t bytes) {
 
 // --- creation -------------------------------------------------------------------------------
 
-namespace {
-
-std::string host_identity() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  // Two containers may share a hostname but not a kernel boot: add the boot id when readable.
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) boot = buf;
-    std::fclose(f);
-    while (!boot.empty() && (boot.back() == '\n')) boot.pop_back();
-  }
-  return std::string(host) + "/" + boot;
-}
-
-}  // namespace
-
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"shm"};
 #ifdef LOCKSTEP_HAVE_GLOO
   names.push_back("gloo");
+  names.push_back("hier");
 #endif
 #ifdef LOCKSTEP_HAVE_MPI
   names.push_back("mpi");
 #endif
   return names;
 }
+
+namespace {
+
+// Each collective creation of a communicator with this name is one generation; a rank's join
+// number tells it which. Generations cannot interleave, because creation returns only after
+// all ranks of its generation joined. Fresh keys per generation mean a second communicator
+// never reads the first one's.
+std::string generation_prefix(StoreClient& store, const CommOptions& options, int size) {
+  const std::string base = "comm/" + options.name + "/";
+  const std::int64_t join = store.add(base + "joins", 1);
+  return base + std::to_string((join - 1) / size) + "/";
+}
+
+// Every rank must have been started with the same world size.
+void agree_on_size(StoreClient& store, const std::string& prefix, int rank, int size, Seconds timeout) {
+  store.set(prefix + "size/" + std::to_string(rank), std::to_string(size));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + "size/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("rank " + std::to_string(rank) + " waited " + log::seconds_text(timeout.count()) +
+                       " for all " + std::to_string(size) + " ranks to join: " + e.what() +
+                       ". Did every rank start, with the same WORLD_SIZE?");
+  }
+  for (int r = 0; r < size; ++r) {
+    const std::string other = store.get(keys[static_cast<std::size_t>(r)]);
+    if (other != std::to_string(size))
+      throw ConfigError("rank " + std::to_string(r) + " says WORLD_SIZE=" + other + " but rank " +
+                        std::to_string(rank) + " says " + std::to_string(size) +
+                        ": start every rank with the same WORLD_SIZE");
+  }
+}
+
+Locality declared_locality(const std::vector<int>& machine_of, int size) {
+  if (static_cast<int>(machine_of.size()) != size)
+    throw ConfigError("CommOptions::machine_of lists " + std::to_string(machine_of.size()) + " ranks for a " +
+                      std::to_string(size) + "-rank communicator");
+  std::vector<std::vector<int>> sees(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r)
+    for (int q = 0; q < size; ++q)
+      if (machine_of[static_cast<std::size_t>(r)] == machine_of[static_cast<std::size_t>(q)])
+        sees[static_cast<std::size_t>(r)].push_back(q);
+  return locality_from(sees);
+}
+
+// auto: shm on one machine; hier when several machines hold the same number of ranks, more
+// than one each; gloo otherwise.
+std::string resolve_backend(const std::string& asked, const Locality& where) {
+  if (asked != "auto") return asked;
+  if (where.one_machine()) return "shm";
+  if (where.machines == where.size()) return "gloo";
+  if (where.uniform()) return "hier";
+  LOCKSTEP_LOG(info, comm) << "ranks are spread unevenly over machines (" << where.describe()
+                           << "): the hier backend needs as many on each, so gloo connects them all";
+  return "gloo";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& backend, const BackendContext& ctx) {
+  if (backend == "shm") {
+    if (!ctx.locality.one_machine())
+      throw ConfigError("backend 'shm' needs every rank on one machine, but they are on " +
+                        ctx.locality.describe() + ": use --backend hier, gloo or auto");
+    return make_shm_backend(ctx);
+  }
+#ifdef LOCKSTEP_HAVE_GLOO
+  if (backend == "gloo") return make_gloo_backend(ctx);
+  if (backend == "hier") return make_hier_backend(ctx);
+#else
+  if (backend == "gloo" || backend == "hier")
+    throw ConfigError("this lockstep was built without gloo, which '" + backend +
+                      "' needs (install libgloo-dev and rebuild)");
+#endif
+#ifdef LOCKSTEP_HAVE_MPI
+  if (backend == "mpi") return make_mpi_backend(ctx);
+#else
+  if (backend == "mpi")
+    throw ConfigError("this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+  throw ConfigError("unknown backend '" + backend + "': use " + backend_choices(", "));
+}
+
+}  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> store, int rank, int size,
                                                    CommOptions options) {
@@ -295,74 +363,23 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   if (!store) {
 #ifdef LOCKSTEP_HAVE_MPI
     if (options.backend == "mpi") {
-      BackendContext ctx{nullptr, "", rank, size, options};
+      BackendContext ctx{nullptr, "", rank, size, options, {}};
       return std::unique_ptr<Communicator>(
           new Communicator(rank, size, make_mpi_backend(ctx), std::move(options)));
     }
 #endif
-    throw ConfigError(
-        "Communicator::create needs a store client (only the mpi backend runs "
-        "without one)");
+    throw ConfigError("Communicator::create needs a store client (only the mpi backend runs without one)");
   }
-
-  // Each collective creation of a communicator with this name is one generation; a rank's
-  // join number tells it which. Generations cannot interleave, because creation returns only
-  // after all ranks of its generation joined. Fresh keys per generation mean a second
-  // communicator never reads the first one's.
-  std::string base = "comm/" + options.name + "/";
-  std::int64_t join = store->add(base + "joins", 1);
-  std::string prefix = base + std::to_string((join - 1) / size) + "/";
-
-  // Agree on size and the backend; find out whether all ranks share a host.
-  std::string my_host = host_identity();
-  store->set(prefix + "size/" + std::to_string(rank), std::to_string(size));
-  store->set(prefix + "host/" + std::to_string(rank), my_host);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(prefix + "host/" + std::to_string(r));
-  try {
-    store->wait(keys, options.timeout);
-  } catch (const TimeoutError& e) {
-    throw TimeoutError("rank " + std::to_string(rank) + " waited " +
-                       log::seconds_text(options.timeout.count()) + " for all " + std::to_string(size) +
-                       " ranks to join: " + e.what() + ". Did every rank start, with the same WORLD_SIZE?");
-  }
-  bool one_host = true;
-  for (int r = 0; r < size; ++r) {
-    std::string other = store->get(prefix + "size/" + std::to_string(r));
-    if (other != std::to_string(size))
-      throw ConfigError("rank " + std::to_string(r) + " says WORLD_SIZE=" + other + " but rank " +
-                        std::to_string(rank) + " says " + std::to_string(size) +
-                        ": start every rank with the same WORLD_SIZE");
-    if (store->get(keys[static_cast<std::size_t>(r)]) != my_host) one_host = false;
-  }
-
-  std::string backend = options.backend;
-  if (backend == "auto") backend = one_host ? "shm" : "gloo";
-  BackendContext ctx{store, prefix + backend + "/", rank, size, options};
-  std::unique_ptr<Backend> impl;
-  if (backend == "shm") {
-    if (!one_host)
-      throw ConfigError(
-          "backend 'shm' needs every rank on one machine, but ranks run on several "
-          "hosts: use --backend gloo (or auto)");
-    impl = make_shm_backend(ctx);
-  } else if (backend == "gloo") {
-#ifdef LOCKSTEP_HAVE_GLOO
-    impl = make_gloo_backend(ctx);
-#else
-    throw ConfigError("this lockstep was built without gloo (install libgloo-dev and rebuild)");
-#endif
-  } else if (backend == "mpi") {
-#ifdef LOCKSTEP_HAVE_MPI
-    impl = make_mpi_backend(ctx);
-#else
-    throw ConfigError("this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
-#endif
-  } else {
-    throw ConfigError("unknown backend '" + backend + "': use shm, gloo, mpi or auto");
-  }
+  const std::string prefix = generation_prefix(*store, options, size);
+  agree_on_size(*store, prefix, rank, size, options.timeout);
+  const Locality where = options.machine_of.empty()
+                             ? probe_locality(*store, prefix, rank, size, options.timeout)
+                             : declared_locality(options.machine_of, size);
+  const std::string backend = resolve_backend(options.backend, where);
+  BackendContext ctx{store, prefix + backend + "/", rank, size, options, where};
+  auto impl = make_backend(backend, ctx);
   LOCKSTEP_LOG(debug, comm) << "communicator '" << options.name << "' up: rank " << rank << " of " << size
-                            << " on " << backend;
+                            << " on " << backend << " (" << where.describe() << ")";
   return std::unique_ptr<Communicator>(new Communicator(rank, size, std::move(impl), std::move(options)));
 }
 

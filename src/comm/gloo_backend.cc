@@ -1,16 +1,28 @@
 // The gloo backend: collectives over Gloo's TCP transport, for ranks on several machines.
 //
-// Rendezvous: Gloo's full-mesh connect exchanges addresses through a gloo::rendezvous::Store;
-// ours adapts lockstep's authenticated StoreClient under this communicator's key prefix.
-// Each collective is tagged with its sequence number (Gloo matches messages by tag), runs with
-// the communicator's timeout, and, when check_collectives is on, is preceded by an exchange of
-// signatures through the store (see check()) so ranks that disagree raise MismatchError instead
-// of waiting on messages that never come. A dead peer closes its sockets: Gloo reports an IoException within
-// the TCP round trip, which becomes a PeerError.
+// Address: each rank binds the numeric address of the interface that routes to the store (or
+// the one GLOO_SOCKET_IFNAME / LOCKSTEP_GLOO_IFACE names; net_address.h) and publishes it under
+// this communicator's prefix, so errors can name the peer behind an address. Gloo is never
+// given a hostname: 0.0~git2022 crashes on one that does not resolve.
 //
-// Dtypes: f16/bf16 are widened to f32 for reductions (reduced in f32, rounded once); reduce_scatter
-// is an allreduce of the whole input, keeping this rank's block (2x the minimal traffic:
-// Gloo 0.0~git2022 has no functional reduce_scatter).
+// Rendezvous: Gloo's full-mesh connect exchanges addresses through a gloo::rendezvous::Store;
+// ours adapts lockstep's authenticated StoreClient. Each collective is tagged with its sequence
+// number (Gloo matches messages by tag), runs with the communicator's timeout, and, when
+// check_collectives is on, is preceded by an exchange of signatures through the store (check())
+// so ranks that disagree raise MismatchError instead of waiting on messages that never come.
+//
+// Failure: a dead peer closes its sockets and Gloo reports an IoException within the TCP round
+// trip. A peer that vanishes without closing (a network partition, a machine that lost power)
+// is found by TCP keepalive on Gloo's own connections (set after the connect, on the sockets
+// that lead to the published peer addresses): within about 2 x peer_check, every pending read
+// and write fails. Either way the error is a PeerError naming the rank(s), never a signal:
+// SIGPIPE is ignored unless the program handles it.
+//
+// Dtypes: f16 and bf16 travel as 16 bits (half the bytes of f32) and are summed in f32, rounded
+// to 16 bits at each hop of Gloo's ring (once for 2 ranks). reduce_scatter is an allreduce of
+// the whole input keeping this rank's block (2x the minimal traffic: Gloo 0.0~git2022 has no
+// functional reduce_scatter).
+#include <dirent.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -20,16 +32,23 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "backend.h"
-#include "lockstep/base/knobs.h"
+#include "keepalive.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/net_address.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -70,43 +89,72 @@ gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
   }
 }
 
+// 16-bit floats reduced in f32 and rounded back: Gloo only moves the bytes.
+template <float (*Widen)(std::uint16_t), std::uint16_t (*Narrow)(float)>
+gloo::AllreduceOptions::Func half_reduce_fn(ReduceOp op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    auto* out = static_cast<std::uint16_t*>(c);
+    auto* x = static_cast<const std::uint16_t*>(a);
+    auto* y = static_cast<const std::uint16_t*>(b);
+    for (size_t i = 0; i < n; ++i) {
+      const float u = Widen(x[i]), v = Widen(y[i]);
+      out[i] = Narrow(op == ReduceOp::min ? std::min(u, v) : op == ReduceOp::max ? std::max(u, v) : u + v);
+    }
+  };
+}
+
 // Gloo writes to sockets without MSG_NOSIGNAL: when a peer dies, the survivor's next write
 // would raise SIGPIPE and kill it before it can report which rank died (Python ignores SIGPIPE
 // at start-up, so PyTorch users never see this). Ignore SIGPIPE unless the program chose a
 // handler itself; writes then fail with EPIPE, which Gloo reports as an IoException.
 void ignore_sigpipe_unless_handled() {
   struct sigaction current {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+}
+
+std::set<int> open_sockets() {
+  std::set<int> fds;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      struct stat st {};
+      if (e->d_name[0] != '.' && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) fds.insert(fd);
+    }
+    ::closedir(d);
   }
+  return fds;
+}
+
+std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char host[NI_MAXHOST] = "";
+  ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+  return host;
+}
+
+// Keepalive on the sockets that lead to peers (keepalive.h): a silent peer then fails every
+// pending read and write.
+void watch_connections(const std::set<int>& fds, const std::set<std::string>& peers, Seconds peer_check) {
+  for (int fd : fds)
+    if (peers.count(peer_address(fd))) keep_alive(fd, static_cast<int>(peer_check.count()));
 }
 
 class GlooBackend final : public Backend {
  public:
   explicit GlooBackend(const BackendContext& ctx)
-      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), store_(ctx.store), prefix_(ctx.prefix) {
+      : rank_(ctx.rank),
+        size_(ctx.size),
+        options_(ctx.options),
+        store_(ctx.store),
+        prefix_(ctx.prefix),
+        global_ranks_(ctx.global_ranks) {
     ignore_sigpipe_unless_handled();
     store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
-    gloo::transport::tcp::attr attr;
-    if (auto iface = knobs::get(knobs::kGlooIface)) {
-      attr.iface = *iface;
-    } else {
-      char host[256] = {};
-      ::gethostname(host, sizeof host - 1);
-      attr.hostname = host;
-    }
-    try {
-      device_ = gloo::transport::tcp::CreateDevice(attr);
-      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      GlooStoreAdapter store(ctx.store, ctx.prefix, options_.timeout);
-      context->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
-      context->connectFullMesh(store, device_);
-      context_ = context;
-    } catch (const gloo::Exception& e) {
-      throw PeerError(std::string("gloo: rank ") + std::to_string(rank_) +
-                      " could not connect to its peers: " + e.what() +
-                      " (set LOCKSTEP_GLOO_IFACE to the network interface the ranks share)");
-    }
+    bind_ = choose_bind_address(store_->options().host);
+    store_->set(prefix_ + "addr/" + std::to_string(rank_), bind_.address);
+    connect();
   }
 
   const std::string& name() const override {
@@ -119,18 +167,76 @@ class GlooBackend final : public Backend {
       if (options_.check_collectives && size_ > 1) check(c);
       dispatch(c);
     } catch (const gloo::Exception& e) {
-      std::string what = e.what();
-      if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
-        mark_failed();
-        throw TimeoutError("gloo: " + c.describe() + " timed out after " +
-                           log::seconds_text(options_.timeout.count()) + " on rank " + std::to_string(rank_) +
-                           ": " + what);
-      }
-      std::string dead = dead_ranks();
-      mark_failed();
-      throw PeerError("gloo: " + dead + " while rank " + std::to_string(rank_) + " was in " + c.describe() +
-                      " (" + what + "); the job cannot continue");
+      throw translate(e, c);
     }
+  }
+
+ private:
+  void connect() {
+    const std::set<int> before = open_sockets();
+    gloo::transport::tcp::attr attr;
+    attr.hostname = bind_.address;  // numeric: Gloo resolves it without DNS
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      GlooStoreAdapter store(store_, prefix_, options_.timeout);
+      context->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
+      context->connectFullMesh(store, device_);
+      context_ = context;
+    } catch (const gloo::Exception& e) {
+      throw PeerError("gloo: rank " + std::to_string(global(rank_)) + " bound " + bind_.describe() +
+                      " but could not connect to its peers: " + first_line(e.what()) +
+                      " (if the machines share another network, name its interface with GLOO_SOCKET_IFNAME)");
+    }
+    std::set<int> added;
+    for (int fd : open_sockets())
+      if (!before.count(fd)) added.insert(fd);
+    watch_connections(added, peer_addresses(), options_.peer_check);
+  }
+
+  std::set<std::string> peer_addresses() {
+    std::set<std::string> out;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) out.insert(address_of(r));
+    return out;
+  }
+
+  std::string address_of(int r) {
+    auto it = addresses_.find(r);
+    if (it != addresses_.end()) return it->second;
+    return addresses_[r] = store_->get(prefix_ + "addr/" + std::to_string(r), options_.timeout);
+  }
+
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+  int global(int r) const { return global_ranks_.empty() ? r : global_ranks_[static_cast<std::size_t>(r)]; }
+
+  // Gloo's error as lockstep's: a timeout, or a peer gone (named by the address Gloo mentions,
+  // or by the store's liveness keys).
+  Error translate(const gloo::Exception& e, const Collective& c) {
+    const std::string what = first_line(e.what());
+    mark_failed();
+    if (what.find("imed out") != std::string::npos && what.find("Connection timed out") == std::string::npos)
+      return TimeoutError("gloo: " + c.describe() + " timed out after " +
+                          log::seconds_text(options_.timeout.count()) + " on rank " +
+                          std::to_string(global(rank_)) + ": " + what);
+    std::string who = ranks_at_addresses_in(what);
+    if (who.empty()) who = dead_ranks();
+    return PeerError("gloo: " + who + " while rank " + std::to_string(global(rank_)) + " was in " +
+                     c.describe() + " (" + what + "); the job cannot continue");
+  }
+
+  // "the connection to 10.0.0.2 (ranks 2, 3) broke" when Gloo's message names a peer's address
+  // (ranks on one machine share it).
+  std::string ranks_at_addresses_in(const std::string& what) {
+    std::map<std::string, std::string> at;
+    for (const auto& [r, address] : addresses_)
+      if (r != rank_ && what.find("[" + address + "]") != std::string::npos)
+        at[address] += (at[address].empty() ? "" : ", ") + std::to_string(global(r));
+    std::string found;
+    for (const auto& [address, ranks] : at)
+      found += (found.empty() ? "" : ", ") + address + " (rank" +
+               (ranks.find(',') != std::string::npos ? "s " : " ") + ranks + ")";
+    return found.empty() ? "" : "the connection to " + found + " broke: the peer died or is unreachable";
   }
 
   // Tells peers that this rank is leaving because of an error, not dying: they must not blame
@@ -156,7 +262,6 @@ class GlooBackend final : public Backend {
     }
   }
 
- private:
   std::uint32_t tag(const Collective& c, std::uint32_t part) const {
     return static_cast<std::uint32_t>((c.sequence << 2) | part);
   }
@@ -172,27 +277,7 @@ class GlooBackend final : public Backend {
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r)
       if (r != rank_) keys.push_back(base + seq + "/" + std::to_string(r));
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
-    const Seconds slice = std::min(options_.peer_check, options_.timeout);
-    for (;;) {
-      try {
-        store_->wait(keys, slice);
-        break;
-      } catch (const TimeoutError&) {
-        std::string dead = dead_ranks_now();
-        if (!dead.empty()) {
-          mark_failed();
-          throw PeerError("gloo: " + dead + " while rank " + std::to_string(rank_) + " was in " +
-                          c.describe() + "; the job cannot continue");
-        }
-        if (Clock::now() >= deadline) {
-          mark_failed();
-          throw TimeoutError("gloo: " + c.describe() + " timed out after " +
-                             log::seconds_text(options_.timeout.count()) + " on rank " +
-                             std::to_string(rank_) + " waiting for the other ranks to reach it");
-        }
-      }
-    }
+    wait_for_peers(keys, c);
     std::vector<std::uint64_t> sigs(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r)
       sigs[static_cast<std::size_t>(r)] =
@@ -203,21 +288,45 @@ class GlooBackend final : public Backend {
     check_signatures(c, sigs.data(), size_, rank_);
   }
 
+  void wait_for_peers(const std::vector<std::string>& keys, const Collective& c) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+    const Seconds slice = std::min(options_.peer_check, options_.timeout);
+    for (;;) {
+      try {
+        store_->wait(keys, slice);
+        return;
+      } catch (const TimeoutError&) {
+        if (std::string dead = dead_ranks_now(); !dead.empty()) {
+          mark_failed();
+          throw PeerError("gloo: " + dead + " while rank " + std::to_string(global(rank_)) + " was in " +
+                          c.describe() + "; the job cannot continue");
+        }
+        if (Clock::now() >= deadline) {
+          mark_failed();
+          throw TimeoutError("gloo: " + c.describe() + " timed out after " +
+                             log::seconds_text(options_.timeout.count()) + " on rank " +
+                             std::to_string(global(rank_)) + " waiting for the other ranks to reach it");
+        }
+      }
+    }
+  }
+
   // Peers whose liveness key is gone (and that did not announce a failure), now: "" if none.
   std::string dead_ranks_now() {
     std::string dead;
     int count = 0;
     try {
       for (int r = 0; r < size_; ++r) {
-        std::string id = std::to_string(r);
+        const std::string id = std::to_string(r);
         if (r != rank_ && !store_->try_get(prefix_ + "alive/" + id) &&
             !store_->try_get(prefix_ + "failed/" + id)) {
-          dead += (dead.empty() ? "" : ", ") + id;
+          dead += (dead.empty() ? "" : ", ") + std::to_string(global(r));
           ++count;
         }
       }
     } catch (const Error&) {
-      return "a peer failed (the store is unreachable too)";
+      return "a peer failed, and the store is unreachable too (a network partition, or the machine hosting "
+             "it died)";
     }
     if (count == 0) return "";
     return (count == 1 ? "rank " : "ranks ") + dead + " died";
@@ -256,7 +365,7 @@ class GlooBackend final : public Backend {
       }
       case CollectiveKind::allreduce: return allreduce(c.send, c.recv, c.count, c.dtype, c.op, tag(c, 0));
       case CollectiveKind::reduce_scatter: {
-        std::size_t total = c.count * static_cast<std::size_t>(size_);
+        const std::size_t total = c.count * static_cast<std::size_t>(size_);
         std::vector<char> full(total * esize);
         allreduce(c.send, full.data(), total, c.dtype, c.op, tag(c, 0));
         std::memcpy(c.recv, full.data() + static_cast<std::size_t>(rank_) * c.count * esize, c.count * esize);
@@ -267,43 +376,68 @@ class GlooBackend final : public Backend {
 
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, std::uint32_t t) {
     if (count == 0) return;
+    reduce_on_the_wire(send, recv, count, dtype, op, t);
+    if (op == ReduceOp::avg) divide_by_size(recv, count, dtype);
+  }
+
+  void reduce_on_the_wire(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                          std::uint32_t t) {
     switch (dtype) {
-      case DType::f32: return allreduce_typed<float>(send, recv, count, op, t);
-      case DType::f64: return allreduce_typed<double>(send, recv, count, op, t);
-      case DType::i32: return allreduce_typed<std::int32_t>(send, recv, count, op, t);
-      case DType::i64: return allreduce_typed<std::int64_t>(send, recv, count, op, t);
+      case DType::f32: return allreduce_typed<float>(send, recv, count, op, reduce_fn<float>(op), t);
+      case DType::f64: return allreduce_typed<double>(send, recv, count, op, reduce_fn<double>(op), t);
+      case DType::i32:
+        return allreduce_typed<std::int32_t>(send, recv, count, op, reduce_fn<std::int32_t>(op), t);
+      case DType::i64:
+        return allreduce_typed<std::int64_t>(send, recv, count, op, reduce_fn<std::int64_t>(op), t);
       case DType::f16:
-      case DType::bf16: {
-        std::vector<float> wide(count);
-        auto* in = static_cast<const std::uint16_t*>(send);
-        for (std::size_t i = 0; i < count; ++i)
-          wide[i] = dtype == DType::f16 ? f16_to_f32(in[i]) : bf16_to_f32(in[i]);
-        allreduce_typed<float>(wide.data(), wide.data(), count, op, t);
-        auto* out = static_cast<std::uint16_t*>(recv);
-        for (std::size_t i = 0; i < count; ++i)
-          out[i] = dtype == DType::f16 ? f32_to_f16(wide[i]) : f32_to_bf16(wide[i]);
-        return;
-      }
+        return allreduce_typed<std::uint16_t>(send, recv, count, op,
+                                              half_reduce_fn<f16_to_f32, f32_to_f16>(op), t);
+      case DType::bf16:
+        return allreduce_typed<std::uint16_t>(send, recv, count, op,
+                                              half_reduce_fn<bf16_to_f32, f32_to_bf16>(op), t);
     }
   }
 
   template <typename T>
-  void allreduce_typed(const void* send, void* recv, std::size_t count, ReduceOp op, std::uint32_t t) {
+  void allreduce_typed(const void* send, void* recv, std::size_t count, ReduceOp,
+                       gloo::AllreduceOptions::Func fn, std::uint32_t t) {
     T* out = static_cast<T*>(recv);
     if (send != recv) std::memcpy(out, send, count * sizeof(T));
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(out, count);
-    opts.setReduceFunction(reduce_fn<T>(op));
+    opts.setReduceFunction(std::move(fn));
     opts.setTag(t);
     gloo::allreduce(opts);
-    if (op == ReduceOp::avg)
-      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / static_cast<T>(size_));
+  }
+
+  // avg is a sum on the wire, divided here once.
+  void divide_by_size(void* buffer, std::size_t count, DType dtype) {
+    const auto n = static_cast<double>(size_);
+    switch (dtype) {
+      case DType::f32: return divide(static_cast<float*>(buffer), count, static_cast<float>(size_));
+      case DType::f64: return divide(static_cast<double*>(buffer), count, n);
+      case DType::i32: return divide(static_cast<std::int32_t*>(buffer), count, size_);
+      case DType::i64: return divide(static_cast<std::int64_t*>(buffer), count, std::int64_t{size_});
+      case DType::f16:
+      case DType::bf16:
+        for (std::size_t i = 0; i < count; ++i)
+          store_element(dtype, buffer, i, load_element(dtype, buffer, i) / n);
+        return;
+    }
+  }
+
+  template <typename T, typename D>
+  static void divide(T* out, std::size_t count, D by) {
+    for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / by);
   }
 
   int rank_, size_;
   CommOptions options_;
   std::shared_ptr<StoreClient> store_;
   std::string prefix_;
+  std::vector<int> global_ranks_;  // how messages name ranks (BackendContext::global_ranks)
+  BindAddress bind_;
+  std::map<int, std::string> addresses_;  // peers' bound addresses, read on demand
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
 };

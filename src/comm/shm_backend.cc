@@ -117,9 +117,10 @@ std::size_t round_up(std::size_t n, std::size_t a) {
   return (n + a - 1) / a * a;
 }
 
-class ShmBackend final : public Backend {
+class ShmBackend final : public LocalBackend {
  public:
-  explicit ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+  explicit ShmBackend(const BackendContext& ctx)
+      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), global_ranks_(ctx.global_ranks) {
     slot_bytes_ =
         round_up(std::max<std::size_t>(options_.shm_slot_bytes, 2 * kAlign * static_cast<std::size_t>(size_)),
                  2 * kAlign);
@@ -194,6 +195,27 @@ class ShmBackend final : public Backend {
   ~ShmBackend() override { ::munmap(base_, total_bytes_); }
 
   bool shares_memory() const override { return true; }
+
+  bool owns_shared(const void* p, std::size_t bytes) const override {
+    return own_->find(p, bytes).has_value();
+  }
+
+  void allreduce_shared_around(const Collective& c, const ShareStep& between) override {
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+    try {
+      const auto shared = own_->find(c.recv, c.count * dtype_size(c.dtype));
+      if (!shared) throw ConfigError("internal: allreduce_shared_around on a buffer that is not shared");
+      const int parity = static_cast<int>(c.sequence & 1);
+      control(rank_).shared_id[parity] = shared->id + 1;
+      control(rank_).shared_offset[parity] = shared->offset;
+      allreduce_shared(c, shared->id, &between);
+    } catch (const Error& e) {
+      int expected = -1;
+      if (header_->abort_rank.compare_exchange_strong(expected, rank_))
+        std::snprintf(header_->abort_reason, sizeof header_->abort_reason, "%s", e.what());
+      throw;
+    }
+  }
   std::shared_ptr<void> allocate_shared(std::size_t bytes) override { return own_->allocate(bytes); }
 
   const std::string& name() const override {
@@ -223,6 +245,7 @@ class ShmBackend final : public Backend {
 
  private:
   RankControl& control(int r) { return controls_[r]; }
+  int global(int r) const { return global_ranks_.empty() ? r : global_ranks_[static_cast<std::size_t>(r)]; }
   char* slot(int r, int part) {
     return slots_ + static_cast<std::size_t>(r) * slot_bytes_ + static_cast<std::size_t>(part) * part_bytes_;
   }
@@ -268,16 +291,16 @@ class ShmBackend final : public Backend {
   }
 
   std::string peer_lost(int r, const Collective& c, const char* what) {
-    return "rank " + std::to_string(r) + " (pid " + std::to_string(control(r).pid) + ") " + what +
-           " while rank " + std::to_string(rank_) + " was in " + c.describe() +
+    return "rank " + std::to_string(global(r)) + " (pid " + std::to_string(control(r).pid) + ") " + what +
+           " while rank " + std::to_string(global(rank_)) + " was in " + c.describe() +
            " on the shm backend; the job cannot continue";
   }
 
   void check_abort(const Collective& c) {
     int who = header_->abort_rank.load(std::memory_order_acquire);
     if (who >= 0 && who != rank_)
-      throw PeerError("rank " + std::to_string(who) + " failed (" + header_->abort_reason + ") while rank " +
-                      std::to_string(rank_) + " was in " + c.describe());
+      throw PeerError("rank " + std::to_string(global(who)) + " failed (" + header_->abort_reason +
+                      ") while rank " + std::to_string(global(rank_)) + " was in " + c.describe());
   }
 
   // Waits until every rank reached barrier generation `gen`.
@@ -321,7 +344,7 @@ class ShmBackend final : public Backend {
   std::string timeout_message(std::uint64_t gen, const Collective& c) {
     std::string late;
     for (int r = 0; r < size_; ++r)
-      if (control(r).generation.load() < gen) late += (late.empty() ? "" : ", ") + std::to_string(r);
+      if (control(r).generation.load() < gen) late += (late.empty() ? "" : ", ") + std::to_string(global(r));
     return c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) + " on rank " +
            std::to_string(rank_) + " waiting for rank(s) " + late +
            ", which are alive but did not reach it (stuck in compute, or issuing collectives in "
@@ -372,7 +395,7 @@ class ShmBackend final : public Backend {
         int parity = static_cast<int>(c.sequence & 1);
         control(rank_).shared_id[parity] = shared ? shared->id + 1 : 0;
         control(rank_).shared_offset[parity] = shared ? shared->offset : 0;
-        if (shared) return allreduce_shared(c, shared->id);
+        if (shared) return allreduce_shared(c, shared->id, nullptr);
         if (c.count * dtype_size(c.dtype) <= std::min(options_.shm_one_shot_bytes, part_bytes_))
           return allreduce_one_shot(c);
         return allreduce_chunked(c);
@@ -462,18 +485,26 @@ class ShmBackend final : public Backend {
     }
   }
 
-  void allreduce_shared(const Collective& c, std::uint64_t id) {
-    begin(c);
-    agree_on_shared(c);
-    int parity = static_cast<int>(c.sequence & 1);
-    const std::size_t esize = dtype_size(c.dtype);
+  // The buffers of every rank for this collective: this rank's, and the peers' mapped here.
+  std::vector<char*> shared_buffers(const Collective& c) {
+    const int parity = static_cast<int>(c.sequence & 1);
     peers_->drop_released();
     std::vector<char*> bufs(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) {
+    for (int r = 0; r < size_; ++r)
       bufs[static_cast<std::size_t>(r)] =
           r == rank_ ? static_cast<char*>(c.recv)
                      : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
-    }
+    return bufs;
+  }
+
+  // Without `between`: each block of the share is copied to the peers right after it is
+  // reduced, while it is in L1. With it: the whole share is reduced first, `between` runs
+  // (hier's step across machines), then the share is copied.
+  void allreduce_shared(const Collective& c, std::uint64_t id, const ShareStep* between) {
+    begin(c);
+    agree_on_shared(c);
+    const std::size_t esize = dtype_size(c.dtype);
+    const std::vector<char*> bufs = shared_buffers(c);
     // This rank's share, in whole cache lines: when the buffers are line-aligned (DDP's buckets
     // are page-aligned), no two ranks write one line.
     const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);
@@ -484,14 +515,21 @@ class ShmBackend final : public Backend {
     const std::size_t block = std::max<std::size_t>(16384 / esize, unit);
     std::vector<const void*> inputs(static_cast<std::size_t>(size_));
     char* mine = bufs[static_cast<std::size_t>(rank_)];
-    for (std::size_t i = first; i < last; i += block) {
-      std::size_t m = std::min(block, last - i);
-      for (int r = 0; r < size_; ++r)
-        inputs[static_cast<std::size_t>(r)] = bufs[static_cast<std::size_t>(r)] + i * esize;
-      reduce(c.dtype, c.op, mine + i * esize, inputs.data(), size_, m);
+    auto copy_to_peers = [&](std::size_t i, std::size_t m) {
       for (int r = 0; r < size_; ++r)
         if (r != rank_)
           std::memcpy(bufs[static_cast<std::size_t>(r)] + i * esize, mine + i * esize, m * esize);
+    };
+    for (std::size_t i = first; i < last; i += block) {
+      const std::size_t m = std::min(block, last - i);
+      for (int r = 0; r < size_; ++r)
+        inputs[static_cast<std::size_t>(r)] = bufs[static_cast<std::size_t>(r)] + i * esize;
+      reduce(c.dtype, c.op, mine + i * esize, inputs.data(), size_, m);
+      if (!between) copy_to_peers(i, m);
+    }
+    if (between) {
+      (*between)(mine + first * esize, first, last - first);
+      copy_to_peers(first, last - first);
     }
     barrier(c);  // every share is everywhere; peers no longer touch this rank's buffer
     own_->mapped_by_all(id);
@@ -572,6 +610,7 @@ class ShmBackend final : public Backend {
 
   int rank_, size_;
   CommOptions options_;
+  std::vector<int> global_ranks_;  // how messages name ranks (BackendContext::global_ranks)
   std::size_t slot_bytes_ = 0, part_bytes_ = 0, total_bytes_ = 0;
   char* base_ = nullptr;
   Header* header_ = nullptr;
@@ -590,6 +629,10 @@ class ShmBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx) {
+  return std::make_unique<ShmBackend>(ctx);
+}
+
+std::unique_ptr<LocalBackend> make_local_shm_backend(const BackendContext& ctx) {
   return std::make_unique<ShmBackend>(ctx);
 }
 

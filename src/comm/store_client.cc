@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "keepalive.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
@@ -143,6 +144,7 @@ int tcp_connect(const std::string& host, int port, Clock::time_point deadline, s
   if (connected >= 0) {
     int one = 1;
     ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    keep_alive(connected, kStoreKeepAliveSeconds);
   }
   return connected;
 }

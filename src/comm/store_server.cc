@@ -29,6 +29,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "keepalive.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
@@ -217,6 +218,7 @@ class StoreServer::Impl {
       if (fd < 0) return;  // EAGAIN, or a transient error: the next event retries
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      keep_alive(fd, kStoreKeepAliveSeconds);  // a partitioned client's ephemeral keys go too
       std::uint64_t id = next_id_++;
       Conn c;
       c.fd = fd;
@@ -317,7 +319,12 @@ class StoreServer::Impl {
     ::close(it->second.fd);
     std::vector<std::string> ephemeral = std::move(it->second.ephemeral);
     conns_.erase(it);
-    for (const auto& key : ephemeral) kv_.erase(key);
+    for (const auto& key : ephemeral) {
+      auto owner = ephemeral_owner_.find(key);
+      if (owner == ephemeral_owner_.end() || owner->second != id) continue;  // set again since
+      ephemeral_owner_.erase(owner);
+      kv_.erase(key);
+    }
     for (auto w = waiters_.begin(); w != waiters_.end();) {
       if (w->second.conn_id == id)
         w = drop_waiter(w);
@@ -357,6 +364,7 @@ class StoreServer::Impl {
       case Type::kDelete: {
         std::string key = r.str();
         r.expect_end();
+        ephemeral_owner_.erase(key);
         return reply(id, wire::Writer(Type::kInt).i64(static_cast<std::int64_t>(kv_.erase(key))));
       }
       case Type::kNumKeys:
@@ -369,7 +377,14 @@ class StoreServer::Impl {
   void on_set(std::uint64_t id, wire::Reader& r, bool ephemeral) {
     std::string key = r.str(), value = r.str();
     r.expect_end();
-    if (ephemeral) conns_.at(id).ephemeral.push_back(key);
+    // The last setter owns the key: a client that reconnected (after a partition) and set it
+    // again keeps it when its old connection is finally closed.
+    if (ephemeral) {
+      conns_.at(id).ephemeral.push_back(key);
+      ephemeral_owner_[key] = id;
+    } else {
+      ephemeral_owner_.erase(key);
+    }
     put(key, std::move(value));
     reply(id, wire::Writer(Type::kOk));
   }
@@ -507,6 +522,7 @@ class StoreServer::Impl {
   std::uint64_t next_id_ = 2, next_waiter_ = 1;
   std::unordered_map<std::uint64_t, Conn> conns_;
   std::unordered_map<std::string, std::string> kv_;
+  std::unordered_map<std::string, std::uint64_t> ephemeral_owner_;  // key -> the connection it dies with
   std::map<std::uint64_t, Waiter> waiters_;
   std::unordered_map<std::string, std::set<std::uint64_t>> waiting_on_;
   std::multimap<Clock::time_point, std::uint64_t> deadlines_;

@@ -57,6 +57,9 @@ class Agent {
   bool all_nodes_done();
   // After a failure: every node confirms its workers stopped before any starts the next attempt.
   bool wait_for_every_node_to_stop();
+  // After losing node 0's store (a partition, a restart of the network): reconnects and
+  // announces this node again, within --join-timeout. False when node 0 stays unreachable.
+  bool rejoin();
 
   // attempt.cc
   int run_attempt();

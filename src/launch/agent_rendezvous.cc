@@ -10,6 +10,7 @@
 
 #include "agent.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/net_address.h"
 #include "lockstep/error.h"
 
 namespace lockstep::launch {
@@ -75,7 +76,17 @@ void Agent::join() {
     throw ConfigError("another launcher already joined run '" + placement_.run_id + "' as --node-rank " + me +
                       ": give each node a distinct --node-rank in 0.." + std::to_string(o.nnodes - 1));
   store_->set_ephemeral(key("alive/" + me), "1");
-  store_->set(key("agent/" + me), json{{"host", host_name()}, {"nproc", o.nproc_per_node}}.dump());
+  // The address this node reaches node 0 from names it in reports ("node1, 10.0.0.2").
+  std::string address = "127.0.0.1";
+  if (o.nnodes > 1) {
+    try {
+      address = comm::choose_bind_address(o.master_addr).address;
+    } catch (const Error&) {
+      address = "?";
+    }
+  }
+  store_->set(key("agent/" + me),
+              json{{"host", host_name()}, {"address", address}, {"nproc", o.nproc_per_node}}.dump());
   std::vector<std::string> keys;
   for (int n = 0; n < o.nnodes; ++n) keys.push_back(key("agent/" + std::to_string(n)));
   try {
@@ -92,18 +103,29 @@ void Agent::join() {
   for (int n = 0; n < o.nnodes; ++n) {
     const json a = json::parse(store_->get(keys[static_cast<std::size_t>(n)]));
     if (n == o.node_rank) placement_.first_rank = placement_.world_size;
-    hosts_.push_back(a["host"].get<std::string>());
+    hosts_.push_back(a["host"].get<std::string>() + ", " + a.value("address", "?"));
     placement_.world_size += a["nproc"].get<int>();
   }
 }
 
+// Node 0 keeps the store up until every agent still alive has read its last key (at most 10 s);
+// an agent whose alive key is gone is not waited for.
 void Agent::leave() {
   try {
     store_->set(key("bye/" + std::to_string(options_.node_rank)), "1");
     if (!server_) return;
-    std::vector<std::string> keys;
-    for (int n = 0; n < options_.nnodes; ++n) keys.push_back(key("bye/" + std::to_string(n)));
-    store_->wait(keys, Seconds(10));  // keep the store up until every agent read its last key
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    for (int n = 0; n < options_.nnodes; ++n) {
+      const std::string id = std::to_string(n);
+      for (;;) {
+        try {
+          store_->wait({key("bye/" + id)}, Seconds(0.2));
+          break;
+        } catch (const TimeoutError&) {
+          if (!store_->try_get(key("alive/" + id)) || Clock::now() >= deadline) break;
+        }
+      }
+    }
   } catch (const Error&) {
     // Another agent is gone already: nothing is waiting on us.
   }
@@ -155,6 +177,24 @@ bool Agent::all_nodes_done() {
   for (int n = 0; n < options_.nnodes; ++n)
     if (!store_->try_get(attempt_key("done/" + std::to_string(n)))) return false;
   return true;
+}
+
+bool Agent::rejoin() {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(options_.join_timeout));
+  LOCKSTEP_LOG(info, run) << "trying to reach node 0's store (" << placement_.store_address
+                          << ") again for up to " << static_cast<int>(options_.join_timeout)
+                          << " s, to restart with the other nodes";
+  for (;;) {
+    try {
+      store_->set_ephemeral(key("alive/" + std::to_string(options_.node_rank)), "1");
+      LOCKSTEP_LOG(info, run) << "reached node 0's store again";
+      return true;
+    } catch (const Error&) {
+      // Each attempt is bounded by the store client's own deadline (reconnects included).
+      if (Clock::now() >= deadline) return false;
+    }
+  }
 }
 
 bool Agent::wait_for_every_node_to_stop() {

@@ -147,7 +147,9 @@ void Agent::check_other_nodes(Attempt& a) {
     }
     if (!a.failure && a.done_published && all_nodes_done()) a.finished = true;
   } catch (const Error& e) {
-    if (!a.failure) fail(a, event_failure("store-lost", e.what(), kExitFailure, options_.node_rank, a.start));
+    if (!a.failure)
+      fail(a, event_failure("store-lost", placement_.store_address + ": " + e.what(), kExitFailure,
+                            options_.node_rank, a.start));
     store_lost_ = true;
   }
 }
@@ -167,7 +169,8 @@ void Agent::watch_once(Attempt& a) {
       a.done_published = true;
     } catch (const Error& e) {
       store_lost_ = true;
-      a.failure = event_failure("store-lost", e.what(), kExitFailure, options_.node_rank, a.start);
+      a.failure = event_failure("store-lost", placement_.store_address + ": " + e.what(), kExitFailure,
+                                options_.node_rank, a.start);
       a.finished = true;
       return;
     }
@@ -209,9 +212,17 @@ int Agent::conclude(Attempt& a) {
   if (f.reason == "timeout") timed_out_ = true;
   if (f.reason == "interrupted") interrupted_ = true;
   if (f.reason == "exit" && !restart_can_help(f.code)) no_restart_ = true;
+  const bool last_attempt = placement_.attempt >= options_.max_restarts || no_restart_;
+  if ((last_attempt || interrupted_ || timed_out_) && !store_lost_) return f.code;  // no attempt follows
   if (store_lost_) {
-    interrupted_ = true;  // no store, no coordinated restart
-    return f.code;
+    // No store, no coordinated restart, unless it can be reached again (node 0 is alive behind
+    // a partition that heals) while restarts remain.
+    const bool may_restart = !interrupted_ && !timed_out_ && placement_.attempt < options_.max_restarts;
+    if (!may_restart || options_.node_rank == 0 || !rejoin()) {
+      interrupted_ = true;
+      return f.code;
+    }
+    store_lost_ = false;
   }
   if (!wait_for_every_node_to_stop()) {
     LOCKSTEP_LOG(warn, run) << "not every node confirmed that its workers stopped; giving up on restarts";

@@ -34,7 +34,8 @@ std::string Failure::describe() const {
   if (reason == "timeout") return "the job exceeded --timeout " + detail;
   if (reason == "interrupted") return "the launcher on node " + std::to_string(node) + " got " + detail;
   if (reason == "store-lost")
-    return "node 0's launcher, which hosts the job's store, stopped answering (" + detail + ")";
+    return "node 0's launcher, which hosts the job's store, stopped answering (" + detail +
+           "): it died, or the network between the machines is down";
   if (reason == "agent-lost") return "the launcher of node " + detail + " died or lost its connection";
   const std::string who = "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) +
                           ", node " + std::to_string(node) + ", host " + host + ", pid " +

@@ -13,6 +13,7 @@
 
 #include "evaluate.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train_core/blas.h"
@@ -235,6 +236,44 @@ TrainResult Trainer::Impl::result(const RunProgress& run) const {
   return r;
 }
 
+namespace {
+
+// A hash of every parameter's bytes (FNV-1a): equal on every rank exactly when the replicas
+// are bitwise equal, which DDP promises. A check at the end catches what breaks it (an op
+// that is not deterministic, a rank that skipped a step) at the cost of one allgather.
+std::string parameters_fingerprint(const torch::nn::Module& module) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& p : module.parameters()) {
+    const auto t = p.detach().contiguous().to(torch::kCPU);
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (std::size_t i = 0, n = static_cast<std::size_t>(t.nbytes()); i < n; ++i)
+      h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+}  // namespace
+
+void Trainer::Impl::check_replicas() {
+  if (world() == 1) return;
+  const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module));
+  if (rank() != 0) return;
+  std::string differ;
+  for (int r = 1; r < world(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0])
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (differ.empty())
+    LOCKSTEP_LOG(info, train) << "all " << world() << " replicas hold the same parameters (fingerprint "
+                              << all[0] << ")";
+  else
+    LOCKSTEP_LOG(warn, train)
+        << "the replicas diverged: rank(s) " << differ
+        << " hold parameters that differ from rank 0's (a non-deterministic op, or a rank that "
+           "skipped a step); evaluate rank 0's checkpoint with care";
+}
+
 TrainResult Trainer::Impl::train() {
   RunProgress run;
   torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
@@ -249,6 +288,7 @@ TrainResult Trainer::Impl::train() {
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
+  check_replicas();
   load_best_model();
   for (auto& cb : callbacks) cb->on_train_end(state);
   return result(run);

@@ -77,6 +77,7 @@ struct Trainer::Impl {
   void log_window(RunProgress& run);
   void show_progress(double loss, double samples_per_second, double exposed_fraction, const RunProgress& run);
   void load_best_model();
+  void check_replicas();  // collective: logs whether every rank ends with the same parameters
   TrainResult result(const RunProgress& run) const;
 
   // training_step.cc

@@ -17,12 +17,16 @@ using comm::CommOptions;
 struct Case {
   std::string backend;
   int world;
-  std::size_t slot_bytes;  // 0: default
+  std::size_t slot_bytes;       // 0: default
+  std::vector<int> machines{};  // hier: which machine each rank is on
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string layout;
+  for (int m : info.param.machines) layout += std::to_string(m);
   return info.param.backend + "_world" + std::to_string(info.param.world) +
-         (info.param.slot_bytes ? "_slot" + std::to_string(info.param.slot_bytes) : "");
+         (info.param.slot_bytes ? "_slot" + std::to_string(info.param.slot_bytes) : "") +
+         (layout.empty() ? "" : "_machines" + layout);
 }
 
 class ThreadRanks : public ::testing::TestWithParam<Case> {};
@@ -33,6 +37,7 @@ TEST_P(ThreadRanks, MatchesReference) {
   options.backend = c.backend;
   options.timeout = comm::Seconds(60);
   if (c.slot_bytes) options.shm_slot_bytes = c.slot_bytes;
+  options.machine_of = c.machines;
   // 5000 elements cross a 4 KiB slot's halves many times; 300000 f32 cross the default slot.
   std::vector<std::size_t> counts = {0, 1, 7, 1000, 5000};
   std::mutex mu;
@@ -56,6 +61,15 @@ INSTANTIATE_TEST_SUITE_P(Shm, ThreadRanks,
 INSTANTIATE_TEST_SUITE_P(Gloo, ThreadRanks,
                          ::testing::Values(Case{"gloo", 1, 0}, Case{"gloo", 2, 0}, Case{"gloo", 3, 0},
                                            Case{"gloo", 4, 0}, Case{"gloo", 5, 0}, Case{"gloo", 7, 0}),
+                         case_name);
+// The hier backend's two levels, machines simulated by declaring them (the namespace tests run
+// it across real network namespaces): 2x2, 2x1, 3x1, 2x3, 3x2, and one machine of 3.
+INSTANTIATE_TEST_SUITE_P(Hier, ThreadRanks,
+                         ::testing::Values(Case{"hier", 4, 0, {0, 0, 1, 1}}, Case{"hier", 2, 0, {0, 1}},
+                                           Case{"hier", 3, 0, {0, 1, 2}},
+                                           Case{"hier", 6, 0, {0, 0, 0, 1, 1, 1}},
+                                           Case{"hier", 6, 4096, {0, 1, 2, 0, 1, 2}},
+                                           Case{"hier", 3, 0, {0, 0, 0}}),
                          case_name);
 #endif
 

@@ -63,7 +63,7 @@ inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so 
 inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, mpi or auto (shm when every rank is on one machine, else gloo)", Group::comm};
 inline constexpr Knob kTimeout{"LOCKSTEP_TIMEOUT", "300", "seconds any collective or store call may take", Group::comm};
 inline constexpr Knob kPeerCheck{"LOCKSTEP_PEER_CHECK", "5", "seconds within which a dead peer is reported", Group::comm};
-inline constexpr Knob kGlooIface{"LOCKSTEP_GLOO_IFACE", nullptr, "network interface Gloo binds (default: the address the hostname resolves to)", Group::comm};
+inline constexpr Knob kGlooIface{"LOCKSTEP_GLOO_IFACE", nullptr, "network interface the network backends bind (default: the one that routes to the master); wins over GLOO_SOCKET_IFNAME", Group::comm};
 inline constexpr Knob kLogLevel{"LOCKSTEP_LOG_LEVEL", "info", "error, warn, info or debug: the lowest level of lines lockstep writes", Group::comm};
 inline constexpr Knob kLogSubsystems{"LOCKSTEP_LOG_SUBSYSTEMS", "all", "which subsystems log: all, a list such as comm,store, or ^list to exclude (names: base store comm shm gloo mpi hier run data ddp train doctor)", Group::comm};
 // --- the launcher ---
@@ -73,6 +73,7 @@ inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only
 // --- libraries lockstep runs on ---
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
 inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS picked kernels below the CPU's, the Trainer and lockstep doctor say so", Group::libraries};
+inline constexpr Knob kGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr, "PyTorch's name for the interface Gloo binds (the first of a comma-separated list); lockstep honours it when LOCKSTEP_GLOO_IFACE is unset", Group::libraries};
 inline constexpr Knob kGlibcTunables{"GLIBC_TUNABLES", nullptr, "glibc's tunables; when unset, lockstep run gives workers malloc tunables that keep freed memory for reuse", Group::libraries};
 // clang-format on
 

@@ -7,8 +7,9 @@
 
 namespace lockstep::comm {
 
-// "auto" picks shm when every rank is on one machine and gloo otherwise.
-inline constexpr const char* kBackendNames[] = {"auto", "shm", "gloo", "mpi"};
+// "auto" picks shm when every rank is on one machine, hier when several machines hold the same
+// number of ranks (more than one each), and gloo otherwise.
+inline constexpr const char* kBackendNames[] = {"auto", "shm", "gloo", "hier", "mpi"};
 
 inline bool is_backend_name(std::string_view name) {
   for (const char* b : kBackendNames)

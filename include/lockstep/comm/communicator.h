@@ -7,8 +7,10 @@
 // done. Send and receive buffers may be the same (in place) for allreduce; for allgather and
 // reduce_scatter the "small" buffer may sit inside the "large" one at this rank's offset.
 //
-// Backends: "shm" (one machine: shared memory), "gloo" (TCP, several machines), "mpi" (under
-// mpirun), "auto" (shm when every rank is on this host, else gloo).
+// Backends: "shm" (one machine: shared memory), "gloo" (TCP, several machines), "hier" (several
+// machines with several ranks each: shm inside each, gloo between), "mpi" (under mpirun),
+// "auto" (shm on one machine, hier when machines hold equal numbers of ranks, else gloo).
+// Which ranks share a machine is found by probing, not from hostnames.
 //
 // Failure: a collective that does not finish within options.timeout is a TimeoutError naming
 // the collective and the ranks it waited for; a peer that died is a PeerError within
@@ -25,6 +27,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/types.h"
@@ -68,6 +71,9 @@ struct CommOptions {
   // gloo/mpi: exchange a descriptor before each collective so ranks that disagree fail with
   // MismatchError instead of hanging (shm always checks, at no extra cost).
   bool check_collectives = true;
+  // Which machine each rank is on (0, 0, 1, 1, ...), instead of finding out by probing shared
+  // memory: lets tests run the hier backend's two levels inside one machine. Empty: probe.
+  std::vector<int> machine_of{};
 };
 
 class Communicator {

@@ -1,0 +1,296 @@
+// The hier backend: for jobs on several machines with several ranks each. Inside a machine the
+// ranks talk through shared memory (a shm backend over the machine's L ranks); between machines,
+// each local index has its own Gloo group (the M ranks with that index, one per machine), so all
+// L local ranks use the network at once.
+//
+// allreduce of n elements (sum, min, max; avg is a sum divided once, at the end):
+//   1. inside the machine, reduce-scatter: local rank l gets its shard (n / L elements) reduced
+//      over the machine;
+//   2. across machines, local rank l all-reduces its shard with the M - 1 ranks of index l;
+//   3. inside the machine, all-gather the shards.
+//   Each machine sends and receives (M - 1) / M x 2 x n elements over the network in Gloo's
+//   ring (n for two machines), against 2 (W - 1) / W x n per rank for a flat ring of all W
+//   ranks, whose links between machines carry L ranks' traffic. Shared-memory phases move
+//   about 2n per rank through memory. On buffers from allocate_shared (DDP's buckets), steps 1
+//   and 3 are the shm backend's zero-copy reduction, split around step 2.
+// broadcast: the root's index-group broadcasts across machines, then every machine broadcasts
+//   inside from that index.
+// allgather: each rank gathers its block across machines in its index group, then the machine
+//   all-gathers those; the result is put in global rank order.
+// reduce_scatter: inside the machine, local rank l gets the partial sums of the M blocks whose
+//   owners have index l; across machines, a reduce-scatter of those gives each rank its block.
+// barrier: inside, across, inside.
+//
+// Requires the same number of ranks on every machine (checked at creation). Errors from either
+// level say which level and which global ranks were involved.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backend.h"
+#include "lockstep/base/log.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+class HierBackend final : public Backend {
+ public:
+  explicit HierBackend(const BackendContext& ctx) : rank_(ctx.rank), where_(ctx.locality) {
+    if (!where_.uniform())
+      throw ConfigError("backend 'hier' needs the same number of ranks on every machine, but they are on " +
+                        where_.describe() + ": use --backend gloo (or auto, which picks it)");
+    machine_ = where_.machine_of[static_cast<std::size_t>(rank_)];
+    local_ = where_.local_rank[static_cast<std::size_t>(rank_)];
+    machine_ranks_ = where_.ranks_on(machine_);
+    local_size_ = static_cast<int>(machine_ranks_.size());
+    for (int m = 0; m < where_.machines; ++m)
+      index_group_.push_back(where_.ranks_on(m)[static_cast<std::size_t>(local_)]);
+    BackendContext inside = ctx, across = ctx;
+    inside.prefix = ctx.prefix + "machine/" + std::to_string(machine_) + "/";
+    inside.rank = local_;
+    inside.size = local_size_;
+    inside.global_ranks = machine_ranks_;
+    across.prefix = ctx.prefix + "index/" + std::to_string(local_) + "/";
+    across.rank = machine_;
+    across.size = where_.machines;
+    across.global_ranks = index_group_;
+    local_backend_ = make_local_shm_backend(inside);
+    if (where_.machines > 1) cross_backend_ = make_gloo_backend(across);
+  }
+
+  const std::string& name() const override {
+    static const std::string kName = "hier";
+    return kName;
+  }
+
+  void on_thread_start() override {
+    local_backend_->on_thread_start();
+    if (cross_backend_) cross_backend_->on_thread_start();
+  }
+  void on_thread_stop() override {
+    local_backend_->on_thread_stop();
+    if (cross_backend_) cross_backend_->on_thread_stop();
+  }
+  bool shares_memory() const override { return true; }
+  std::shared_ptr<void> allocate_shared(std::size_t bytes) override {
+    return local_backend_->allocate_shared(bytes);
+  }
+
+  void run(const Collective& c) override {
+    switch (c.kind) {
+      case CollectiveKind::allreduce: return allreduce(c);
+      case CollectiveKind::broadcast: return broadcast(c);
+      case CollectiveKind::allgather: return allgather(c);
+      case CollectiveKind::reduce_scatter: return reduce_scatter(c);
+      case CollectiveKind::barrier:
+        inside(c);
+        across(c);
+        return inside(c);
+    }
+  }
+
+ private:
+  int world() const { return where_.size(); }
+  int machines() const { return where_.machines; }
+
+  // A step of `c` run inside the machine or across machines, with that level's own sequence
+  // numbers; its errors name the level and the global ranks.
+  void inside(Collective step) {
+    step.sequence = next_inside_++;
+    try {
+      local_backend_->run(step);
+    } catch (const Error& e) {
+      rethrow_with(
+          e, "inside machine " + std::to_string(machine_) + " (global ranks " + list(machine_ranks_) + ")");
+    }
+  }
+
+  void across(Collective step) {
+    if (!cross_backend_) return;
+    step.sequence = next_across_++;
+    try {
+      cross_backend_->run(step);
+    } catch (const Error& e) {
+      rethrow_with(e, "between machines (global ranks " + list(index_group_) + ")");
+    }
+  }
+
+  [[noreturn]] static void rethrow_with(const Error& e, const std::string& where) {
+    const std::string what = "hier, " + where + ": " + e.what();
+    if (dynamic_cast<const PeerError*>(&e)) throw PeerError(what);
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
+    if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(what);
+    if (dynamic_cast<const ConfigError*>(&e)) throw ConfigError(what);
+    throw Error(what);
+  }
+
+  static std::string list(const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+  }
+
+  char* scratch(std::vector<char>& buffer, std::size_t bytes) {
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    return buffer.data();
+  }
+
+  // avg as a sum everywhere, then one division over the world, on this rank's shard only.
+  static ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+
+  void divide(void* shard, std::size_t count, DType dtype) {
+    const double n = world();
+    for (std::size_t i = 0; i < count; ++i) {
+      const double v = load_element(dtype, shard, i) / n;
+      store_element(dtype, shard, i, (dtype == DType::i32 || dtype == DType::i64) ? std::trunc(v) : v);
+    }
+  }
+
+  void allreduce(const Collective& c) {
+    if (c.count == 0) return inside(c);  // everyone still meets: the signature check runs
+    Collective local = c;
+    local.op = wire_op(c.op);
+    if (c.send == c.recv && local_backend_->owns_shared(c.recv, c.count * dtype_size(c.dtype)))
+      return allreduce_shared(c, local);
+    allreduce_staged(c, local);
+  }
+
+  // Zero-copy inside the machine: the shm backend reduces each share out of the peers' buffers,
+  // this rank's share crosses the network, then the shm backend copies it into every buffer.
+  void allreduce_shared(const Collective& c, Collective local) {
+    local.sequence = next_inside_++;
+    try {
+      local_backend_->allreduce_shared_around(
+          local, [&](void* share, std::size_t, std::size_t count) { shard_across(c, share, count); });
+    } catch (const Error& e) {
+      rethrow_with(
+          e, "inside machine " + std::to_string(machine_) + " (global ranks " + list(machine_ranks_) + ")");
+    }
+  }
+
+  void shard_across(const Collective& c, void* shard, std::size_t count) {
+    Collective step = c;
+    step.kind = CollectiveKind::allreduce;
+    step.op = wire_op(c.op);
+    step.send = step.recv = shard;
+    step.count = count;
+    across(step);
+    if (c.op == ReduceOp::avg) divide(shard, count, c.dtype);
+  }
+
+  void allreduce_staged(const Collective& c, const Collective& local) {
+    const std::size_t esize = dtype_size(c.dtype), L = static_cast<std::size_t>(local_size_);
+    const std::size_t shard = (c.count + L - 1) / L;
+    const bool even = shard * L == c.count;
+    const char* in = static_cast<const char*>(c.send);
+    if (!even) {  // pad to L shards; the padding is never copied back
+      char* padded = scratch(padded_in_, shard * L * esize);
+      std::memcpy(padded, c.send, c.count * esize);
+      std::memset(padded + c.count * esize, 0, (shard * L - c.count) * esize);
+      in = padded;
+    }
+    char* mine = scratch(shard_, shard * esize);
+    Collective rs = local;
+    rs.kind = CollectiveKind::reduce_scatter;
+    rs.send = in;
+    rs.recv = mine;
+    rs.count = shard;
+    inside(rs);
+    shard_across(c, mine, shard);
+    char* out = even ? static_cast<char*>(c.recv) : scratch(padded_out_, shard * L * esize);
+    Collective ag = local;
+    ag.kind = CollectiveKind::allgather;
+    ag.send = mine;
+    ag.recv = out;
+    ag.count = shard;
+    inside(ag);
+    if (!even) std::memcpy(c.recv, out, c.count * esize);
+  }
+
+  void broadcast(const Collective& c) {
+    const int root_machine = where_.machine_of[static_cast<std::size_t>(c.root)];
+    const int root_local = where_.local_rank[static_cast<std::size_t>(c.root)];
+    if (local_ == root_local) {
+      Collective step = c;
+      step.root = root_machine;
+      across(step);
+    }
+    Collective step = c;
+    step.root = root_local;
+    inside(step);
+  }
+
+  // Blocks arrive in (machine, local index) order; the result is in global rank order.
+  void allgather(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype), block = c.count * esize;
+    const std::size_t M = static_cast<std::size_t>(machines()), L = static_cast<std::size_t>(local_size_);
+    char* by_machine = scratch(shard_, M * block);  // this index's block from every machine
+    Collective step = c;
+    step.recv = by_machine;
+    across(step);
+    if (!cross_backend_) std::memcpy(by_machine, c.send, block);
+    char* gathered = scratch(padded_out_, L * M * block);  // [local index][machine]
+    step = c;
+    step.send = by_machine;
+    step.recv = gathered;
+    step.count = c.count * M;
+    inside(step);
+    for (std::size_t l = 0; l < L; ++l)
+      for (std::size_t m = 0; m < M; ++m) {
+        const int r = where_.ranks_on(static_cast<int>(m))[l];
+        std::memmove(static_cast<char*>(c.recv) + static_cast<std::size_t>(r) * block,
+                     gathered + (l * M + m) * block, block);
+      }
+  }
+
+  void reduce_scatter(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype), block = c.count * esize;
+    const std::size_t M = static_cast<std::size_t>(machines()), L = static_cast<std::size_t>(local_size_);
+    // Regroup the input: for local index l, the blocks of ranks (0, l), (1, l), ..., (M-1, l).
+    char* regrouped = scratch(padded_in_, L * M * block);
+    for (std::size_t l = 0; l < L; ++l)
+      for (std::size_t m = 0; m < M; ++m) {
+        const int r = where_.ranks_on(static_cast<int>(m))[l];
+        std::memcpy(regrouped + (l * M + m) * block,
+                    static_cast<const char*>(c.send) + static_cast<std::size_t>(r) * block, block);
+      }
+    char* partial = scratch(shard_, M * block);
+    Collective step = c;
+    step.op = wire_op(c.op);
+    step.send = regrouped;
+    step.recv = partial;
+    step.count = c.count * M;
+    inside(step);
+    if (cross_backend_) {
+      step = c;
+      step.op = wire_op(c.op);
+      step.send = partial;
+      step.recv = c.recv;
+      across(step);
+    } else {
+      std::memcpy(c.recv, partial, block);
+    }
+    if (c.op == ReduceOp::avg) divide(c.recv, c.count, c.dtype);
+  }
+
+  int rank_;
+  Locality where_;
+  int machine_ = 0, local_ = 0, local_size_ = 1;
+  std::vector<int> machine_ranks_;  // global ranks on this machine, by local index
+  std::vector<int> index_group_;    // global ranks with this local index, by machine
+  std::unique_ptr<LocalBackend> local_backend_;
+  std::unique_ptr<Backend> cross_backend_;  // null on a single machine
+  std::uint64_t next_inside_ = 0, next_across_ = 0;
+  std::vector<char> padded_in_, padded_out_, shard_;  // scratch, kept between collectives
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx) {
+  return std::make_unique<HierBackend>(ctx);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,220 @@
+// Several machines for real: network namespaces with their own hostnames (which do not resolve)
+// and their own /dev/shm, joined by rate-limited links (testing/cluster.h). One `lockstep run`
+// per machine, as a user would start them. Skipped, saying why, where namespaces cannot be made.
+#include "cluster.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "lockstep/train/checkpoint.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+
+namespace lockstep::testing {
+namespace {
+
+using std::chrono::steady_clock;
+
+double seconds_since(steady_clock::time_point t) {
+  return std::chrono::duration<double>(steady_clock::now() - t).count();
+}
+
+// Each test makes its own cluster; a missing capability skips it with the reason.
+#define REQUIRE_CLUSTER() \
+  if (auto why = VirtualCluster::unavailable()) GTEST_SKIP() << *why;
+
+constexpr int kPort = 29400;  // every cluster has network stacks of its own: no clash
+
+// One launcher per machine: `lockstep run --nnodes M --node-rank m ...` inside machine m.
+std::vector<std::unique_ptr<Process>> launch(const VirtualCluster& cluster, int nproc,
+                                             const std::vector<std::string>& program,
+                                             const std::vector<std::string>& launcher_flags = {},
+                                             const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::unique_ptr<Process>> nodes;
+  auto environment = env;
+  environment["LOCKSTEP_TOKEN"] = "cluster-test-token";
+  for (int m = 0; m < cluster.machines(); ++m) {
+    std::vector<std::string> argv = {LOCKSTEP_BINARY,    "run",
+                                     "--nnodes",         std::to_string(cluster.machines()),
+                                     "--node-rank",      std::to_string(m),
+                                     "--nproc-per-node", std::to_string(nproc),
+                                     "--master-addr",    cluster.address(0),
+                                     "--master-port",    std::to_string(kPort)};
+    argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
+    argv.insert(argv.end(), program.begin(), program.end());
+    nodes.push_back(std::make_unique<Process>(cluster.on(m, argv), environment));
+  }
+  return nodes;
+}
+
+std::vector<std::string> trainer(const std::string& out, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {
+      FASHION_MNIST,    "--model",         "mlp", "--train-limit", "4096", "--eval-limit", "500",
+      "--disable-tqdm", "--logging-steps", "10",  "--output-dir",  out};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+std::vector<torch::Tensor> parameters_in(const std::string& checkpoint) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(checkpoint + "/model.pt");
+  std::vector<torch::Tensor> out;
+  for (const char* layer : {"fc1", "fc2", "fc3"}) {
+    torch::serialize::InputArchive sub;
+    archive.read(layer, sub);
+    for (const char* name : {"weight", "bias"}) {
+      torch::Tensor t;
+      sub.read(name, t);
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+// With no knob set, two machines of two workers each pick hier, even though the hostnames do
+// not resolve, and every rank ends with the same parameters.
+TEST(Cluster, ATwoByTwoTrainerJobPicksHierByItselfAndEveryRankEndsEqual) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir out("cluster-trainer");
+  auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "30", "--save-strategy", "no"}));
+  for (auto& n : nodes) ASSERT_EQ(n->wait(180), 0) << n->output();
+  const std::string& o = nodes[0]->output();
+  EXPECT_NE(o.find("4 workers x 64 per device"), std::string::npos) << o;
+  EXPECT_NE(o.find("backend hier"), std::string::npos) << o;
+  EXPECT_NE(o.find("all 4 replicas hold the same parameters"), std::string::npos) << o;
+  EXPECT_EQ(shm_segments().size(), 0u) << "the machines' /dev/shm are their own; the host's stays clean";
+}
+
+// After a job that was killed mid-training, nothing is left: no namespace, nothing in /dev/shm.
+TEST(Cluster, NothingIsLeftBehind) {
+  REQUIRE_CLUSTER();
+  const auto shm_before = shm_segments().size();
+  std::string prefix;
+  {
+    VirtualCluster cluster({2, ""});
+    prefix = cluster.prefix();
+    TempDir out("cluster-left");
+    auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "100000", "--save-strategy", "no"}));
+    ASSERT_TRUE(nodes[0]->read_until("step 10/", 120)) << nodes[0]->output();
+  }  // the launchers and their workers are still running: the cluster kills them
+  for (const auto& ns : VirtualCluster::namespaces()) EXPECT_NE(ns.rfind(prefix, 0), 0u) << ns << " was left";
+  EXPECT_EQ(shm_segments().size(), shm_before);
+}
+
+// The conformance table across machines, over hier and (as the peer it must match) gloo.
+struct Layout {
+  int machines, per_machine;
+};
+
+class ClusterConformance : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ClusterConformance, EveryCollectiveMatchesTheReference) {
+  REQUIRE_CLUSTER();
+  const Layout l = GetParam();
+  VirtualCluster cluster({l.machines, ""});
+  auto nodes = launch(cluster, l.per_machine, {COMM_WORKER, "conformance", "hier", "8192"});
+  for (auto& n : nodes) {
+    EXPECT_EQ(n->wait(300), 0) << n->output();
+    EXPECT_EQ(count_of(n->output(), " 0 failures on hier"), static_cast<std::size_t>(l.per_machine))
+        << n->output();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterConformance,
+                         ::testing::Values(Layout{2, 2}, Layout{2, 1}, Layout{3, 1}),
+                         [](const ::testing::TestParamInfo<Layout>& param) {
+                           return std::to_string(param.param.machines) + "x" +
+                                  std::to_string(param.param.per_machine);
+                         });
+
+TEST(Cluster, GlooSocketIfnameIsHonouredAndABadOneIsNamed) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, ""});
+  auto good = launch(cluster, 1, {COMM_WORKER, "conformance", "gloo"}, {}, {{"GLOO_SOCKET_IFNAME", "eth0"}});
+  for (auto& n : good) EXPECT_EQ(n->wait(120), 0) << n->output();
+  auto bad = launch(cluster, 1, {COMM_WORKER, "conformance", "gloo"}, {}, {{"GLOO_SOCKET_IFNAME", "eth9"}});
+  for (auto& n : bad) {
+    EXPECT_NE(n->wait(120), 0) << n->output();
+    EXPECT_NE(n->output().find("GLOO_SOCKET_IFNAME names interface 'eth9', which does not exist here"),
+              std::string::npos)
+        << n->output();
+  }
+}
+
+// Every process of machine 1 dies at once (SIGKILL): machine 0's launcher says so, naming the
+// node, within 10 s, and ends.
+TEST(Cluster, WhenAWholeMachineIsKilledTheOtherLauncherNamesItWithinTenSeconds) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir out("cluster-kill");
+  auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "100000", "--save-strategy", "no"}));
+  ASSERT_TRUE(nodes[0]->read_until("step 20/", 120)) << nodes[0]->output();
+  const auto killed = steady_clock::now();
+  cluster.kill_all(1);
+  EXPECT_TRUE(nodes[0]->read_until("the launcher of node 1 (node1, " + cluster.address(1) + ") died", 10))
+      << nodes[0]->output();
+  EXPECT_LT(seconds_since(killed), 10);
+  EXPECT_NE(nodes[0]->wait(60), 0);
+  EXPECT_LT(seconds_since(killed), 15) << "the launcher should end soon after its report";
+}
+
+// A partition (machine 1's link goes down: no packet passes, nothing is reset) mid-training:
+// both sides end with an error naming the peer they lost, within 60 s, at default settings.
+TEST(Cluster, APartitionEndsBothSidesNamingTheUnreachablePeerWithinAMinute) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir out("cluster-partition");
+  auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "100000", "--save-strategy", "no"}));
+  ASSERT_TRUE(nodes[0]->read_until("step 20/", 120)) << nodes[0]->output();
+  const auto cut = steady_clock::now();
+  cluster.set_link(1, false);
+  for (auto& n : nodes) EXPECT_NE(n->wait(90), 0) << n->output();
+  EXPECT_LT(seconds_since(cut), 60);
+  const std::string machine1 = cluster.address(1), machine0 = cluster.address(0);
+  EXPECT_NE(nodes[0]->output().find("the connection to " + machine1), std::string::npos)
+      << nodes[0]->output();
+  EXPECT_NE(nodes[1]->output().find("node 0's launcher, which hosts the job's store, stopped answering (" +
+                                    machine0),
+            std::string::npos)
+      << nodes[1]->output();
+}
+
+// The same partition with a restart allowed: once the link is back, the job resumes from its
+// last checkpoint and ends bitwise equal to a run that was never interrupted.
+TEST(Cluster, AfterAPartitionHealsTheJobResumesAndEndsBitwiseEqual) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir straight("cluster-straight"), healed("cluster-healed");
+  const std::vector<std::string> run = {"--max-steps", "240",          "--save-strategy",
+                                        "steps",       "--save-steps", "40"};
+  auto reference = launch(cluster, 2, trainer(straight.path(), run));
+  for (auto& n : reference) ASSERT_EQ(n->wait(300), 0) << n->output();
+
+  auto nodes = launch(cluster, 2, trainer(healed.path(), run), {"--max-restarts", "1"});
+  ASSERT_TRUE(nodes[0]->read_until("step 100/", 120)) << nodes[0]->output();
+  cluster.set_link(1, false);
+  ASSERT_TRUE(nodes[1]->read_until("stopped answering", 60)) << nodes[1]->output();
+  ASSERT_TRUE(nodes[0]->read_until("job FAILED", 60)) << nodes[0]->output();
+  cluster.set_link(1, true);
+  for (auto& n : nodes) ASSERT_EQ(n->wait(300), 0) << n->output();
+  EXPECT_NE(nodes[0]->output().find("resumed from " + healed.path() + "/checkpoint-"), std::string::npos)
+      << nodes[0]->output();
+  EXPECT_NE(nodes[1]->output().find("reached node 0's store again"), std::string::npos) << nodes[1]->output();
+  EXPECT_TRUE(
+      bitwise_equal(parameters_in(straight / "checkpoint-240"), parameters_in(healed / "checkpoint-240")));
+}
+
+}  // namespace
+}  // namespace lockstep::testing
