@@ -197,9 +197,17 @@ struct DoctorCommand : Command {
         "doctor",
         "Measure a Trainer program with 1 and N workers and explain the difference (recommendations)");
     app->prefix_command();
-    app->add_option("--nproc-per-node", options.nproc, "workers in the N-worker run")
-        ->check(CLI::Range(2, 256))
+    app->add_option("--nproc-per-node", options.nproc, "workers per machine in the N-worker run")
+        ->check(CLI::Range(1, 256))
         ->capture_default_str();
+    app->add_option("--nnodes", options.nnodes,
+                    "machines: run the same doctor command on each, with its --node-rank (machine 0 reports)")
+        ->capture_default_str();
+    app->add_option("--node-rank", options.node_rank, "this machine's index, as for lockstep run")
+        ->capture_default_str();
+    app->add_option("--master-addr", options.master_addr, "machine 0's address, as for lockstep run")
+        ->capture_default_str();
+    app->add_option("--master-port", options.master_port, "a free port on machine 0, as for lockstep run");
     app->add_option("--steps", options.steps, "optimiser steps per run")->capture_default_str();
     app->add_option("--window", options.window, "steps per measured window (the first window is warm-up)")
         ->capture_default_str();

@@ -49,6 +49,8 @@ class Backend {
   // Memory this rank's peers can map (Communicator::allocate_shared), or nullptr. Called on
   // the caller's thread, concurrently with run(). Backends without shared memory keep the
   // default, on every rank alike.
+  // Backends that use the network count what they sent (thread-safe: read while running).
+  virtual NetworkStats network_stats() const { return {}; }
   virtual bool shares_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
 };

@@ -164,6 +164,10 @@ const std::string& Communicator::backend_name() const {
   return backend_->name();
 }
 
+NetworkStats Communicator::network_stats() const {
+  return backend_->network_stats();
+}
+
 std::uint64_t Communicator::issued() const {
   std::lock_guard<std::mutex> lock(queue_->mu);
   return queue_->next_sequence;

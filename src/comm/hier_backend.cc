@@ -75,6 +75,11 @@ class HierBackend final : public Backend {
     if (cross_backend_) cross_backend_->on_thread_stop();
   }
   bool shares_memory() const override { return true; }
+  NetworkStats network_stats() const override {
+    NetworkStats s = cross_backend_ ? cross_backend_->network_stats() : NetworkStats{};
+    s.machines = where_.machines;
+    return s;
+  }
   std::shared_ptr<void> allocate_shared(std::size_t bytes) override {
     return local_backend_->allocate_shared(bytes);
   }

@@ -101,9 +101,17 @@ int bench_allreduce_worker(const BenchOptions& options) {
     for (int i = 0; i < options.warmup; ++i)
       comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
     comm.barrier()->wait();
+    const NetworkStats network_before = comm.network_stats();
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+    const NetworkStats network_after = comm.network_stats();
+    // What the network transport carried while the timed all-reduces ran (0 on shm).
+    const double network_gbps =
+        network_after.seconds > network_before.seconds
+            ? static_cast<double>(network_after.bytes_sent - network_before.bytes_sent) /
+                  (network_after.seconds - network_before.seconds) / 1e9
+            : 0;
     comm.allreduce(&seconds, 1, DType::f64, ReduceOp::max)->wait();
 
     double algbw = static_cast<double>(bytes) / seconds / 1e9;
@@ -118,7 +126,8 @@ int bench_allreduce_worker(const BenchOptions& options) {
                         {"algbw_gbps", algbw},
                         {"busbw_gbps", busbw},
                         {"wrong", total_wrong},
-                        {"iters", iters}});
+                        {"iters", iters},
+                        {"network_gbps", network_gbps}});
       } else {
         std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", bytes, count, options.dtype.c_str(),
                     options.op.c_str(), seconds * 1e6, algbw, busbw,

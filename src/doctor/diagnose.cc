@@ -48,15 +48,17 @@ std::optional<Finding> blas_kernels(const Evidence& e) {
   return f;
 }
 
-// Oversubscription: a fact of the configuration, whatever the timings say.
+// Oversubscription: a fact of the configuration, whatever the timings say. Per machine: cores
+// are each machine's own.
 std::optional<Finding> oversubscribed_threads(const Evidence& e) {
   const RunSummary& many = e.many;
-  const int used = many.world * many.threads;
+  const int workers = std::max(1, many.world / std::max(1, many.machines));
+  const int used = workers * many.threads;
   if (used <= many.cores) return std::nullopt;
-  const int fit = std::max(1, many.cores / std::max(1, many.world));
+  const int fit = std::max(1, many.cores / workers);
   Finding f;
   f.kind = "threads";
-  f.problem = std::to_string(many.world) + " workers x " + std::to_string(many.threads) +
+  f.problem = std::to_string(workers) + " workers x " + std::to_string(many.threads) +
               " intra-op threads = " + std::to_string(used) + " threads on " + std::to_string(many.cores) +
               " cores: the threads of different workers take turns on the same cores";
   f.action = "run with OMP_NUM_THREADS=" + std::to_string(fit) +
@@ -154,10 +156,34 @@ std::optional<Finding> comm_competes_for_cores(const Evidence& e) {
   return f;
 }
 
+// Between machines the link is the limit when the training's network traffic moves about as fast
+// as the bench's over the same backend: send fewer bytes across it.
+bool link_is_the_limit(const Evidence& e) {
+  const double got = e.many.network_gbps();
+  return e.many.machines > 1 && got > 0 && e.bench_network_gbps > 0 && got >= 0.7 * e.bench_network_gbps;
+}
+
+std::optional<Finding> link_bound(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (!communication_exposed(many) || !link_is_the_limit(e) || many.comm_hook != "none") return std::nullopt;
+  Finding f;
+  f.kind = "link";
+  f.problem = "between the " + std::to_string(many.machines) + " machines the all-reduce moves " +
+              fmt("%.2f GB/s", many.network_gbps()) + " per rank, " +
+              pct(many.network_gbps() / e.bench_network_gbps) +
+              " of what the link carries for lockstep bench (" + fmt("%.2f GB/s", e.bench_network_gbps) +
+              "): the link is the limit, and backward's end waits " + ms(many.exposed) + " per step for it";
+  f.action = "send bf16 gradients: --ddp-comm-hook bf16 (half the bytes across the link; summed in float32)";
+  f.predicted = "exposed communication about " + ms(many.exposed) + " -> " + ms(many.exposed / 2);
+  f.saving = exposed_share(many) * 0.5;
+  return f;
+}
+
 // All-reduces at the transport's speed: send fewer bytes.
 std::optional<Finding> compress_gradients(const Evidence& e) {
   const RunSummary& many = e.many;
-  if (!communication_exposed(many) || allreduce_far_below_bench(e) || many.comm_hook != "none")
+  if (!communication_exposed(many) || allreduce_far_below_bench(e) || many.comm_hook != "none" ||
+      link_is_the_limit(e))
     return std::nullopt;
   Finding f;
   f.kind = "compression";
@@ -186,9 +212,8 @@ std::optional<Finding> compute_slowed(const Evidence& e) {
 }
 
 using Rule = std::optional<Finding> (*)(const Evidence&);
-constexpr Rule kRules[] = {blas_kernels,  oversubscribed_threads,  data_wait,
-                           larger_batch,  comm_competes_for_cores, compress_gradients,
-                           compute_slowed};
+constexpr Rule kRules[] = {blas_kernels, oversubscribed_threads,  data_wait,          larger_batch,
+                           link_bound,   comm_competes_for_cores, compress_gradients, compute_slowed};
 
 }  // namespace
 

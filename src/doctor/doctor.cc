@@ -92,11 +92,27 @@ struct Session {
   std::string dir;
   knobs::Environment env;
 
+  bool several_machines() const { return options.nnodes > 1; }
+  bool reports() const { return options.node_rank == 0; }
+
+  // `lockstep run` for `workers` per machine; across every machine of the job when `across`.
+  std::vector<std::string> launcher_argv(int workers, bool across, const std::string& purpose) const {
+    std::vector<std::string> argv = {self, "run", "--nproc-per-node", std::to_string(workers)};
+    if (across && several_machines())
+      argv.insert(argv.end(),
+                  {"--nnodes", std::to_string(options.nnodes), "--node-rank",
+                   std::to_string(options.node_rank), "--master-addr", options.master_addr, "--master-port",
+                   std::to_string(options.master_port), "--run-id", "doctor-" + purpose,
+                   // machine 0 measures its baseline first: the others wait for it
+                   "--join-timeout", "900"});
+    if (options.backend != "auto") argv.insert(argv.end(), {"--backend", options.backend});
+    return argv;
+  }
+
   // One measured segment of the program under `lockstep run`, its outputs in `out`.
   std::vector<std::string> segment_argv(int world, const std::string& out) const {
     fs::remove_all(out);
-    std::vector<std::string> argv = {self, "run", "--nproc-per-node", std::to_string(world)};
-    if (options.backend != "auto") argv.insert(argv.end(), {"--backend", options.backend});
+    std::vector<std::string> argv = launcher_argv(world, world > 1, "workers-" + std::to_string(world));
     argv.insert(argv.end(), program.begin(), program.end());
     argv.insert(argv.end(), {"--max-steps", std::to_string(options.steps), "--logging-steps",
                              std::to_string(options.window), "--save-strategy", "no", "--eval-strategy", "no",
@@ -136,13 +152,15 @@ Session open_session(const DoctorOptions& o) {
 
 RunSummary measure(const Session& s, int world) {
   const std::string out = s.dir + "/workers_" + std::to_string(world);
-  LOCKSTEP_LOG(info, doctor) << "measuring " << world << " worker" << (world == 1 ? "" : "s") << " ("
+  LOCKSTEP_LOG(info, doctor) << "measuring " << world << " worker" << (world == 1 ? "" : "s")
+                             << (world > 1 && s.several_machines() ? " per machine" : "") << " ("
                              << s.options.steps << " steps)...";
   const std::string log = out + ".log";
   const int rc = run_logged(s.segment_argv(world, out), s.env, log);
   if (rc != 0)
     throw Error("the " + std::to_string(world) + "-worker run failed (exit " + std::to_string(rc) +
                 "); its last lines:\n" + tail_of(log, 15));
+  if (!s.reports()) return {};  // rank 0, on machine 0, wrote the metrics
   return read_summary(out + "/metrics.jsonl");
 }
 
@@ -158,29 +176,30 @@ double measure_blas_speedup(const Session& s, const RunSummary& one) {
   return read_summary(out + "/metrics.jsonl").samples_per_second / one.samples_per_second;
 }
 
-// lockstep bench allreduce for the run's average bucket, on its backend.
-double measure_bench_gbps(const Session& s, const RunSummary& many) {
+constexpr std::size_t kLinkProbeBytes = 16u << 20;
+
+struct BenchFigures {
+  double gbps = 0, network_gbps = 0;
+};
+
+// The bucket size lockstep bench measures on one machine: the run's average bucket.
+std::size_t bench_bytes(const RunSummary& many) {
   if (many.bytes_per_step <= 0 || many.buckets_per_step <= 0) return 0;
-  std::size_t bytes = static_cast<std::size_t>(many.bytes_per_step / many.buckets_per_step);
-  bytes = std::max<std::size_t>(4096, bytes / 4 * 4);
-  const std::vector<std::string> argv = {s.self,
-                                         "bench",
-                                         "allreduce",
-                                         "--nproc",
-                                         std::to_string(s.options.nproc),
-                                         "--backend",
-                                         many.backend,
-                                         "--min-bytes",
-                                         std::to_string(bytes),
-                                         "--max-bytes",
-                                         std::to_string(bytes),
-                                         "--op",
-                                         "avg",
-                                         "--json"};
-  LOCKSTEP_LOG(info, doctor) << "lockstep bench allreduce on " << many.backend << ", " << bytes
-                             << " bytes...";
+  const auto bytes = static_cast<std::size_t>(many.bytes_per_step / many.buckets_per_step);
+  return std::max<std::size_t>(4096, bytes / 4 * 4);
+}
+
+// lockstep bench allreduce of `bytes` on `backend`, across every machine of the job.
+BenchFigures measure_bench(const Session& s, const std::string& backend, std::size_t bytes) {
+  if (bytes == 0) return {};
+  std::vector<std::string> argv = s.launcher_argv(s.options.nproc, true, "bench");
+  argv.insert(argv.end(),
+              {s.self, "bench", "allreduce", "--backend", backend, "--min-bytes", std::to_string(bytes),
+               "--max-bytes", std::to_string(bytes), "--op", "avg", "--json"});
+  LOCKSTEP_LOG(info, doctor) << "lockstep bench allreduce on " << backend << ", " << bytes << " bytes"
+                             << (s.several_machines() ? " across the machines" : "") << "...";
   const std::string log = s.dir + "/bench.log";
-  if (run_logged(argv, s.env, log) != 0) return 0;
+  if (run_logged(argv, s.env, log) != 0 || !s.reports()) return {};
   // The launcher prefixes each line with "[rank N] "; rank 0's JSON follows.
   std::ifstream in(log);
   std::string text;
@@ -190,8 +209,8 @@ double measure_bench_gbps(const Session& s, const RunSummary& many) {
   }
   auto start = text.find('{');
   auto j = nlohmann::json::parse(start == std::string::npos ? "" : text.substr(start), nullptr, false);
-  if (j.is_discarded() || !j.contains("rows") || j["rows"].empty()) return 0;
-  return j["rows"][0].value("algbw_gbps", 0.0);
+  if (j.is_discarded() || !j.contains("rows") || j["rows"].empty()) return {};
+  return {j["rows"][0].value("algbw_gbps", 0.0), j["rows"][0].value("network_gbps", 0.0)};
 }
 
 }  // namespace
@@ -226,8 +245,17 @@ std::string format_report(const Evidence& e, const std::vector<Finding>& finding
     os << "  all-reduce inside training: " << fmt("%.1f MB", many.bytes_per_step / 1e6) << " per step in "
        << fmt("%.1f", many.buckets_per_step) << " buckets, " << ms(many.comm) << " busy, "
        << fmt("%.2f GB/s", training_gbps(many));
-    if (e.bench_gbps > 0)
+    if (e.bench_gbps > 0 && many.machines == 1)
       os << "; lockstep bench, same bytes and backend: " << fmt("%.2f GB/s", e.bench_gbps);
+    os << "\n";
+  }
+  if (many.machines > 1 && many.network_bytes > 0) {
+    os << "  between the " << many.machines << " machines: " << fmt("%.1f MB", many.network_bytes / 1e6)
+       << " sent per step per rank in " << ms(many.network_seconds) << ", "
+       << fmt("%.2f GB/s", many.network_gbps());
+    if (e.bench_network_gbps > 0)
+      os << "; the link as lockstep bench sees it (16 MiB all-reduces): "
+         << fmt("%.2f GB/s", e.bench_network_gbps);
     os << "\n";
   }
   os << "\n";
@@ -257,10 +285,22 @@ nlohmann::json findings_json(const Evidence& e, const std::vector<Finding>& find
 int run_doctor(const DoctorOptions& options) {
   const Session session = open_session(options);
   Evidence e;
-  e.one = measure(session, 1);
+  if (session.reports()) {
+    e.one = measure(session, 1);
+    e.blas_speedup = measure_blas_speedup(session, e.one);
+  }
   e.many = measure(session, options.nproc);
-  e.blas_speedup = measure_blas_speedup(session, e.one);
-  e.bench_gbps = measure_bench_gbps(session, e.many);
+  // Across machines every machine must ask for the same sizes, and only machine 0 knows the
+  // run's buckets: there the bench measures the link with 16 MiB all-reduces instead.
+  const std::size_t bytes = session.several_machines() ? kLinkProbeBytes : bench_bytes(e.many);
+  const BenchFigures bench =
+      measure_bench(session, session.several_machines() ? options.backend : e.many.backend, bytes);
+  if (!session.reports()) {
+    std::printf("lockstep doctor: machine %d took part; machine 0 prints the report\n", options.node_rank);
+    return 0;
+  }
+  e.bench_gbps = bench.gbps;
+  e.bench_network_gbps = e.many.machines > 1 ? bench.network_gbps : 0;
   const auto findings = diagnose(e);
   std::printf("%s", format_report(e, findings).c_str());
   std::ofstream(session.dir + "/doctor.json") << findings_json(e, findings).dump(2) << "\n";

@@ -38,6 +38,9 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("optimizer_seconds", s.optimizer);
   visit("allreduce_bytes_per_step", s.bytes_per_step);
   visit("buckets_per_step", s.buckets_per_step);
+  visit("machines", s.machines);
+  visit("network_bytes_per_step", s.network_bytes);
+  visit("network_seconds_per_step", s.network_seconds);
   visit("windows", s.windows);
 }
 
@@ -83,6 +86,7 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.accumulation = b.gradient_accumulation_steps;
   s.loader_workers = b.dataloader_num_workers;
   s.backend = b.backend;
+  s.machines = std::max(1, b.machines);
   s.comm_hook = b.ddp_comm_hook;
   s.blas_core = b.blas_core;
   s.blas_best_core = b.blas_best_core;
@@ -107,6 +111,13 @@ void average_windows(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
   s.optimizer = avg(&metrics::StepLog::optimizer_seconds);
   s.bytes_per_step = avg(&metrics::StepLog::allreduce_bytes_per_step);
   s.buckets_per_step = avg(&metrics::StepLog::buckets_per_step);
+  double bytes = 0, seconds = 0;
+  for (std::size_t i = 1; i < logs.size(); ++i) {
+    bytes += logs[i].network_bytes_per_step.value_or(0);
+    seconds += logs[i].network_seconds_per_step.value_or(0);
+  }
+  s.network_bytes = bytes / n;
+  s.network_seconds = seconds / n;
   s.windows = static_cast<int>(logs.size() - 1);
 }
 

@@ -113,6 +113,7 @@ void Trainer::Impl::announce() {
   begin.intra_op_threads = at::get_num_threads();
   begin.cores = static_cast<int>(std::thread::hardware_concurrency());
   begin.backend = comm->backend_name();
+  begin.machines = comm->network_stats().machines;
   begin.ddp_bucket_cap_mb = args.ddp_bucket_cap_mb;
   begin.ddp_comm_hook = args.ddp_comm_hook;
   for (const auto& p : model.module->parameters()) begin.parameters += p.numel();
@@ -149,7 +150,14 @@ void Trainer::Impl::show_progress(double loss, double samples_per_second, double
 
 // Collective: the window's numbers averaged over ranks, as one metrics.jsonl line.
 void Trainer::Impl::log_window(RunProgress& run) {
+  const double steps = static_cast<double>(std::max<std::int64_t>(1, run.window.steps()));
   metrics::StepLog entry = run.window.summarise(*comm);
+  const comm::NetworkStats network = comm->network_stats();
+  if (network.bytes_sent > run.network_at_window_start.bytes_sent) {
+    entry.network_bytes_per_step =
+        static_cast<double>(network.bytes_sent - run.network_at_window_start.bytes_sent) / steps;
+    entry.network_seconds_per_step = (network.seconds - run.network_at_window_start.seconds) / steps;
+  }
   entry.step = state.global_step;
   entry.epoch = state.fractional_epoch();
   entry.learning_rate = learning_rate_at(state.global_step - 1);
@@ -158,6 +166,7 @@ void Trainer::Impl::log_window(RunProgress& run) {
   log(entry.to_json());
   show_progress(entry.loss, entry.samples_per_second, entry.exposed_comm_fraction, run);
   run.window = LogWindow{};
+  run.network_at_window_start = comm->network_stats();
 }
 
 // Logging, evaluation, checkpoints and callbacks after optimiser step state.global_step.
@@ -283,6 +292,7 @@ TrainResult Trainer::Impl::train() {
   announce();
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
+  run.network_at_window_start = comm->network_stats();
   while (state.global_step < state.max_steps && !run.control.should_stop) {
     if (!resumed_mid_epoch) sampler.set_epoch(state.epoch);
     resumed_mid_epoch = false;

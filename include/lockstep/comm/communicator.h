@@ -76,6 +76,16 @@ struct CommOptions {
   std::vector<int> machine_of{};
 };
 
+// What crossed the network so far on this rank: bytes it sent through the network transport
+// (every gloo collective; hier's steps between machines), the time those collectives took, and
+// how many machines the communicator spans. All zero on shm.
+struct NetworkStats {
+  std::uint64_t bytes_sent = 0;
+  double seconds = 0;
+  int machines = 1;
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes_sent) / seconds / 1e9 : 0; }
+};
+
 class Communicator {
  public:
   // Collective: all ranks call it with the same options. `store` is used during creation and
@@ -111,6 +121,8 @@ class Communicator {
 
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
+  // Safe to call from any thread, also while collectives run.
+  NetworkStats network_stats() const;
 
   struct Queue;  // internal
 

@@ -23,7 +23,10 @@ struct RunSummary {
   double samples_per_second = 0;
   double step = 0, data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0;
   double bytes_per_step = 0, buckets_per_step = 0;
-  int windows = 0;  // logging windows averaged
+  int machines = 1;
+  double network_bytes = 0, network_seconds = 0;  // per step, rank 0: what crossed the network
+  int windows = 0;                                // logging windows averaged
+  double network_gbps() const { return network_seconds > 0 ? network_bytes / network_seconds / 1e9 : 0; }
   double other() const;
   double compute() const { return forward + backward; }
   nlohmann::json to_json() const;  // doctor.json's "one" and "many"
@@ -35,7 +38,7 @@ struct RunSummary {
 RunSummary read_summary(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // blas | threads | data | batch | compression | scheduling | compute
+  std::string kind;            // blas | threads | data | batch | link | compression | scheduling | compute
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect
@@ -51,6 +54,9 @@ struct Evidence {
   RunSummary one, many;
   // lockstep bench's algorithm bandwidth for the run's bucket size on its backend; 0: not measured.
   double bench_gbps = 0;
+  // ... and what its network transport carried meanwhile (several machines): the link's speed
+  // as the all-reduce sees it. 0: not measured or one machine.
+  double bench_network_gbps = 0;
   // 1-worker samples/s with OPENBLAS_CORETYPE set to the CPU's best kernels over without; 0: not
   // measured.
   double blas_speedup = 0;
@@ -66,7 +72,12 @@ std::string format_report(const Evidence& evidence, const std::vector<Finding>& 
 nlohmann::json findings_json(const Evidence& evidence, const std::vector<Finding>& findings);
 
 struct DoctorOptions {
-  int nproc = 2;
+  int nproc = 2;  // workers per machine in the N-worker run
+  // Several machines: run `lockstep doctor` with the same options on every machine, each with
+  // its --node-rank; the 1-worker baseline runs on machine 0, which prints the report.
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
   int steps = 30;   // optimiser steps per run
   int window = 10;  // logging window; the first is warm-up
   std::string backend = "auto";

@@ -26,7 +26,8 @@
   X(int, dataloader_num_workers, "batch-building threads per worker")                                  \
   X(int, intra_op_threads, "libtorch intra-op threads per worker")                                      \
   X(int, cores, "CPU cores the machine reports")                                                        \
-  X(std::string, backend, "communication backend in use (shm, gloo, mpi)")                              \
+  X(std::string, backend, "communication backend in use (shm, gloo, hier, mpi)")                        \
+  X(int, machines, "machines the workers run on (found by probing shared memory)")                     \
   X(double, ddp_bucket_cap_mb, "gradient bucket size")                                                  \
   X(std::string, ddp_comm_hook, "gradient compression on the wire (none, fp16, bf16)")                  \
   X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
@@ -54,7 +55,9 @@
   X(double, optimizer_seconds, "... clipping and in the optimiser")                                     \
   X(double, exposed_comm_fraction, "exposed_comm_seconds / step_seconds")                               \
   X(double, allreduce_bytes_per_step, "gradient bytes each rank all-reduced per step")                  \
-  X(double, buckets_per_step, "gradient buckets per step")
+  X(double, buckets_per_step, "gradient buckets per step")                                              \
+  X(std::optional<double>, network_bytes_per_step, "bytes rank 0 sent over the network per step (gloo; hier between machines)") \
+  X(std::optional<double>, network_seconds_per_step, "... and the time its network collectives took")
 
 #define LOCKSTEP_EVAL_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done when it ran")                                             \

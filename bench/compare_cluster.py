@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Two machines, for real network traffic, on one host: lockstep's hier and flat gloo backends
+and PyTorch DDP, side by side in one run.
+
+The machines are Linux network namespaces, each with its own hostname and /dev/shm, joined by
+veth links to a bridge, each machine's egress limited with a token bucket (tc tbf) to --rates
+(default 1gbit and 10gbit). One `lockstep run` per machine, 2 workers each, as a user would.
+Needs root (ip, tc, unshare, mount). For each rate it measures:
+
+  all-reduce   `lockstep bench allreduce` over hier and over gloo, --sizes bytes (f32 sum): the
+               time per all-reduce (slowest rank), and the bytes machine 0's link carried in
+               each direction per all-reduce (its /sys statistics, before and after, over the
+               number of all-reduces of that size the bench ran), against S, the size.
+  DDP          training throughput of the 784-1024-1024-10 MLP, batch 64 per worker, SGD with
+               momentum (bench/ddp_bench.cc and its PyTorch twin bench/torch_ddp.py): lockstep
+               hier, lockstep gloo, lockstep hier with bf16 gradients on the wire, PyTorch DDP
+               (gloo, GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
+               --repeat times interleaved, median samples/s of all 4 workers.
+
+Every worker runs one intra-op and one BLAS thread; 4 workers share this host's cores, so the
+compute is slower than on 2 real machines: the ratios, measured in one run, are what matters.
+
+    sudo /usr/bin/python3 bench/compare_cluster.py [--build build] [--rates 1gbit,10gbit]
+        [--sizes 4194304,67108864] [--repeat 3] [--steps 100] [--out bench/CLUSTER.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PORT = 29400
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, capture_output=True, text=True, check=check).stdout
+
+
+class Cluster:
+    """Network namespaces lstb<pid>m<i> joined through a bridge in lstb<pid>sw."""
+
+    def __init__(self, machines, rate):
+        self.prefix = f"lstb{os.getpid()}"
+        self.n = machines
+        self.made = []
+        try:
+            self._make(rate)
+        except Exception:
+            self.close()
+            raise
+
+    def _make(self, rate):
+        sw = self.prefix + "sw"
+        sh("ip", "netns", "add", sw)
+        self.made.append(sw)
+        sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", sw, "link", "set", "br0", "up")
+        for m in range(self.n):
+            ns = self.ns(m)
+            sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            sh("ip", "-n", sw, "link", "add", f"p{m}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "-n", sw, "link", "set", f"p{m}", "master", "br0", "up")
+            sh("ip", "-n", ns, "addr", "add", self.address(m) + "/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "512kb",
+               "latency", "20ms")
+
+    def ns(self, m):
+        return f"{self.prefix}m{m}"
+
+    def address(self, m):
+        return f"10.202.7.{m + 1}"
+
+    def on(self, m, argv):
+        script = f"mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname node{m} && exec \"$@\""
+        return ["ip", "netns", "exec", self.ns(m), "unshare", "--mount", "--uts", "--ipc", "--propagation",
+                "private", "/bin/sh", "-c", script, "sh"] + argv
+
+    def bytes(self, m):
+        stats = json.loads(sh("ip", "-n", self.ns(m), "-s", "-j", "link", "show", "eth0"))[0]["stats64"]
+        return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+    def close(self):
+        for ns in reversed(self.made):
+            for pid in sh("ip", "netns", "pids", ns, check=False).split():
+                subprocess.run(["kill", "-9", pid], check=False)
+            sh("ip", "netns", "del", ns, check=False)
+        self.made = []
+
+
+def launch(cluster, build, nproc, program, env_extra=None, timeout=900):
+    """One `lockstep run` per machine; returns rank 0's JSON line (or every node's output)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LOCKSTEP_TOKEN="bench-token")
+    env.update(env_extra or {})
+    procs = []
+    for m in range(cluster.n):
+        argv = [f"{build}/tools/lockstep", "run", "--nnodes", str(cluster.n), "--node-rank", str(m),
+                "--nproc-per-node", str(nproc), "--master-addr", cluster.address(0), "--master-port", str(PORT)]
+        procs.append(subprocess.Popen(cluster.on(m, argv + program), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        if p.returncode != 0:
+            raise SystemExit(f"failed ({p.returncode}): {' '.join(program)}\n{out}")
+    text = "\n".join(line.split("] ", 1)[-1] if line.startswith("[rank") else line
+                     for line in outputs[0].splitlines())
+    start = text.find("{")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def allreduce(cluster, build, backend, size, iters):
+    before = cluster.bytes(0)
+    doc = launch(cluster, build, 2, [f"{build}/tools/lockstep", "bench", "allreduce", "--backend", backend,
+                                     "--min-bytes", str(size), "--max-bytes", str(size), "--iters", str(iters),
+                                     "--warmup", "1", "--json"])
+    after = cluster.bytes(0)
+    row = doc["rows"][0]
+    runs = 1 + 1 + iters  # the correctness check, the warm-up, the timed ones
+    return {"backend": backend, "bytes": size, "time_s": row["time_us"] / 1e6, "wrong": row["wrong"],
+            "tx_per_allreduce": (after[0] - before[0]) / runs, "rx_per_allreduce": (after[1] - before[1]) / runs}
+
+
+def ddp(cluster, build, side, steps):
+    if side == "pytorch":
+        program = ["/usr/bin/python3", f"{HERE}/torch_ddp.py", "--model", "mlp", "--steps", str(steps)]
+        return launch(cluster, build, 2, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
+    backend, hook = {"hier": ("hier", "none"), "gloo": ("gloo", "none"), "hier-bf16": ("hier", "bf16")}[side]
+    program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", backend,
+               "--comm-hook", hook]
+    return launch(cluster, build, 2, program)["samples_per_s"]
+
+
+def cpu():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rates", default="1gbit,10gbit")
+    ap.add_argument("--sizes", default=f"{4 << 20},{64 << 20}")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--out", default=os.path.join(HERE, "CLUSTER.md"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("compare_cluster.py makes network namespaces: run it as root")
+    sides = ["hier", "gloo", "hier-bf16", "pytorch"]
+    lines = [f"# Two machines as network namespaces: hier, flat gloo and PyTorch DDP",
+             "",
+             f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by both machines, commit "
+             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; 2 machines x 2 workers, one intra-op "
+             f"and one BLAS thread each (BLAS: {os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}).",
+             f"Command: `sudo /usr/bin/python3 bench/compare_cluster.py {' '.join(sys.argv[1:])}`", ""]
+    for rate in args.rates.split(","):
+        cluster = Cluster(2, rate)
+        try:
+            link = float(rate.replace("gbit", "e9").replace("mbit", "e6")) / 8
+            lines += [f"## Link {rate} ({link / 1e6:.0f} MB/s each way)", "",
+                      "| all-reduce of S | backend | time | S / link rate | bytes out per all-reduce | bytes in | "
+                      "out / S | wrong |", "|---|---|---|---|---|---|---|---|"]
+            for size in [int(s) for s in args.sizes.split(",")]:
+                for backend in ["hier", "gloo"]:
+                    r = allreduce(cluster, args.build, backend, size, args.iters)
+                    lines.append(f"| {size >> 20} MiB | {backend} | {r['time_s']:.3f} s | {size / link:.3f} s | "
+                                 f"{r['tx_per_allreduce'] / 1e6:.1f} MB | {r['rx_per_allreduce'] / 1e6:.1f} MB | "
+                                 f"{r['tx_per_allreduce'] / size:.3f} | {r['wrong']} |")
+                    print(lines[-1], flush=True)
+            results = {s: [] for s in sides}
+            for _ in range(args.repeat):
+                for s in sides:
+                    results[s].append(ddp(cluster, args.build, s, args.steps))
+                    print(rate, s, results[s][-1], flush=True)
+            med = {s: statistics.median(v) for s, v in results.items()}
+            lines += ["", "| DDP, MLP 784-1024-1024-10, batch 64 x 4 workers | samples/s (median) | range | "
+                      "vs flat gloo | vs PyTorch DDP |", "|---|---|---|---|---|"]
+            for s in sides:
+                lines.append(f"| {s} | {med[s]:.0f} | {min(results[s]):.0f}-{max(results[s]):.0f} | "
+                             f"{med[s] / med['gloo']:.2f}x | {med[s] / med['pytorch']:.2f}x |")
+            lines.append("")
+        finally:
+            cluster.close()
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
