@@ -170,7 +170,7 @@ class GlooBackend final : public Backend {
       if (options_.check_collectives && size_ > 1) check(c);
       dispatch(c);
     } catch (const gloo::Exception& e) {
-      throw translate(e, c);
+      rethrow(e, c);
     }
     sent_bytes_ += bytes_sent(c);
     sent_nanoseconds_ += static_cast<std::uint64_t>(
@@ -220,33 +220,47 @@ class GlooBackend final : public Backend {
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
   int global(int r) const { return global_ranks_.empty() ? r : global_ranks_[static_cast<std::size_t>(r)]; }
 
-  // Gloo's error as lockstep's: a timeout, or a peer gone (named by the address Gloo mentions,
-  // or by the store's liveness keys).
-  Error translate(const gloo::Exception& e, const Collective& c) {
+  // Gloo's error as lockstep's: a TimeoutError, or a PeerError naming the peer that went.
+  [[noreturn]] void rethrow(const gloo::Exception& e, const Collective& c) {
     const std::string what = first_line(e.what());
     mark_failed();
     if (what.find("imed out") != std::string::npos && what.find("Connection timed out") == std::string::npos)
-      return TimeoutError("gloo: " + c.describe() + " timed out after " +
-                          log::seconds_text(options_.timeout.count()) + " on rank " +
-                          std::to_string(global(rank_)) + ": " + what);
-    std::string who = ranks_at_addresses_in(what);
-    if (who.empty()) who = dead_ranks();
-    return PeerError("gloo: " + who + " while rank " + std::to_string(global(rank_)) + " was in " +
-                     c.describe() + " (" + what + "); the job cannot continue");
+      throw TimeoutError("gloo: " + c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) +
+                         " on rank " + std::to_string(global(rank_)) + ": " + what);
+    throw PeerError("gloo: " + who_went(what) + " while rank " + std::to_string(global(rank_)) + " was in " +
+                    c.describe() + " (" + what + "); the job cannot continue");
+  }
+
+  // The store's liveness keys name a dead rank exactly, once the store has noticed (it may
+  // lag Gloo by a moment); the address in Gloo's message names a machine at once, and a rank
+  // when only one rank has that address. A partition leaves the keys in place for a while:
+  // then the address is all there is.
+  std::string who_went(const std::string& what) {
+    const auto [by_address, ranks] = ranks_at_addresses_in(what);
+    const std::string dead = dead_ranks_now();
+    if (!dead.empty() && (store_reachable_ || by_address.empty())) return dead;
+    if (ranks == 1 || !store_reachable_) return by_address;
+    if (std::string later = dead_ranks_within(options_.peer_check); !later.empty()) return later;
+    return by_address.empty() ? "a peer closed its connection" : by_address;
   }
 
   // "the connection to 10.0.0.2 (ranks 2, 3) broke" when Gloo's message names a peer's address
   // (ranks on one machine share it).
-  std::string ranks_at_addresses_in(const std::string& what) {
+  // Returns the description and how many ranks it names.
+  std::pair<std::string, int> ranks_at_addresses_in(const std::string& what) {
     std::map<std::string, std::string> at;
+    int count = 0;
     for (const auto& [r, address] : addresses_)
-      if (r != rank_ && what.find("[" + address + "]") != std::string::npos)
+      if (r != rank_ && what.find("[" + address + "]") != std::string::npos) {
         at[address] += (at[address].empty() ? "" : ", ") + std::to_string(global(r));
+        ++count;
+      }
     std::string found;
     for (const auto& [address, ranks] : at)
-      found += (found.empty() ? "" : ", ") + address + " (rank" +
-               (ranks.find(',') != std::string::npos ? "s " : " ") + ranks + ")";
-    return found.empty() ? "" : "the connection to " + found + " broke: the peer died or is unreachable";
+      found += (found.empty() ? "" : ", ") + address + " (rank" + (ranks.find(',') != std::string::npos ? "s " : " ") +
+               ranks + ")";
+    if (found.empty()) return {"", 0};
+    return {"the connection to " + found + " broke: the peer died or is unreachable", count};
   }
 
   // Tells peers that this rank is leaving because of an error, not dying: they must not blame
@@ -259,14 +273,13 @@ class GlooBackend final : public Backend {
     }
   }
 
-  // Which peers died: their ephemeral store keys vanish when their processes' sockets close.
-  // The store may learn of a death a moment after gloo did, so look for up to peer_check.
-  std::string dead_ranks() {
-    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.peer_check);
+  // Which peers died, as the store learns it within `patience` ("" when it does not): their
+  // ephemeral keys vanish when their processes' sockets close.
+  std::string dead_ranks_within(Seconds patience) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(patience);
     for (;;) {
       std::string dead = dead_ranks_now();
-      if (!dead.empty()) return dead;
-      if (Clock::now() >= until) return "a peer closed its connection";
+      if (!dead.empty() || Clock::now() >= until) return dead;
       // Bounded poll of a diagnostic, after the failure is already certain.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -349,9 +362,11 @@ class GlooBackend final : public Backend {
         }
       }
     } catch (const Error&) {
+      store_reachable_ = false;
       return "a peer failed, and the store is unreachable too (a network partition, or the machine hosting "
              "it died)";
     }
+    store_reachable_ = true;
     if (count == 0) return "";
     return (count == 1 ? "rank " : "ranks ") + dead + " died";
   }
@@ -462,6 +477,7 @@ class GlooBackend final : public Backend {
   std::vector<int> global_ranks_;  // how messages name ranks (BackendContext::global_ranks)
   BindAddress bind_;
   std::map<int, std::string> addresses_;  // peers' bound addresses, read on demand
+  bool store_reachable_ = true;           // as the last liveness look found it
   int machines_ = 1;
   std::atomic<std::uint64_t> sent_bytes_{0}, sent_nanoseconds_{0};
   std::shared_ptr<gloo::transport::Device> device_;

@@ -29,6 +29,11 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (layout.empty() ? "" : "_machines" + layout);
 }
 
+// gtest prints a parameter in the test's listing; without this, as a dump of its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(::testing::TestParamInfo<Case>(c, 0));
+}
+
 class ThreadRanks : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ThreadRanks, MatchesReference) {

@@ -61,15 +61,32 @@ void delete_orphans() {
 
 }  // namespace
 
+// Tries every kind of step the cluster takes, on a namespace of its own: where one cannot be
+// done (no root, no iproute2, a chroot whose / is not a mount point, a kernel without veth,
+// bridge or tbf), the tests skip with that step's error.
 std::optional<std::string> VirtualCluster::unavailable() {
   if (::geteuid() != 0) return std::string("network namespaces need root");
   if (::access("/sbin/ip", X_OK) != 0) return std::string("iproute2 (ip, tc) is not installed");
   const std::string probe = "lstprobe" + std::to_string(::getpid());
   std::string out;
-  if (shell({"/sbin/ip", "netns", "add", probe}, &out) != 0)
-    return "cannot create a network namespace: " + out;
+  if (shell({"/sbin/ip", "netns", "add", probe}, &out) != 0) return "cannot create a network namespace: " + out;
+  std::optional<std::string> why;
+  const std::vector<std::vector<std::string>> steps = {
+      {"/sbin/ip", "-n", probe, "link", "add", "br0", "type", "bridge"},
+      {"/sbin/ip", "-n", probe, "link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+      {"/sbin/tc", "-n", probe, "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "1gbit", "burst", "512kb",
+       "latency", "20ms"},
+      {"/sbin/ip", "netns", "exec", probe, "/usr/bin/unshare", "--mount", "--uts", "--ipc", "--propagation",
+       "private", "/bin/sh", "-c", "mount -t tmpfs tmpfs /dev/shm && hostname probe"}};
+  for (const auto& step : steps) {
+    if (shell(step, &out) == 0) continue;
+    std::string cmd;
+    for (const auto& a : step) cmd += a + " ";
+    why = "cannot set up network namespaces here (`" + cmd + "` failed: " + out + ")";
+    break;
+  }
   shell({"/sbin/ip", "netns", "del", probe});
-  return std::nullopt;
+  return why;
 }
 
 std::vector<std::string> VirtualCluster::namespaces() {

@@ -240,12 +240,13 @@ std::string helper_path(const std::string& name) {
   return self.substr(0, self.rfind('/') + 1) + name;
 }
 
-std::vector<std::string> shm_segments() {
+std::vector<std::string> shm_segments(int owner_pid) {
+  const std::string prefix = owner_pid ? "lockstep-" + std::to_string(owner_pid) + "-" : "lockstep-";
   std::vector<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
       std::string name = e->d_name;
-      if (name.rfind("lockstep-", 0) == 0) out.push_back(name);
+      if (name.rfind(prefix, 0) == 0) out.push_back(name);
     }
     closedir(d);
   }

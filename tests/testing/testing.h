@@ -92,7 +92,8 @@ std::size_t count_of(const std::string& haystack, const std::string& needle);
 // The path of a helper binary built next to the tests (e.g. "comm_worker").
 std::string helper_path(const std::string& name);
 
-// Lockstep shared-memory segments currently in /dev/shm.
-std::vector<std::string> shm_segments();
+// Lockstep shared-memory segments currently in /dev/shm: all, or those of communicators whose
+// rank 0 ran in process owner_pid (their names carry it).
+std::vector<std::string> shm_segments(int owner_pid = 0);
 
 }  // namespace lockstep::testing
