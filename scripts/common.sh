@@ -11,12 +11,13 @@ LOCKSTEP_PACKAGES=(
   libssl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch dataset-fashion-mnist
+  python3-torch dataset-fashion-mnist fortunes fortunes-min
   libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium iproute2
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
-# the real data the data layer's tests and the demo read. libtorch-dev is the C++ frontend the
+# the real data the data layer's tests and the demo read; fortunes and fortunes-min (about 2.6 MB
+# of English, in ~40 category files) the text the GPT example trains on. libtorch-dev is the C++ frontend the
 # ddp and train layers build on; Debian's libtorch multiplies matrices through libblas.so.3,
 # which is the slow reference BLAS until an OpenBLAS package (libopenblas0-pthread) takes over
 # that alternative. libyaml-cpp-dev reads the Trainer's --config files; chromium (headless)

@@ -161,6 +161,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void on_ready(int index);
   void launch_ready();
   void launch(int b);
+  void queue_end_of_backward();
   void finish_backward();
   std::vector<int> fill_missing();
   void wait_for_buckets(DdpStats& s, std::exception_ptr& error);
@@ -314,17 +315,25 @@ void Reducer::Impl::rebuild_from_arrival() {
   arrival.clear();
 }
 
+// The callback that waits for every bucket, queued on the graph task that is running now. The
+// output's hook queues it at the very start of the outer backward; a gradient that arrives first
+// queues it here instead (a forward whose output is not a tensor). Queued from inside a
+// gradient-checkpointed block's recomputation, which is a backward of its own, it would run when
+// that inner backward ends: too early.
+void Reducer::Impl::queue_end_of_backward() {
+  if (callback_queued) return;
+  callback_queued = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
+    if (auto p = weak.lock()) p->finish_backward();
+  });
+}
+
 void Reducer::Impl::on_ready(int index) {
   std::lock_guard<std::mutex> lock(mu);
   if (!armed) return;
   auto now = Clock::now();
   if (!backward_seen) backward_seen = true, backward_begin = now;
-  if (!callback_queued) {
-    callback_queued = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
-      if (auto p = weak.lock()) p->finish_backward();
-    });
-  }
+  queue_end_of_backward();
   auto& p = params[index];
   if (ready[index]) {
     broken = true;
@@ -530,11 +539,14 @@ void Reducer::before_forward() {
 
 void Reducer::after_forward(const torch::Tensor* output) {
   if (!impl_->armed || !output || !output->requires_grad()) return;
-  // The output's gradient is the first thing backward computes: it marks backward's start.
+  // The output's gradient is the first thing backward computes: it marks backward's start, in
+  // the graph task of the backward the caller started.
   output->register_hook([weak = std::weak_ptr<Impl>(impl_)](const torch::Tensor&) {
     if (auto p = weak.lock()) {
       std::lock_guard<std::mutex> lock(p->mu);
-      if (p->armed && !p->backward_seen) p->backward_seen = true, p->backward_begin = Clock::now();
+      if (!p->armed) return;
+      if (!p->backward_seen) p->backward_seen = true, p->backward_begin = Clock::now();
+      p->queue_end_of_backward();
     }
   });
 }

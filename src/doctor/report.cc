@@ -115,30 +115,41 @@ void configuration(std::ostream& o, const RunData& run) {
   o << "</p>";
 }
 
+// A language model's run: its logs count tokens and its evaluations report perplexity.
+bool per_token(const RunData& run) {
+  return !run.logs.empty() && run.logs.back().tokens_per_second.has_value();
+}
+
 void summary(std::ostream& o, const RunData& run) {
   if (run.logs.empty()) return;
-  double rate = 0, exposed = 0;
-  for (const auto& e : run.logs) rate += e.samples_per_second, exposed += e.exposed_comm_fraction;
+  double rate = 0, tokens = 0, exposed = 0;
+  for (const auto& e : run.logs)
+    rate += e.samples_per_second, tokens += e.tokens_per_second.value_or(0), exposed += e.exposed_comm_fraction;
   const double n = static_cast<double>(run.logs.size());
   o << "<p><span class='k'>steps: <b id='sum-steps'>" << run.logs.back().step << "</b></span>"
     << "<span class='k'>last loss: <b id='sum-loss'>" << num(run.logs.back().loss, "%.4f") << "</b></span>"
-    << "<span class='k'>mean samples/s: <b id='sum-sps'>" << num(rate / n, "%.0f") << "</b></span>"
-    << "<span class='k'>mean exposed communication: <b id='sum-exposed'>" << num(100 * exposed / n, "%.1f")
+    << "<span class='k'>mean samples/s: <b id='sum-sps'>" << num(rate / n, "%.0f") << "</b></span>";
+  if (per_token(run))
+    o << "<span class='k'>mean tokens/s: <b id='sum-tps'>" << num(tokens / n, "%.0f") << "</b></span>";
+  o << "<span class='k'>mean exposed communication: <b id='sum-exposed'>" << num(100 * exposed / n, "%.1f")
     << "%</b></span>";
   if (!run.evals.empty())
     o << "<span class='k'>last eval accuracy: <b id='sum-acc'>" << num(run.evals.back().eval_accuracy, "%.4f")
       << "</b></span>";
+  if (!run.evals.empty() && run.evals.back().eval_perplexity)
+    o << "<span class='k'>last eval perplexity: <b id='sum-ppl'>"
+      << num(*run.evals.back().eval_perplexity, "%.3f") << "</b></span>";
   o << "</p>";
 }
 
 void curves(std::ostream& o, const RunData& run) {
   svg::Series loss{"train loss", "#4e79a7", {}}, eval_loss{"eval loss", "#e15759", {}},
-      acc{"eval accuracy", "#59a14f", {}}, sps{"samples/s", "#4e79a7", {}},
+      acc{"eval accuracy", "#59a14f", {}}, sps{per_token(run) ? "tokens/s" : "samples/s", "#4e79a7", {}},
       exp{"exposed comm %", "#e15759", {}};
   for (const auto& e : run.logs) {
     const double x = static_cast<double>(e.step);
     loss.points.emplace_back(x, e.loss);
-    sps.points.emplace_back(x, e.samples_per_second);
+    sps.points.emplace_back(x, per_token(run) ? e.tokens_per_second.value_or(0) : e.samples_per_second);
     exp.points.emplace_back(x, 100 * e.exposed_comm_fraction);
   }
   for (const auto& e : run.evals) {
@@ -149,7 +160,7 @@ void curves(std::ostream& o, const RunData& run) {
   o << svg::chart("loss", {loss, eval_loss}, "optimiser step", "loss", true);
   o << svg::chart("eval accuracy", {acc}, "optimiser step", "accuracy");
   o << "<h2>Throughput and communication</h2>";
-  o << svg::chart("throughput", {sps}, "optimiser step", "samples/s (all workers)", true);
+  o << svg::chart("throughput", {sps}, "optimiser step", sps.name + " (all workers)", true);
   o << svg::chart("exposed communication", {exp}, "optimiser step", "% of the step", true);
 }
 
@@ -204,20 +215,29 @@ void doctor_section(std::ostream& o, const DoctorRecord& d) {
 }
 
 void tables(std::ostream& o, const RunData& run) {
+  const bool tokens = per_token(run);
   o << "<h2>Logged steps</h2><table id='steps'><tr><th>step</th><th>epoch</th><th>loss</th>"
-       "<th>learning rate</th><th>samples/s</th><th>exposed comm %</th><th>step ms</th></tr>";
-  for (const auto& e : run.logs)
+       "<th>learning rate</th><th>samples/s</th>"
+    << (tokens ? "<th>tokens/s</th>" : "") << "<th>exposed comm %</th><th>step ms</th></tr>";
+  for (const auto& e : run.logs) {
     o << "<tr data-step='" << e.step << "'><td>" << e.step << "</td><td>" << num(e.epoch, "%.2f")
       << "</td><td>" << num(e.loss, "%.4f") << "</td><td>" << num(e.learning_rate, "%.3g") << "</td><td>"
-      << num(e.samples_per_second, "%.0f") << "</td><td>" << num(100 * e.exposed_comm_fraction, "%.1f")
-      << "</td><td>" << num(1e3 * e.step_seconds, "%.1f") << "</td></tr>";
+      << num(e.samples_per_second, "%.0f") << "</td>";
+    if (tokens) o << "<td>" << num(e.tokens_per_second.value_or(0), "%.0f") << "</td>";
+    o << "<td>" << num(100 * e.exposed_comm_fraction, "%.1f") << "</td><td>" << num(1e3 * e.step_seconds, "%.1f")
+      << "</td></tr>";
+  }
   o << "</table>";
   if (run.evals.empty()) return;
+  const bool perplexity = run.evals.back().eval_perplexity.has_value();
   o << "<h2>Evaluations</h2><table id='evals'><tr><th>step</th><th>eval loss</th><th>eval accuracy</th>"
-       "<th>samples</th></tr>";
-  for (const auto& e : run.evals)
+    << (perplexity ? "<th>eval perplexity</th>" : "") << "<th>samples</th></tr>";
+  for (const auto& e : run.evals) {
     o << "<tr data-eval-step='" << e.step << "'><td>" << e.step << "</td><td>" << num(e.eval_loss, "%.4f")
-      << "</td><td>" << num(e.eval_accuracy, "%.4f") << "</td><td>" << e.eval_samples << "</td></tr>";
+      << "</td><td>" << num(e.eval_accuracy, "%.4f") << "</td>";
+    if (perplexity) o << "<td>" << num(e.eval_perplexity.value_or(0), "%.3f") << "</td>";
+    o << "<td>" << e.eval_samples << "</td></tr>";
+  }
   o << "</table>";
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -159,6 +160,57 @@ void load_module(torch::nn::Module& module, const std::string& path) {
   check(module, archive, "", path, copies);
   torch::NoGradGuard no_grad;
   for (auto& [mine, theirs] : copies) mine.copy_(theirs);
+}
+
+namespace {
+
+// Every tensor of an archive by its dotted name (sub-archives are submodules).
+void flatten(torch::serialize::InputArchive& archive, const std::string& prefix,
+             std::map<std::string, torch::Tensor>& out) {
+  for (const std::string& key : archive.keys()) {
+    torch::Tensor t;
+    if (archive.try_read(key, t, /*is_buffer=*/false) || archive.try_read(key, t, /*is_buffer=*/true)) {
+      out[prefix + key] = t;
+      continue;
+    }
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, child)) flatten(child, prefix + key + ".", out);
+  }
+}
+
+}  // namespace
+
+LoadReport load_matching(torch::nn::Module& module, const std::string& path) {
+  if (!fs::exists(path)) throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error& e) {
+    throw DataError("cannot read " + path + " as a torch archive (" +
+                    std::string(e.what_without_backtrace()).substr(0, 200) + ")");
+  }
+  std::map<std::string, torch::Tensor> file;
+  flatten(archive, "", file);
+  LoadReport report;
+  torch::NoGradGuard no_grad;
+  auto take = [&](const std::string& name, torch::Tensor& mine) {
+    auto it = file.find(name);
+    if (it == file.end()) {
+      report.missing.push_back(name);
+      return;
+    }
+    if (it->second.sizes() != mine.sizes() || it->second.scalar_type() != mine.scalar_type())
+      throw ConfigError("checkpoint " + path + " does not fit this model: '" + name + "' is " +
+                        lower_dtype(describe(mine)) + " in the model but " + lower_dtype(describe(it->second)) +
+                        " in the checkpoint (was it saved from a model of another size?)");
+    mine.copy_(it->second);
+    report.loaded.push_back(name);
+    file.erase(it);
+  };
+  for (auto& p : module.named_parameters()) take(p.key(), p.value());
+  for (auto& b : module.named_buffers()) take(b.key(), b.value());
+  for (const auto& [name, tensor] : file) report.unexpected.push_back(name);
+  return report;
 }
 
 std::int64_t checkpoint_step(const std::string& path) {

@@ -30,4 +30,57 @@ Batch FashionMnistDataset::get(const std::vector<std::size_t>& indices) const {
   return Batch{input, target};
 }
 
+namespace {
+
+void check_indices(const std::vector<std::size_t>& indices, std::size_t size, const char* what) {
+  for (std::size_t i : indices)
+    if (i >= size)
+      throw DataError(std::string(what) + " index " + std::to_string(i) + " is past the end (" + std::to_string(size) + ")");
+}
+
+}  // namespace
+
+LanguageModelDataset::LanguageModelDataset(std::shared_ptr<const data::FortuneCorpus> corpus, data::TextSplit split,
+                                           int block_size, std::size_t limit)
+    : corpus_(std::move(corpus)), blocks_(*corpus_, split, block_size) {
+  size_ = limit > 0 ? std::min(limit, blocks_.size()) : blocks_.size();
+}
+
+Batch LanguageModelDataset::get(const std::vector<std::size_t>& indices) const {
+  check_indices(indices, size_, "text block");
+  const auto n = static_cast<std::int64_t>(indices.size());
+  const auto t = static_cast<std::int64_t>(blocks_.block_size());
+  auto tokens = torch::empty({n, t + 1}, torch::kLong);
+  auto* out = tokens.data_ptr<std::int64_t>();
+  for (std::int64_t row = 0; row < n; ++row) {
+    const std::uint8_t* block = blocks_.block(indices[static_cast<std::size_t>(row)]);
+    for (std::int64_t j = 0; j <= t; ++j) out[row * (t + 1) + j] = block[j];
+  }
+  using torch::indexing::Slice;
+  return Batch{tokens.index({Slice(), Slice(0, t)}).contiguous(), tokens.index({Slice(), Slice(1, t + 1)}).contiguous()};
+}
+
+TextClassificationDataset::TextClassificationDataset(std::shared_ptr<const data::FortuneCorpus> corpus,
+                                                     data::TextSplit split, int block_size, std::size_t min_entries,
+                                                     std::size_t limit)
+    : corpus_(std::move(corpus)), labels_(*corpus_, split, min_entries), block_size_(block_size) {
+  size_ = limit > 0 ? std::min(limit, labels_.size()) : labels_.size();
+}
+
+Batch TextClassificationDataset::get(const std::vector<std::size_t>& indices) const {
+  check_indices(indices, size_, "text entry");
+  const auto n = static_cast<std::int64_t>(indices.size()), t = static_cast<std::int64_t>(block_size_);
+  auto input = torch::full({n, t}, static_cast<std::int64_t>(data::kPadByte), torch::kLong);
+  auto target = torch::empty({n}, torch::kLong);
+  auto* in = input.data_ptr<std::int64_t>();
+  for (std::int64_t row = 0; row < n; ++row) {
+    const std::size_t i = indices[static_cast<std::size_t>(row)];
+    const std::string& text = labels_.text(i);
+    const std::int64_t len = std::min<std::int64_t>(t, static_cast<std::int64_t>(text.size()));
+    for (std::int64_t j = 0; j < len; ++j) in[row * t + j] = static_cast<unsigned char>(text[static_cast<std::size_t>(j)]);
+    target[row] = labels_.label(i);
+  }
+  return Batch{input, target};
+}
+
 }  // namespace lockstep::train

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "lockstep/base/log.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/error.h"
@@ -63,9 +65,11 @@ data::EvalTotals evaluate_totals(
       out = model.forward(x);
     }
     out = out.to(torch::kFloat);
-    local.loss_sum += loss(out, y).item<double>() * static_cast<double>(y.size(0));
-    local.correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
-    local.count += y.size(0);
+    // Every target counts once: a sample's label, or each of its tokens.
+    local.loss_sum += loss(out, y).item<double>() * static_cast<double>(y.numel());
+    local.correct += out.argmax(-1).eq(y).sum().item<std::int64_t>();
+    local.count += y.numel();
+    local.samples += y.size(0);
   }
   model.module->train(was_training);
   return data::allreduce_totals(comm, local);
@@ -89,7 +93,11 @@ nlohmann::json Trainer::Impl::evaluate() {
   m.epoch = state.fractional_epoch();
   m.eval_loss = total.mean_loss();
   m.eval_accuracy = total.accuracy();
-  m.eval_samples = total.count;
+  m.eval_samples = total.samples;
+  if (total.count > total.samples) {  // several targets per sample: a language model's tokens
+    m.eval_tokens = total.count;
+    m.eval_perplexity = std::exp(total.mean_loss());
+  }
   m.eval_seconds = seconds_between(begin, Clock::now());
   const nlohmann::json record = m.to_json();
   if (trace()) trace()->span("evaluate", 1, begin, Clock::now(), record);
@@ -106,9 +114,11 @@ void Trainer::Impl::evaluate_during_training(TrainerControl& control) {
     improved_since_save = true;
   }
   if (rank() == 0)
-    LOCKSTEP_LOG(info, train) << "eval @ step " << state.global_step << ": loss "
-                              << m["eval_loss"].get<double>() << ", accuracy "
-                              << m["eval_accuracy"].get<double>() << " ("
+    LOCKSTEP_LOG(info, train) << "eval @ step " << state.global_step << ": loss " << m["eval_loss"].get<double>()
+                              << (m.contains("eval_perplexity")
+                                      ? ", perplexity " + std::to_string(m["eval_perplexity"].get<double>())
+                                      : std::string())
+                              << ", accuracy " << m["eval_accuracy"].get<double>() << " ("
                               << m["eval_samples"].get<std::int64_t>() << " samples)";
   log(m);
   for (auto& cb : callbacks) cb->on_evaluate(state, m, control);

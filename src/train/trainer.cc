@@ -16,6 +16,8 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/tensor_memory.h"
+#include "lockstep/train_core/memory_usage.h"
 #include "lockstep/train_core/blas.h"
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/progress.h"
@@ -82,6 +84,13 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
   ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
   ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
+  if (args.gradient_checkpointing) {
+    if (!model.set_gradient_checkpointing)
+      throw ConfigError("--gradient-checkpointing: this model cannot recompute its blocks (give it a "
+                        "set_gradient_checkpointing(bool) method that wraps each block in "
+                        "lockstep::gradient_checkpoint, as models/gpt.h's do)");
+    model.set_gradient_checkpointing(true);
+  }
   // One worker has nothing to average: no reducer, no copies into buckets.
   if (world() > 1) reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
   model.module->train();
@@ -116,7 +125,11 @@ void Trainer::Impl::announce() {
   begin.machines = comm->network_stats().machines;
   begin.ddp_bucket_cap_mb = args.ddp_bucket_cap_mb;
   begin.ddp_comm_hook = args.ddp_comm_hook;
-  for (const auto& p : model.module->parameters()) begin.parameters += p.numel();
+  for (const auto& p : model.module->parameters()) {
+    begin.parameters += p.numel();
+    begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  }
+  begin.gradient_checkpointing = args.gradient_checkpointing;
   begin.max_steps = state.max_steps;
   begin.start_step = state.global_step;
   begin.blas = blas.config;
@@ -126,7 +139,7 @@ void Trainer::Impl::announce() {
   outputs->record(begin.to_json());
 }
 
-void Trainer::Impl::show_progress(double loss, double samples_per_second, double exposed_fraction,
+void Trainer::Impl::show_progress(double loss, const std::string& rate, double exposed_fraction,
                                   const RunProgress& run) {
   if (rank() != 0) return;
   const double done = static_cast<double>(state.global_step - run.first_step);
@@ -135,13 +148,13 @@ void Trainer::Impl::show_progress(double loss, double samples_per_second, double
   const bool tty = !args.disable_tqdm && ::isatty(STDERR_FILENO);
   if (tty) {
     std::fputs(
-        progress_bar(state.global_step, state.max_steps, elapsed, eta, samples_per_second, loss).c_str(),
+        progress_bar(state.global_step, state.max_steps, elapsed, eta, rate, loss).c_str(),
         stderr);
     if (state.global_step >= state.max_steps) std::fputs("\n", stderr);
     std::fflush(stderr);
   } else {
     std::printf("%s\n", progress_line(state.global_step, state.max_steps, state.fractional_epoch(), loss,
-                                      learning_rate_at(state.global_step - 1), samples_per_second,
+                                      learning_rate_at(state.global_step - 1), rate,
                                       exposed_fraction, eta)
                             .c_str());
     std::fflush(stdout);
@@ -161,10 +174,13 @@ void Trainer::Impl::log_window(RunProgress& run) {
   entry.step = state.global_step;
   entry.epoch = state.fractional_epoch();
   entry.learning_rate = learning_rate_at(state.global_step - 1);
+  entry.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
+  if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
   log(entry.to_json());
-  show_progress(entry.loss, entry.samples_per_second, entry.exposed_comm_fraction, run);
+  show_progress(entry.loss, rate_text(entry.samples_per_second, entry.tokens_per_second.value_or(0)),
+                entry.exposed_comm_fraction, run);
   run.window = LogWindow{};
   run.network_at_window_start = comm->network_stats();
 }
@@ -176,7 +192,7 @@ void Trainer::Impl::after_step(std::size_t position, std::size_t num_samples, Ru
   if (state.global_step % args.logging_steps == 0 || last) {
     log_window(run);
   } else if (!args.disable_tqdm && ::isatty(STDERR_FILENO)) {
-    show_progress(run.window.local_mean_loss(), run.window.local_samples_per_second(), 0, run);
+    show_progress(run.window.local_mean_loss(), rate_text(run.window.local_samples_per_second(), run.window.local_tokens_per_second(world())), 0, run);
   }
   const auto pause_begin = Clock::now();
   if ((args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
@@ -251,7 +267,7 @@ namespace {
 // are bitwise equal, which DDP promises. A check at the end catches what breaks it (an op
 // that is not deterministic, a rank that skipped a step) at the cost of one allgather.
 std::string parameters_fingerprint(const torch::nn::Module& module) {
-  std::uint64_t h = 1469598103934665603ull;
+  std::uint64_t h = 14695981039346656037ull;
   for (const auto& p : module.parameters()) {
     const auto t = p.detach().contiguous().to(torch::kCPU);
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
@@ -333,8 +349,10 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   if (impl_->args.eval_strategy != "no" && !impl_->eval_set)
     throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
   impl_->loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
-    return torch::nn::functional::cross_entropy(out, target);
+    // Over the last dimension: [B, C] logits for [B] labels, or [B, T, V] for [B, T] tokens.
+    return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
   };
+  track_tensor_memory();
 }
 
 Trainer::~Trainer() = default;

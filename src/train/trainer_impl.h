@@ -76,7 +76,7 @@ struct Trainer::Impl {
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
   void after_step(std::size_t position, std::size_t num_samples, RunProgress& run);
   void log_window(RunProgress& run);
-  void show_progress(double loss, double samples_per_second, double exposed_fraction, const RunProgress& run);
+  void show_progress(double loss, const std::string& rate, double exposed_fraction, const RunProgress& run);
   void load_best_model();
   void check_replicas();  // collective: logs whether every rank ends with the same parameters
   TrainResult result(const RunProgress& run) const;

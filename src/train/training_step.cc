@@ -6,6 +6,7 @@
 
 #include "evaluate.h"
 #include "lockstep/error.h"
+#include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {
@@ -24,7 +25,9 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
   auto batch = loader.next();
   const auto loaded = Clock::now();
   if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
-  const double n = static_cast<double>(batch->target.size(0));
+  const double samples = static_cast<double>(batch->target.size(0));
+  const double targets = static_cast<double>(batch->target.numel());  // samples, or tokens
+  if (batch->target.dim() >= 2) window.add_tokens(targets);
   if (trainer.reducer) {
     trainer.reducer->set_sync(micro.last());
     trainer.reducer->before_forward();
@@ -36,9 +39,10 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
     if (trainer.reducer) trainer.reducer->after_forward(&out);
     loss = trainer.loss_fn(out.to(torch::kFloat), batch->target);
   }
-  window.add_loss(loss.item<double>(), n);
-  // The mean over this micro-batch, weighted to make the mean over the whole step.
-  auto scaled = loss * (n / static_cast<double>(micro.step_samples));
+  window.add_loss(loss.item<double>(), targets);
+  // The mean over this micro-batch, weighted to make the mean over the whole step (micro-batches
+  // hold equal targets per sample, so weighting by samples is weighting by targets).
+  auto scaled = loss * (samples / static_cast<double>(micro.step_samples));
   const auto forwarded = Clock::now();
   scaled.backward();
   const auto backwarded = Clock::now();
@@ -86,6 +90,8 @@ void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
 StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t step_samples,
                                     LogWindow& window) {
   const auto begin = Clock::now();
+  const std::int64_t tensors_at_start = tensor_bytes();
+  reset_peak_tensor_bytes();
   const auto batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
   MicroBatch micro;
   micro.count = static_cast<int>((step_samples + batch_size - 1) / batch_size);
@@ -99,6 +105,7 @@ StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t
   optimizer_step(*this, t, window);
   t.total = seconds_between(begin, Clock::now());
   window.add_step(t, static_cast<double>(step_samples) * world(), bytes, buckets);
+  window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
   return t;
 }
 

@@ -17,27 +17,36 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+std::string rate_text(double samples_per_second, double tokens_per_second) {
+  char buf[64];
+  if (tokens_per_second > 0)
+    std::snprintf(buf, sizeof buf, "%.0f tokens/s", tokens_per_second);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f samples/s", samples_per_second);
+  return buf;
+}
+
 std::string progress_bar(std::int64_t step, std::int64_t max_steps, double elapsed, double eta,
-                         double samples_per_second, double loss) {
+                         const std::string& rate, double loss) {
   const double frac = static_cast<double>(step) / static_cast<double>(std::max<std::int64_t>(1, max_steps));
   const int width = 24, filled = std::clamp(static_cast<int>(frac * width), 0, width);
   std::string bar(static_cast<std::size_t>(filled), '#');
   bar.resize(width, ' ');
   char line[256];
-  std::snprintf(line, sizeof line, "\r%3d%% |%s| %lld/%lld [%s<%s, %.0f samples/s, loss %.4f]   ",
+  std::snprintf(line, sizeof line, "\r%3d%% |%s| %lld/%lld [%s<%s, %s, loss %.4f]   ",
                 static_cast<int>(frac * 100), bar.c_str(), static_cast<long long>(step),
                 static_cast<long long>(max_steps), format_duration(elapsed).c_str(),
-                format_duration(eta).c_str(), samples_per_second, loss);
+                format_duration(eta).c_str(), rate.c_str(), loss);
   return line;
 }
 
 std::string progress_line(std::int64_t step, std::int64_t max_steps, double epoch, double loss, double lr,
-                          double samples_per_second, double exposed_fraction, double eta) {
+                          const std::string& rate, double exposed_fraction, double eta) {
   char line[256];
   std::snprintf(
       line, sizeof line,
-      "step %lld/%lld (epoch %.2f): loss %.4f, lr %.3g, %.0f samples/s, exposed comm %.1f%%, ETA %s",
-      static_cast<long long>(step), static_cast<long long>(max_steps), epoch, loss, lr, samples_per_second,
+      "step %lld/%lld (epoch %.2f): loss %.4f, lr %.3g, %s, exposed comm %.1f%%, ETA %s",
+      static_cast<long long>(step), static_cast<long long>(max_steps), epoch, loss, lr, rate.c_str(),
       100.0 * exposed_fraction, format_duration(eta).c_str());
   return line;
 }

@@ -31,6 +31,10 @@ double LogWindow::local_samples_per_second() const {
   return samples_ / std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
 }
 
+double LogWindow::local_tokens_per_second(int world) const {
+  return local_.tokens * world / std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
+}
+
 metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
   global_ = local_;
   comm.allreduce(&global_, sizeof(WindowSums) / sizeof(double), comm::DType::f64, comm::ReduceOp::sum)
@@ -53,6 +57,10 @@ metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
   r.allreduce_bytes_per_step = bytes_ / steps;
   r.buckets_per_step = buckets_ / steps;
   if (grad_norm_ >= 0) r.grad_norm = grad_norm_;
+  if (global_.tokens > 0) {
+    const double wall = std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
+    r.tokens_per_second = global_.tokens / wall;
+  }
   return r;
 }
 

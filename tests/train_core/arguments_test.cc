@@ -206,15 +206,16 @@ TEST(Schedule, ConstantIgnoresWarmupButConstantWithWarmupDoesNot) {
 }
 
 TEST(Progress, BarAndLineShowTheStepRateLossAndEta) {
-  std::string bar = progress_bar(42, 100, 10, 14, 3812.4, 0.43219);
+  std::string bar = progress_bar(42, 100, 10, 14, rate_text(3812.4, 0), 0.43219);
   EXPECT_NE(bar.find(" 42% |##########              | 42/100 [00:10<00:14, 3812 samples/s, loss 0.4322]"),
             std::string::npos)
       << bar;
-  std::string line = progress_line(100, 1000, 0.213, 0.54321, 0.00199, 3812, 0.041, 83);
+  std::string line = progress_line(100, 1000, 0.213, 0.54321, 0.00199, rate_text(3812, 0), 0.041, 83);
   EXPECT_EQ(
       line,
       "step 100/1000 (epoch 0.21): loss 0.5432, lr 0.00199, 3812 samples/s, exposed comm 4.1%, ETA 01:23");
   EXPECT_EQ(format_duration(3723), "1:02:03");
+  EXPECT_EQ(rate_text(44.2, 5603.3), "5603 tokens/s") << "a per-token task counts tokens";
 }
 
 TEST(Trace, AChromeTraceFileIsOneJsonArrayWithTracksAndSpans) {

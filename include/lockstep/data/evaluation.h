@@ -10,14 +10,15 @@
 namespace lockstep::data {
 
 struct EvalTotals {
-  double loss_sum = 0;
-  std::int64_t correct = 0;
-  std::int64_t count = 0;
+  double loss_sum = 0;      // summed over every target (a sample's label, or every token of it)
+  std::int64_t correct = 0; // targets predicted right
+  std::int64_t count = 0;   // targets
+  std::int64_t samples = 0; // samples (equal to count unless each sample has several targets)
   double accuracy() const { return count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0; }
   double mean_loss() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
-// Collective: sums every rank's totals (one allreduce of three f64; counts stay exact below 2^53).
+// Collective: sums every rank's totals (one allreduce of four f64; counts stay exact below 2^53).
 EvalTotals allreduce_totals(comm::Communicator& comm, const EvalTotals& local);
 
 }  // namespace lockstep::data

@@ -34,6 +34,15 @@ void save_module(const torch::nn::Module& module, const std::string& path);
 // in the model but float32[256, 784] in the checkpoint".
 void load_module(torch::nn::Module& module, const std::string& path);
 
+// Loads what fits, as Hugging Face's from_pretrained does: every parameter and buffer the file
+// and the module both have is copied; the ones only the module has keep their values (new
+// layers, e.g. a classifier's head) and are listed as missing, the ones only the file has are
+// listed as unexpected. A parameter of another shape is a ConfigError naming it.
+struct LoadReport {
+  std::vector<std::string> loaded, missing, unexpected;
+};
+LoadReport load_matching(torch::nn::Module& module, const std::string& path);
+
 // The complete checkpoint directories under output_dir, oldest (lowest step) first.
 std::vector<std::string> list_checkpoints(const std::string& output_dir);
 // The newest of them, or "" when there is none.

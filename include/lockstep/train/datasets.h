@@ -1,11 +1,16 @@
-// Fashion-MNIST as a Trainer dataset: inputs B x 1 x 28 x 28, normalised with the training set's
-// mean and standard deviation; targets the class numbers 0..9.
+// Datasets as the Trainer consumes them (tensors), over the data layer's readers:
+//   FashionMnistDataset        images B x 1 x 28 x 28, normalised; targets the classes 0..9
+//   LanguageModelDataset       byte blocks of the fortune corpus: input [B, T], target [B, T] (the
+//                              next byte of each)
+//   TextClassificationDataset  fortune entries padded (0) or cut to T bytes, [B, T]; target [B]
+//                              the entry's category
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "lockstep/data/fashion_mnist.h"
+#include "lockstep/data/text.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
@@ -23,6 +28,35 @@ class FashionMnistDataset : public Dataset {
 
  private:
   data::FashionMnist data_;
+  std::size_t size_;
+};
+
+class LanguageModelDataset : public Dataset {
+ public:
+  LanguageModelDataset(std::shared_ptr<const data::FortuneCorpus> corpus, data::TextSplit split, int block_size,
+                       std::size_t limit = 0);
+  std::size_t size() const override { return size_; }
+  Batch get(const std::vector<std::size_t>& indices) const override;
+  const data::TokenBlocks& blocks() const { return blocks_; }
+
+ private:
+  std::shared_ptr<const data::FortuneCorpus> corpus_;
+  data::TokenBlocks blocks_;
+  std::size_t size_;
+};
+
+class TextClassificationDataset : public Dataset {
+ public:
+  TextClassificationDataset(std::shared_ptr<const data::FortuneCorpus> corpus, data::TextSplit split, int block_size,
+                            std::size_t min_entries, std::size_t limit = 0);
+  std::size_t size() const override { return size_; }
+  Batch get(const std::vector<std::size_t>& indices) const override;
+  const data::EntryLabels& labels() const { return labels_; }
+
+ private:
+  std::shared_ptr<const data::FortuneCorpus> corpus_;
+  data::EntryLabels labels_;
+  int block_size_;
   std::size_t size_;
 };
 

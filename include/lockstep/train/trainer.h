@@ -35,7 +35,9 @@
 
 namespace lockstep::train {
 
-// One batch: inputs and integer class targets.
+// One batch: inputs and integer targets: a class per sample ([B]), or one per token ([B, T]: a
+// language model's next tokens; the loss and accuracy are then over tokens, and the Trainer
+// reports tokens/s and perplexity).
 struct Batch {
   torch::Tensor input, target;
 };
@@ -48,18 +50,33 @@ class Dataset {
   virtual Batch get(const std::vector<std::size_t>& indices) const = 0;
 };
 
-// A module plus how to call it, so the Trainer needs no template.
+// A module plus how to call it, so the Trainer needs no template. A module with a
+// set_gradient_checkpointing(bool) method (models/gpt.h's) gets --gradient-checkpointing.
 struct Model {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::function<void(bool)> set_gradient_checkpointing;  // empty: the model cannot
 
   template <class M>
   static Model of(std::shared_ptr<M> m) {
-    return Model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }};
+    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr};
+    if constexpr (has_checkpointing<M>(0))
+      model.set_gradient_checkpointing = [raw = m.get()](bool on) { raw->set_gradient_checkpointing(on); };
+    return model;
   }
   template <class Holder, class = decltype(std::declval<Holder>().ptr())>
   static Model of(const Holder& holder) {
     return of(holder.ptr());
+  }
+
+ private:
+  template <class M>
+  static constexpr auto has_checkpointing(int) -> decltype(std::declval<M&>().set_gradient_checkpointing(true), true) {
+    return true;
+  }
+  template <class M>
+  static constexpr bool has_checkpointing(...) {
+    return false;
   }
 };
 

@@ -80,6 +80,7 @@ inline Rule backend_rule() {
   X(double, sgd_momentum, 0.9, "sgd", below_one())                                                             \
   X(double, max_grad_norm, 1.0, "clip the global gradient norm to this; 0: no clipping", at_least(0))          \
   X(bool, bf16, false, "bfloat16 autocast (CPU) for matmuls and convolutions", any())                          \
+  X(bool, gradient_checkpointing, false, "recompute each block's activations in backward (less memory, more time)", any()) \
   /* logging, evaluation, checkpoints */                                                                       \
   X(int, logging_steps, 50, "log (and write metrics.jsonl) every N steps", at_least(1))                       \
   X(std::string, eval_strategy, "no", "when to evaluate", one_of({"no", "steps", "epoch"}))                   \
@@ -88,7 +89,7 @@ inline Rule backend_rule() {
   X(int, save_steps, 500, "save every N steps", at_least(1))                                                   \
   X(int, save_total_limit, 0, "keep at most N checkpoints (never deleting the latest or the best); 0: all", at_least(0)) \
   X(std::string, metric_for_best_model, "eval_loss", "the evaluation metric that picks the best checkpoint",   \
-    one_of({"eval_loss", "eval_accuracy"}))                                                                    \
+    one_of({"eval_loss", "eval_accuracy", "eval_perplexity"}))                                                                    \
   X(std::string, greater_is_better, "auto", "auto: true for metrics named *accuracy*",                         \
     one_of({"auto", "true", "false"}))                                                                         \
   X(bool, load_best_model_at_end, false, "when training ends, reload the weights of the best checkpoint", any()) \

@@ -31,6 +31,8 @@
   X(double, ddp_bucket_cap_mb, "gradient bucket size")                                                  \
   X(std::string, ddp_comm_hook, "gradient compression on the wire (none, fp16, bf16)")                  \
   X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
+  X(std::int64_t, parameter_bytes, "bytes of the model's parameters on each worker")                    \
+  X(bool, gradient_checkpointing, "whether blocks recompute their activations in backward")            \
   X(std::int64_t, max_steps, "optimiser steps the run will take")                                       \
   X(std::int64_t, start_step, "the step this start begins at (above 0 after a resume)")                 \
   X(std::string, blas, "the BLAS library's configuration string (OpenBLAS), empty if unknown")         \
@@ -45,6 +47,7 @@
   X(double, learning_rate, "the learning rate of the window's last step")                               \
   X(std::optional<double>, grad_norm, "global gradient norm before clipping (when --max-grad-norm > 0)") \
   X(double, samples_per_second, "samples of all workers per second of wall time over the window")      \
+  X(std::optional<double>, tokens_per_second, "target tokens of all workers per second (per-token targets only)") \
   X(int, world_size, "workers")                                                                          \
   X(double, step_seconds, "time per step, averaged over steps and ranks")                               \
   X(double, data_seconds, "... waiting for the batch")                                                  \
@@ -57,14 +60,20 @@
   X(double, allreduce_bytes_per_step, "gradient bytes each rank all-reduced per step")                  \
   X(double, buckets_per_step, "gradient buckets per step")                                              \
   X(std::optional<double>, network_bytes_per_step, "bytes rank 0 sent over the network per step (gloo; hier between machines)") \
-  X(std::optional<double>, network_seconds_per_step, "... and the time its network collectives took")
+  X(std::optional<double>, network_seconds_per_step, "... and the time its network collectives took")   \
+  X(std::optional<double>, peak_rss_bytes, "rank 0's resident-memory high-water mark so far (VmHWM)")     \
+  X(std::optional<double>, step_tensor_bytes,                                                                  \
+    "the most rank 0's CPU tensors grew by within one step of the window, from its start to its peak "         \
+    "(activations kept for backward, gradients, temporaries)")
 
 #define LOCKSTEP_EVAL_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done when it ran")                                             \
   X(double, epoch, "epochs done, fractional")                                                           \
   X(double, eval_loss, "mean loss over every real sample of the eval set")                              \
-  X(double, eval_accuracy, "share of samples whose highest output is the target")                       \
+  X(double, eval_accuracy, "share of targets whose highest output is the target (per token for language models)") \
   X(std::int64_t, eval_samples, "samples evaluated (each once, across all ranks)")                      \
+  X(std::optional<std::int64_t>, eval_tokens, "target tokens evaluated (per-token targets only)")        \
+  X(std::optional<double>, eval_perplexity, "exp(eval_loss), the language-model figure (per-token targets only)") \
   X(double, eval_seconds, "time the evaluation took")
 // clang-format on
 

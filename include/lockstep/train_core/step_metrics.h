@@ -4,6 +4,7 @@
 // Threading: one window per Trainer, on its training thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -30,22 +31,29 @@ struct StepTimes {
 struct WindowSums {
   double loss_sum = 0, loss_count = 0;
   double data = 0, forward = 0, backward = 0, exposed_comm = 0, comm = 0, optimizer = 0, total = 0;
+  double tokens = 0;  // target tokens (per-token tasks; 0 otherwise)
 };
-static_assert(sizeof(WindowSums) == 9 * sizeof(double), "WindowSums is all-reduced as 9 doubles");
+static_assert(sizeof(WindowSums) == 10 * sizeof(double), "WindowSums is all-reduced as 10 doubles");
 
 class LogWindow {
  public:
-  // One micro-batch's mean loss over `count` samples.
+  // One micro-batch's mean loss over `count` targets (samples, or tokens).
   void add_loss(double mean_loss, double count);
+  void add_tokens(double tokens) { local_.tokens += tokens; }
   // A finished step: its times, the samples it took on all ranks, and what it all-reduced.
   void add_step(const StepTimes& times, double samples_all_ranks, double bytes, int buckets);
   void set_grad_norm(double norm) { grad_norm_ = norm; }
+  // How much this rank's tensor memory grew within a step, start to peak; the window keeps the most.
+  void add_step_tensor_bytes(double bytes) { step_tensor_bytes_ = std::max(step_tensor_bytes_, bytes); }
+  double step_tensor_bytes() const { return step_tensor_bytes_; }
   // Time spent on evaluation or saving does not count as training time.
   void exclude(Clock::duration paused) { begin_ += paused; }
 
   std::int64_t steps() const { return steps_; }
   double local_mean_loss() const;
   double local_samples_per_second() const;
+  // This rank's tokens per second times the world size (0 when the task is not per token).
+  double local_tokens_per_second(int world) const;
 
   // Collective: one allreduce of every rank's sums; the record's loss is the mean over samples
   // on all ranks, its times the means over steps and ranks. step, epoch and learning_rate are
@@ -61,6 +69,7 @@ class LogWindow {
   double samples_ = 0;  // all ranks
   double bytes_ = 0, buckets_ = 0;
   double grad_norm_ = -1;  // < 0: not measured
+  double step_tensor_bytes_ = 0;
   Clock::time_point begin_ = Clock::now();
 };
 

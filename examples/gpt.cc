@@ -1,0 +1,288 @@
+// A GPT-style language model on the fortune corpus (Debian's fortunes), with the Trainer:
+//
+//   lockstep run --nproc-per-node 2 build/examples/gpt --output-dir runs/gpt          # pretrain
+//   build/examples/gpt generate --checkpoint runs/gpt/checkpoint-600 --prompt "The "   # sample
+//   lockstep run --nproc-per-node 2 build/examples/gpt finetune --pretrained runs/gpt/checkpoint-600
+//   lockstep run --nproc-per-node 2 build/examples/gpt finetune --from-scratch        # the baseline
+//
+// `train` (the default) pretrains a byte-level causal language model and reports eval_loss and
+// perplexity on the held-out entries; every Trainer flag applies (--gradient-checkpointing,
+// --bf16, --resume-from-checkpoint ...). Each checkpoint also holds config.json, the model's
+// shape, which `generate` and `finetune` read. `finetune` puts the pretrained body under a new
+// classification head that predicts an entry's category file, reporting which weights it loaded,
+// which are new and which it did not use, as from_pretrained does.
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "lockstep/base/main.h"
+#include "lockstep/error.h"
+#include "lockstep/models/gpt.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/datasets.h"
+#include "lockstep/train/trainer.h"
+#include "lockstep/train_core/durable_file.h"
+
+namespace fs = std::filesystem;
+using lockstep::models::GptConfig;
+using namespace lockstep::train;
+
+namespace {
+
+void add_model_options(CLI::App& app, GptConfig& c) {
+  app.add_option("--n-layer", c.n_layer, "transformer blocks")->capture_default_str();
+  app.add_option("--n-head", c.n_head, "attention heads per block")->capture_default_str();
+  app.add_option("--n-embd", c.n_embd, "width of the residual stream")->capture_default_str();
+  app.add_option("--block-size", c.block_size,
+                 "tokens (bytes) of context per sequence (finetune: of each entry; 0 there: the model's context)")->capture_default_str();
+  app.add_option("--dropout", c.dropout, "dropout everywhere")->capture_default_str();
+}
+
+// The shape of the model a checkpoint holds (written by this program beside model.pt).
+GptConfig config_of(const std::string& checkpoint) {
+  const fs::path file = fs::path(checkpoint) / "config.json";
+  if (!fs::exists(file))
+    throw lockstep::ConfigError(checkpoint + " is not a GPT checkpoint of this program: it has no config.json (pass a "
+                                             "checkpoint-<step> directory that `gpt train` wrote)");
+  try {
+    return GptConfig::from_json(read_json_file(file.string(), "the model's configuration"));
+  } catch (const lockstep::ConfigError& e) {
+    throw lockstep::ConfigError(file.string() + ": " + e.what());
+  }
+}
+
+// Writes config.json into every checkpoint rank 0 saves.
+class SaveConfig : public TrainerCallback {
+ public:
+  explicit SaveConfig(GptConfig c) : config_(std::move(c)) {}
+  void on_save(const TrainerState&, const std::string& dir) override {
+    if (rank0) write_file_durably((fs::path(dir) / "config.json").string(), config_.to_json().dump(2));
+  }
+  bool rank0 = false;  // set once the Trainer joined the job
+
+ private:
+  GptConfig config_;
+};
+
+int pretrain(int argc, const char* const* argv) {
+  GptConfig config;
+  std::string corpus_dir = lockstep::data::kFortunesDir;
+  std::size_t train_limit = 0, eval_limit = 0;
+  TrainingArguments defaults;
+  defaults.output_dir = "runs/gpt";
+  defaults.per_device_train_batch_size = 16;
+  defaults.per_device_eval_batch_size = 32;
+  defaults.learning_rate = 1e-3;
+  defaults.lr_scheduler_type = "cosine";
+  defaults.warmup_ratio = 0.05;
+  defaults.weight_decay = 0.1;
+  defaults.adam_beta2 = 0.99;
+  defaults.num_train_epochs = 1;
+  defaults.logging_steps = 20;
+  defaults.eval_strategy = "steps";
+  defaults.eval_steps = 100;
+  defaults.save_strategy = "steps";
+  defaults.save_steps = 100;
+  defaults.save_total_limit = 2;
+  TrainingArguments args = parse_arguments(
+      argc, argv,
+      [&](CLI::App& app) {
+        add_model_options(app, config);
+        app.add_option("--corpus-dir", corpus_dir, "directory of the fortune files")->capture_default_str();
+        app.add_option("--train-limit", train_limit, "use only the first N training blocks (0: all)");
+        app.add_option("--eval-limit", eval_limit, "use only the first N validation blocks (0: all)");
+      },
+      "gpt train: pretrain a byte-level GPT on the fortune corpus with the lockstep Trainer", defaults);
+  config.validate();
+  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(corpus_dir);
+  auto train_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::train, config.block_size,
+                                                          train_limit);
+  auto eval_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::validation,
+                                                         config.block_size, eval_limit);
+  set_seed(args.seed);  // the same initial weights on every rank
+  lockstep::models::GptLmHeadModel model(config);
+  auto save_config = std::make_shared<SaveConfig>(config);
+  Trainer trainer(Model::of(model), train_set, eval_set, args, {save_config});
+  save_config->rank0 = trainer.communicator().rank() == 0;
+  if (trainer.communicator().rank() == 0)
+    std::printf("GPT: %d layers, %d heads, %d wide, %d tokens of context: %.2f M parameters; %zu training blocks "
+                "(%zu bytes), %zu validation blocks\n",
+                config.n_layer, config.n_head, config.n_embd, config.block_size, config.parameters() / 1e6,
+                train_set->size(), train_set->blocks().tokens(), eval_set->size());
+  const TrainResult result = trainer.train();
+  const nlohmann::json m = trainer.evaluate();
+  if (trainer.communicator().rank() == 0) {
+    std::printf("trained %lld steps in %.1f s; validation loss %.4f nats/byte, perplexity %.2f\n",
+                static_cast<long long>(result.global_step), result.seconds, m["eval_loss"].get<double>(),
+                m.value("eval_perplexity", 0.0));
+    nlohmann::json out = m;
+    out["checkpoint"] = latest_checkpoint(args.output_dir);
+    out["train_seconds"] = result.seconds;
+    out["config"] = config.to_json();
+    write_file_durably((fs::path(args.output_dir) / "eval_results.json").string(), out.dump(2));
+  }
+  return 0;
+}
+
+std::vector<std::int64_t> bytes_of(const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (unsigned char c : text) out.push_back(c);
+  return out;
+}
+
+int generate(int argc, const char* const* argv) {
+  CLI::App app{"gpt generate: sample text from a checkpoint"};
+  std::string checkpoint, prompt = "%\n";
+  lockstep::models::SamplingOptions o;
+  int samples = 1;
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory that `gpt train` wrote")->required();
+  app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  app.add_option("--max-new-tokens", o.max_new_tokens, "bytes to generate")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "0: always the most likely byte")->capture_default_str();
+  app.add_option("--top-k", o.top_k, "sample among the k most likely bytes (0: all)")->capture_default_str();
+  app.add_option("--seed", o.seed, "the sampler's seed")->capture_default_str();
+  app.add_option("--samples", samples, "how many texts to sample (separated by a line of %)")->capture_default_str();
+  parse_command_line(app, argc, argv);
+  if (prompt.empty()) throw lockstep::ConfigError("--prompt must hold at least one character");
+  const GptConfig config = config_of(checkpoint);
+  lockstep::models::GptLmHeadModel model(config);
+  load_module(*model, (fs::path(checkpoint) / "model.pt").string());
+  const auto prompt_tokens = bytes_of(prompt);
+  for (int s = 0; s < samples; ++s) {
+    o.seed += static_cast<std::uint64_t>(s > 0);
+    const auto tokens = lockstep::models::generate(model, prompt_tokens, o);
+    std::string text;
+    for (auto t : tokens) text.push_back(static_cast<char>(t));
+    std::printf("%s%s\n", s ? "%\n" : "", text.c_str());
+  }
+  return 0;
+}
+
+void report_loading(const LoadReport& r, const std::string& checkpoint) {
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out.empty() ? std::string("none") : out;
+  };
+  std::printf("loaded %zu tensors from %s\n", r.loaded.size(), checkpoint.c_str());
+  std::printf("newly initialised (not in the checkpoint): %s\n", list(r.missing).c_str());
+  std::printf("not used (in the checkpoint, not in this model): %s\n", list(r.unexpected).c_str());
+}
+
+// The classifier's shape and how many bytes of each entry it reads: from scratch, the flags';
+// from a pretrained checkpoint, its config.json's (a reshaped model could not load its weights),
+// reading at most its context. given.block_size 0 means "the model's context".
+std::pair<GptConfig, int> classifier_shape(const GptConfig& given, const std::string& pretrained) {
+  if (pretrained.empty()) {
+    GptConfig c = given;
+    if (c.block_size == 0) c.block_size = GptConfig{}.block_size;
+    return {c, c.block_size};
+  }
+  GptConfig c = config_of(pretrained);
+  const GptConfig d;
+  auto refuse_reshape = [&](const char* flag, int value, int pretrained_value, int default_value) {
+    if (value != default_value && value != pretrained_value)
+      throw lockstep::ConfigError(std::string(flag) + " " + std::to_string(value) + " differs from the pretrained " +
+                                  "model's " + std::to_string(pretrained_value) + " (" + pretrained +
+                                  "/config.json): its weights only load into its own shape; drop the flag");
+  };
+  refuse_reshape("--n-layer", given.n_layer, c.n_layer, d.n_layer);
+  refuse_reshape("--n-head", given.n_head, c.n_head, d.n_head);
+  refuse_reshape("--n-embd", given.n_embd, c.n_embd, d.n_embd);
+  if (given.block_size > c.block_size)
+    throw lockstep::ConfigError("--block-size " + std::to_string(given.block_size) +
+                                " is larger than the pretrained model's context (block_size " +
+                                std::to_string(c.block_size) + "): use at most that");
+  c.dropout = given.dropout;
+  return {c, given.block_size > 0 ? given.block_size : c.block_size};
+}
+
+double largest_class_share(const TextClassificationDataset& set, std::size_t classes) {
+  std::vector<std::size_t> n(classes, 0);
+  for (std::size_t i = 0; i < set.size(); ++i) ++n[static_cast<std::size_t>(set.labels().label(i))];
+  return set.size() ? static_cast<double>(*std::max_element(n.begin(), n.end())) / set.size() : 0;
+}
+
+int finetune(int argc, const char* const* argv) {
+  GptConfig given;
+  given.block_size = 0;  // the pretrained model's context (128 from scratch)
+  std::string pretrained, corpus_dir = lockstep::data::kFortunesDir;
+  bool from_scratch = false;
+  std::size_t min_entries = 500;
+  TrainingArguments defaults;
+  defaults.output_dir = "runs/gpt-finetune";
+  defaults.per_device_train_batch_size = 16;
+  defaults.per_device_eval_batch_size = 32;
+  defaults.learning_rate = 3e-4;
+  defaults.lr_scheduler_type = "linear";
+  defaults.warmup_ratio = 0.05;
+  defaults.weight_decay = 0.01;
+  defaults.num_train_epochs = 3;
+  defaults.logging_steps = 20;
+  defaults.eval_strategy = "epoch";
+  defaults.save_strategy = "no";
+  defaults.metric_for_best_model = "eval_accuracy";
+  TrainingArguments args = parse_arguments(
+      argc, argv,
+      [&](CLI::App& app) {
+        add_model_options(app, given);
+        app.add_option("--pretrained", pretrained, "a checkpoint of `gpt train` whose body to start from");
+        app.add_flag("--from-scratch", from_scratch, "start from random weights instead (the baseline)");
+        app.add_option("--min-entries", min_entries, "categories with at least this many entries become classes")
+            ->capture_default_str();
+        app.add_option("--corpus-dir", corpus_dir, "directory of the fortune files")->capture_default_str();
+      },
+      "gpt finetune: classify fortune entries by category file, from a pretrained body or from scratch", defaults);
+  if (pretrained.empty() == !from_scratch)
+    throw lockstep::ConfigError("give either --pretrained CHECKPOINT or --from-scratch");
+  const auto [config, max_length] = classifier_shape(given, pretrained);
+  config.validate();
+  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(corpus_dir);
+  auto train_set = std::make_shared<TextClassificationDataset>(corpus, lockstep::data::TextSplit::train,
+                                                               max_length, min_entries);
+  auto eval_set = std::make_shared<TextClassificationDataset>(corpus, lockstep::data::TextSplit::validation,
+                                                              max_length, min_entries);
+  const auto& classes = train_set->labels().classes();
+  set_seed(args.seed);
+  lockstep::models::GptForSequenceClassification model(config, static_cast<int>(classes.size()));
+  Trainer trainer(Model::of(model), train_set, eval_set, args);
+  if (!pretrained.empty()) {  // every rank loads it: DDP then starts from rank 0's copy anyway
+    const auto report = load_matching(*model, (fs::path(pretrained) / "model.pt").string());
+    if (trainer.communicator().rank() == 0) report_loading(report, pretrained);
+  }
+  if (trainer.communicator().rank() == 0) {
+    std::printf("%zu classes (categories with at least %zu entries):", classes.size(), min_entries);
+    for (const auto& c : classes) std::printf(" %s (%zu)", c.c_str(), corpus->count(c));
+    std::printf("\n%zu training entries, %zu validation entries; %s\n", train_set->size(), eval_set->size(),
+                pretrained.empty() ? "from scratch" : ("from " + pretrained).c_str());
+  }
+  trainer.train();
+  const nlohmann::json m = trainer.evaluate();
+  if (trainer.communicator().rank() == 0) {
+    std::printf("validation accuracy %.4f over %lld entries (%zu classes; the largest class is %.4f of them)\n",
+                m["eval_accuracy"].get<double>(), static_cast<long long>(m["eval_samples"].get<std::int64_t>()),
+                classes.size(), largest_class_share(*eval_set, classes.size()));
+    nlohmann::json out = m;
+    out["pretrained"] = pretrained;
+    out["classes"] = classes;
+    write_file_durably((fs::path(args.output_dir) / "eval_results.json").string(), out.dump(2));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return lockstep::run_main(argc, argv, [&] {
+    const std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
+    if (command == "generate") return generate(argc - 1, argv + 1);
+    if (command == "finetune") return finetune(argc - 1, argv + 1);
+    if (command == "train") return pretrain(argc - 1, argv + 1);
+    if (!command.empty())
+      throw lockstep::ConfigError("unknown command '" + command + "': use train, generate or finetune");
+    return pretrain(argc, argv);
+  });
+}

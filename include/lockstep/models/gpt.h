@@ -1,0 +1,139 @@
+// A decoder-only transformer (GPT-2's architecture) in the libtorch C++ frontend: token and
+// learned position embeddings, pre-LayerNorm blocks of causal multi-head self-attention and a
+// GELU MLP, dropout, and a language-model head tied to the token embedding.
+//
+//   GptConfig config;                      // 4 layers, 4 heads, 256 wide, 128 tokens of context
+//   GptLmHeadModel lm(config);             // logits = lm(tokens)      tokens [B, T] -> [B, T, vocab]
+//   GptForSequenceClassification clf(config, 13);  // logits [B, 13], from the last real token
+//   lm->set_gradient_checkpointing(true);  // each block recomputed in backward (ddp/gradient_checkpoint.h)
+//
+// Parameter names follow one scheme in both models ("transformer.h.0.attn.c_attn.weight", ...),
+// so a language model's checkpoint loads into the classifier's body; only "score.weight" is new.
+// Initialisation as GPT-2: weights N(0, 0.02), the projections into the residual stream
+// N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lockstep::models {
+
+struct GptConfig {
+  int vocab_size = 256;  // byte-level
+  int block_size = 128;  // the longest context the model sees
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 256;
+  double dropout = 0.1;
+
+  // ConfigError naming the field: sizes must be positive, n_embd a multiple of n_head.
+  void validate() const;
+  std::int64_t parameters() const;  // of the language model (the tied head counts once)
+  nlohmann::json to_json() const;
+  static GptConfig from_json(const nlohmann::json& j);  // ConfigError on missing fields
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+
+ private:
+  int n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The body: embeddings, blocks, final LayerNorm. hidden = body(tokens), [B, T] -> [B, T, C].
+class GptModelImpl : public torch::nn::Module {
+ public:
+  explicit GptModelImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  const GptConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GptConfig config_;
+  bool checkpointing_ = false;
+};
+TORCH_MODULE(GptModel);
+
+class GptLmHeadModelImpl : public torch::nn::Module {
+ public:
+  explicit GptLmHeadModelImpl(const GptConfig& c);
+  torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, T, vocab]
+  void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
+  const GptConfig& config() const { return transformer->config(); }
+
+  GptModel transformer{nullptr};
+};
+TORCH_MODULE(GptLmHeadModel);
+
+// Classifies a sequence from the hidden state of its last real token; tokens equal to
+// `pad_token` at the end are padding (GPT-2's sequence classifier does the same).
+class GptForSequenceClassificationImpl : public torch::nn::Module {
+ public:
+  GptForSequenceClassificationImpl(const GptConfig& c, int num_labels, int pad_token = 0);
+  torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, num_labels]
+  void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
+  const GptConfig& config() const { return transformer->config(); }
+
+  GptModel transformer{nullptr};
+  torch::nn::Linear score{nullptr};
+
+ private:
+  int pad_token_;
+};
+TORCH_MODULE(GptForSequenceClassification);
+
+struct SamplingOptions {
+  int max_new_tokens = 200;
+  double temperature = 0.8;  // 0: always the most likely token
+  int top_k = 40;            // 0: every token
+  std::uint64_t seed = 0;
+  int stop_token = -1;       // ends generation early when sampled (-1: never)
+};
+
+// Appends up to max_new_tokens sampled tokens to `prompt` (the model in eval mode, no grad).
+std::vector<std::int64_t> generate(GptLmHeadModel& model, std::vector<std::int64_t> prompt,
+                                   const SamplingOptions& options);
+
+}  // namespace lockstep::models

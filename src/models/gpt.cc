@@ -1,0 +1,205 @@
+#include "lockstep/models/gpt.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "lockstep/ddp/gradient_checkpoint.h"
+#include "lockstep/error.h"
+
+namespace lockstep::models {
+namespace {
+
+void normal_init(torch::Tensor& t, double std) {
+  torch::NoGradGuard no_grad;
+  t.normal_(0.0, std);
+}
+
+void zero_init(torch::Tensor& t) {
+  torch::NoGradGuard no_grad;
+  t.zero_();
+}
+
+torch::nn::Linear linear(int in, int out, double std, bool bias = true) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  normal_init(l->weight, std);
+  if (bias) zero_init(l->bias);
+  return l;
+}
+
+// The strictly upper triangle: position t may not attend to positions after it.
+torch::Tensor causal_mask(std::int64_t t, const torch::Device& device) {
+  return torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+}
+
+}  // namespace
+
+void GptConfig::validate() const {
+  auto positive = [](const char* name, int v) {
+    if (v < 1) throw ConfigError(std::string("GPT ") + name + " must be at least 1 (got " + std::to_string(v) + ")");
+  };
+  positive("vocab_size", vocab_size);
+  positive("block_size", block_size);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  if (n_embd % n_head != 0)
+    throw ConfigError("GPT n_embd " + std::to_string(n_embd) + " is not a multiple of n_head " +
+                      std::to_string(n_head) + ": each head takes n_embd / n_head dimensions");
+  if (!(dropout >= 0 && dropout < 1)) throw ConfigError("GPT dropout must be within [0, 1)");
+}
+
+std::int64_t GptConfig::parameters() const {
+  const std::int64_t c = n_embd;
+  const std::int64_t block = 2 * 2 * c + (3 * c * c + 3 * c) + (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c);
+  return static_cast<std::int64_t>(vocab_size) * c + static_cast<std::int64_t>(block_size) * c + n_layer * block +
+         2 * c;
+}
+
+nlohmann::json GptConfig::to_json() const {
+  return {{"model_type", "gpt"}, {"vocab_size", vocab_size}, {"block_size", block_size}, {"n_layer", n_layer},
+          {"n_head", n_head},     {"n_embd", n_embd},         {"dropout", dropout}};
+}
+
+GptConfig GptConfig::from_json(const nlohmann::json& j) {
+  GptConfig c;
+  try {
+    if (j.value("model_type", "") != "gpt") throw ConfigError("it does not describe a GPT model (model_type != gpt)");
+    c.vocab_size = j.at("vocab_size").get<int>();
+    c.block_size = j.at("block_size").get<int>();
+    c.n_layer = j.at("n_layer").get<int>();
+    c.n_head = j.at("n_head").get<int>();
+    c.n_embd = j.at("n_embd").get<int>();
+    c.dropout = j.value("dropout", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(std::string("a GPT configuration lacks a field (") + e.what() + ")");
+  }
+  c.validate();
+  return c;
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : n_head_(c.n_head) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, 0.02));
+  c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, residual_std));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.dropout));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
+  auto qkv = c_attn(x).split(c, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& m) { return m.view({b, t, n_head_, d}).transpose(1, 2); };  // [B, H, T, d]
+  const auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+  att = att.masked_fill(causal_mask(t, x.device()), -std::numeric_limits<float>::infinity());
+  att = attn_dropout(torch::softmax(att, -1));
+  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
+  return resid_dropout(c_proj(y));
+}
+
+MlpImpl::MlpImpl(const GptConfig& c) {
+  c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, 0.02));
+  c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, 0.02 / std::sqrt(2.0 * c.n_layer)));
+  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return dropout(c_proj(torch::gelu(c_fc(x))));
+}
+
+BlockImpl::BlockImpl(const GptConfig& c) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp = register_module("mlp", Mlp(c));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
+  c.validate();
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  normal_init(wte->weight, 0.02);
+  normal_init(wpe->weight, 0.02);
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+}
+
+torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
+  const auto t = tokens.size(1);
+  if (t > config_.block_size)
+    throw ConfigError("a sequence of " + std::to_string(t) + " tokens is longer than the model's context (block_size " +
+                      std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto x = drop(wte(tokens) + wpe(positions));
+  for (const auto& module : *h) {
+    auto block = module->as<BlockImpl>();
+    x = checkpointing_ && is_training() ? gradient_checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x)
+                                        : block->forward(x);
+  }
+  return ln_f(x);
+}
+
+GptLmHeadModelImpl::GptLmHeadModelImpl(const GptConfig& c) {
+  transformer = register_module("transformer", GptModel(c));
+}
+
+torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
+  // The head shares the token embedding's weights (weight tying).
+  return torch::nn::functional::linear(transformer(tokens), transformer->wte->weight);
+}
+
+GptForSequenceClassificationImpl::GptForSequenceClassificationImpl(const GptConfig& c, int num_labels, int pad_token)
+    : pad_token_(pad_token) {
+  if (num_labels < 2) throw ConfigError("a classifier needs at least 2 labels (got " + std::to_string(num_labels) + ")");
+  transformer = register_module("transformer", GptModel(c));
+  score = register_module("score", linear(c.n_embd, num_labels, 0.02, /*bias=*/false));
+}
+
+torch::Tensor GptForSequenceClassificationImpl::forward(const torch::Tensor& tokens) {
+  auto hidden = transformer(tokens);  // [B, T, C]
+  // The last token before the padding (or the last one, when the sequence fills the block).
+  auto last = (tokens != pad_token_).to(torch::kLong).sum(1).sub(1).clamp_min(0);  // [B]
+  auto rows = torch::arange(tokens.size(0), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  return score(hidden.index({rows, last}));
+}
+
+std::vector<std::int64_t> generate(GptLmHeadModel& model, std::vector<std::int64_t> tokens,
+                                   const SamplingOptions& o) {
+  if (tokens.empty()) throw ConfigError("generation needs a prompt of at least one token");
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(o.seed);
+  const int context = model->config().block_size;
+  for (int i = 0; i < o.max_new_tokens; ++i) {
+    const auto start = tokens.size() > static_cast<std::size_t>(context) ? tokens.size() - context : 0;
+    std::vector<std::int64_t> window(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
+    auto input = torch::tensor(window, torch::kLong).unsqueeze(0);
+    auto logits = model(input).index({0, -1}).to(torch::kFloat);  // the next token's
+    std::int64_t next;
+    if (o.temperature <= 0) {
+      next = logits.argmax().item<std::int64_t>();
+    } else {
+      logits = logits / o.temperature;
+      if (o.top_k > 0 && o.top_k < logits.size(0)) {
+        auto kth = std::get<0>(logits.topk(o.top_k)).index({-1});
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, -1), 1, /*replacement=*/false, gen).item<std::int64_t>();
+    }
+    tokens.push_back(next);
+    if (next == o.stop_token) break;
+  }
+  model->train(was_training);
+  return tokens;
+}
+
+}  // namespace lockstep::models
