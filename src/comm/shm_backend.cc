@@ -40,6 +40,11 @@
 //   broadcast: root copies a chunk in; barrier; the others copy it out.
 //   allgather: each copies its chunk in; barrier; each copies all chunks out.
 //   reduce_scatter: each copies the blocks others own in; barrier; each reduces its block.
+//   allgather / reduce_scatter on shared buffers (the large buffer from allocate_shared on every
+//     rank, the small one inside it at the rank's offset): barrier; each rank copies the peers'
+//     chunks straight out of their buffers (allgather) or reduces its block straight out of
+//     every rank's buffer (reduce_scatter); barrier. No staging: ZeRO's gathers and
+//     reduce-scatters cost what the shared allreduce does.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -401,9 +406,31 @@ class ShmBackend final : public LocalBackend {
         return allreduce_chunked(c);
       }
       case CollectiveKind::broadcast: return broadcast(c);
-      case CollectiveKind::allgather: return allgather(c);
-      case CollectiveKind::reduce_scatter: return reduce_scatter(c);
+      case CollectiveKind::allgather:
+      case CollectiveKind::reduce_scatter: {
+        const auto shared = publish_shared_scatter(c);
+        if (!shared) return c.kind == CollectiveKind::allgather ? allgather(c) : reduce_scatter(c);
+        return c.kind == CollectiveKind::allgather ? allgather_shared(c, shared->id)
+                                                   : reduce_scatter_shared(c, shared->id);
+      }
     }
+  }
+
+  // The large buffer of an allgather (recv) or reduce_scatter (send), when it comes from
+  // allocate_shared and the small buffer sits in it at this rank's offset; published for the
+  // peers like the shared allreduce's.
+  std::optional<shm::OwnBuffers::Found> publish_shared_scatter(const Collective& c) {
+    const std::size_t esize = dtype_size(c.dtype);
+    const bool gather = c.kind == CollectiveKind::allgather;
+    const char* large = static_cast<const char*>(gather ? c.recv : c.send);
+    const char* small = static_cast<const char*>(gather ? c.send : c.recv);
+    std::optional<shm::OwnBuffers::Found> shared;
+    if (c.count > 0 && small == large + static_cast<std::size_t>(rank_) * c.count * esize)
+      shared = own_->find(large, static_cast<std::size_t>(size_) * c.count * esize);
+    const int parity = static_cast<int>(c.sequence & 1);
+    control(rank_).shared_id[parity] = shared ? shared->id + 1 : 0;
+    control(rank_).shared_offset[parity] = shared ? shared->offset : 0;
+    return shared;
   }
 
   void allreduce_one_shot(const Collective& c) {
@@ -479,22 +506,49 @@ class ShmBackend final : public LocalBackend {
       if ((control(r).shared_id[parity] != 0) == mine) continue;
       int with = mine ? rank_ : r, without = mine ? r : rank_;
       throw MismatchError(c.describe() + ": rank " + std::to_string(with) +
-                          " reduces a buffer from Communicator::allocate_shared in place but rank " +
+                          " passes a buffer from Communicator::allocate_shared (in place) but rank " +
                           std::to_string(without) +
                           " does not; pass shared buffers (in place) on every rank or on none");
     }
   }
 
-  // The buffers of every rank for this collective: this rank's, and the peers' mapped here.
-  std::vector<char*> shared_buffers(const Collective& c) {
+  // The buffers of every rank for this collective: this rank's (`own`), and the peers' mapped here.
+  std::vector<char*> shared_buffers(const Collective& c, char* own) {
     const int parity = static_cast<int>(c.sequence & 1);
     peers_->drop_released();
     std::vector<char*> bufs(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r)
       bufs[static_cast<std::size_t>(r)] =
-          r == rank_ ? static_cast<char*>(c.recv)
-                     : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
+          r == rank_ ? own : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
     return bufs;
+  }
+
+  void allgather_shared(const Collective& c, std::uint64_t id) {
+    begin(c);
+    agree_on_shared(c);
+    const std::size_t bytes = c.count * dtype_size(c.dtype);
+    const std::vector<char*> bufs = shared_buffers(c, static_cast<char*>(c.recv));
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_)
+        std::memcpy(bufs[static_cast<std::size_t>(rank_)] + static_cast<std::size_t>(r) * bytes,
+                    bufs[static_cast<std::size_t>(r)] + static_cast<std::size_t>(r) * bytes, bytes);
+    barrier(c);  // peers no longer read this rank's chunk
+    own_->mapped_by_all(id);
+    ++round_;
+  }
+
+  void reduce_scatter_shared(const Collective& c, std::uint64_t id) {
+    begin(c);
+    agree_on_shared(c);
+    const std::size_t block = c.count * dtype_size(c.dtype);
+    const std::vector<char*> bufs = shared_buffers(c, static_cast<char*>(const_cast<void*>(c.send)));
+    std::vector<const void*> inputs(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r)
+      inputs[static_cast<std::size_t>(r)] = bufs[static_cast<std::size_t>(r)] + static_cast<std::size_t>(rank_) * block;
+    reduce(c.dtype, c.op, c.recv, inputs.data(), size_, c.count);
+    barrier(c);  // peers no longer read this rank's buffer
+    own_->mapped_by_all(id);
+    ++round_;
   }
 
   // Without `between`: each block of the share is copied to the peers right after it is
@@ -504,7 +558,7 @@ class ShmBackend final : public LocalBackend {
     begin(c);
     agree_on_shared(c);
     const std::size_t esize = dtype_size(c.dtype);
-    const std::vector<char*> bufs = shared_buffers(c);
+    const std::vector<char*> bufs = shared_buffers(c, static_cast<char*>(c.recv));
     // This rank's share, in whole cache lines: when the buffers are line-aligned (DDP's buckets
     // are page-aligned), no two ranks write one line.
     const std::size_t unit = kAlign / std::min<std::size_t>(esize, kAlign);
@@ -565,10 +619,12 @@ class ShmBackend final : public LocalBackend {
       std::size_t m = std::min(chunk, c.count - offset);
       int h = part();
       std::memcpy(slot(rank_, h), send + offset * esize, m * esize);
-      if (offset == 0)
+      if (offset == 0) {
         begin(c);
-      else
+        agree_on_shared(c);  // the peers passed private buffers too
+      } else {
         barrier(c);
+      }
       for (int r = 0; r < size_; ++r) {
         char* dst = recv + (static_cast<std::size_t>(r) * c.count + offset) * esize;
         const char* src = r == rank_ ? send + offset * esize : slot(r, h);
@@ -594,10 +650,12 @@ class ShmBackend final : public LocalBackend {
         if (r != rank_)
           std::memcpy(mine + static_cast<std::size_t>(r) * block * esize,
                       send + (static_cast<std::size_t>(r) * c.count + offset) * esize, m * esize);
-      if (offset == 0)
+      if (offset == 0) {
         begin(c);
-      else
+        agree_on_shared(c);  // the peers passed private buffers too
+      } else {
         barrier(c);
+      }
       for (int r = 0; r < size_; ++r)
         inputs[static_cast<std::size_t>(r)] =
             r == rank_ ? send + (static_cast<std::size_t>(rank_) * c.count + offset) * esize
