@@ -26,11 +26,14 @@
 
 #include "lockstep/error.h"
 #include "signature.h"
+#include "tensor_alias.h"
 
 namespace lockstep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ddp_detail::alias_into;
+using ddp_detail::alias_range;
 
 std::string dtype_name(torch::ScalarType t) {
   switch (t) {
@@ -60,15 +63,6 @@ comm::DType comm_dtype(torch::ScalarType t, const std::string& what) {
       throw ConfigError("DistributedDataParallel: " + what + " has dtype " + dtype_name(t) +
                         ", which lockstep cannot reduce (float32/64, float16, bfloat16, int32, int64)");
   }
-}
-
-// A tensor sharing `flat`'s memory at `offset` with `like`'s shape, but not an autograd view
-// of it: optimizers call grad.detach_(), which autograd refuses on views.
-torch::Tensor alias_into(const torch::Tensor& flat, std::int64_t offset, const torch::Tensor& like) {
-  torch::NoGradGuard no_grad;
-  auto alias = torch::empty({0}, flat.options());
-  alias.set_(flat.storage(), flat.storage_offset() + offset, like.sizes(), like.contiguous().strides());
-  return alias;
 }
 
 bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
@@ -119,11 +113,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: the tensor holds it weakly
     std::uintptr_t hook_key = 0;
     int bucket = -1;
-    torch::Tensor view;  // this parameter's slice of its bucket
+    std::int64_t offset = 0;  // where it starts in its bucket
+    torch::Tensor view;       // this parameter's slice of its bucket (while the bucket exists)
   };
   struct Bucket {
-    torch::Tensor flat;
+    torch::Tensor flat;  // under reduce_scatter: only from its launch until it is reduced
     torch::Tensor wire;  // compressed copy, when a comm hook applies
+    torch::Tensor slice;  // this rank's part of the averaged bucket (see Reducer::gradient_slice)
+    std::int64_t numel = 0;  // padded to options.bucket_multiple
+    torch::TensorOptions flat_options, wire_options;
     std::vector<int> params;
     int pending = 0;
     comm::WorkPtr work;
@@ -157,10 +155,23 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void install_hooks();
   void build_buckets(const std::vector<int>& order);
   torch::Tensor bucket_memory(std::int64_t numel, const torch::TensorOptions& options, bool& shared);
+  // Under reduce_scatter the buckets take turns in a few slots of memory (shared when the
+  // communicator has it, so the reduce-scatter reads peers' slots in place).
+  struct Slot {
+    std::shared_ptr<void> memory;
+    std::size_t bytes = 0;
+    int user = -1;  // the bucket in it
+  };
+  std::vector<Slot> slots;
+  void allocate_slots();
+  void materialize(int b);
+  void keep_slice(Bucket& bucket);
+  std::int64_t slice_length(const Bucket& bucket) const { return bucket.numel / comm.size(); }
   void rebuild_from_arrival();
   void on_ready(int index);
   void launch_ready();
   void launch(int b);
+  comm::WorkPtr reduce(const torch::Tensor& flat);
   void queue_end_of_backward();
   void finish_backward();
   std::vector<int> fill_missing();
@@ -254,27 +265,58 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
   for (std::size_t b = 0; b < layout.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.params = layout[b];
-    std::int64_t numel = 0;
-    for (int i : bucket.params) numel += params[i].tensor.numel();
-    auto& first = params[bucket.params.front()].tensor;
-    auto options_of_flat = first.options().requires_grad(false);
-    bool compress = options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
-                    first.element_size() >= 4;
-    if (compress) {
-      auto wire_type = options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16;
-      bucket.flat = torch::zeros({numel}, options_of_flat);
-      bucket.wire = bucket_memory(numel, options_of_flat.dtype(wire_type), bucket.shared);
-    } else {
-      bucket.flat = bucket_memory(numel, options_of_flat, bucket.shared);
-    }
     std::int64_t offset = 0;
     for (int i : bucket.params) {
+      params[i].bucket = int(b);
+      params[i].offset = offset;
+      offset += params[i].tensor.numel();
+    }
+    const std::int64_t multiple = options.bucket_multiple;
+    bucket.numel = (offset + multiple - 1) / multiple * multiple;
+    auto& first = params[bucket.params.front()].tensor;
+    bucket.flat_options = first.options().requires_grad(false);
+    const bool compress = options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
+                          first.element_size() >= 4;
+    if (compress)
+      bucket.wire_options =
+          bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
+    if (options.reduce_scatter) {
+      // Nothing lives between steps but this rank's slice; old grads go in at the next backward.
+      bucket.slice = torch::zeros({slice_length(bucket)}, bucket.flat_options);
+      continue;
+    }
+    if (compress) {
+      bucket.flat = torch::zeros({bucket.numel}, bucket.flat_options);
+      bucket.wire = bucket_memory(bucket.numel, bucket.wire_options, bucket.shared);
+    } else {
+      bucket.flat = bucket_memory(bucket.numel, bucket.flat_options, bucket.shared);
+    }
+    bucket.slice = alias_range(bucket.flat, comm.rank() * slice_length(bucket), slice_length(bucket));
+    for (int i : bucket.params) {
       auto& p = params[i];
-      p.bucket = int(b);
-      p.view = alias_into(bucket.flat, offset, p.tensor);
-      offset += p.tensor.numel();
+      p.view = alias_into(bucket.flat, p.offset, p.tensor);
       if (old_grads[i].defined()) p.view.copy_(old_grads[i]);
       if (options.gradient_as_bucket_view && old_grads[i].defined()) p.tensor.mutable_grad() = p.view;
+    }
+  }
+  if (options.reduce_scatter) allocate_slots();
+}
+
+// Two slots (one while the other's bucket is reduced) of the largest bucket's size. Collective:
+// every rank builds the same buckets, so asks for the same sizes in the same order.
+void Reducer::Impl::allocate_slots() {
+  std::size_t largest = 0;
+  for (auto& b : buckets) {
+    const auto& sent = b.wire_options.has_dtype() ? b.wire_options : b.flat_options;
+    largest = std::max(largest, std::size_t(b.numel) * c10::elementSize(c10::typeMetaToScalarType(sent.dtype())));
+  }
+  slots.assign(std::min<std::size_t>(2, buckets.size()), Slot{});
+  for (auto& s : slots) {
+    s.bytes = largest;
+    s.memory = options.shared_buckets ? comm.allocate_shared(largest) : nullptr;
+    if (!s.memory) {
+      auto bytes = torch::empty({std::int64_t(largest)}, torch::kByte);
+      s.memory = std::shared_ptr<void>(bytes.data_ptr(), [bytes](void*) {});
     }
   }
 }
@@ -293,6 +335,51 @@ torch::Tensor Reducer::Impl::bucket_memory(std::int64_t numel, const torch::Tens
     }
   }
   return torch::zeros({numel}, opts);
+}
+
+// Under reduce_scatter, at the bucket's launch: its slot (once the bucket before it there is
+// reduced), this backward's gradients copied in and released, zeros for the rest.
+void Reducer::Impl::materialize(int b) {
+  Bucket& bucket = buckets[b];
+  Slot& slot = slots[std::size_t(b) % slots.size()];
+  if (slot.user >= 0 && slot.user != b) {
+    Bucket& before = buckets[slot.user];
+    if (before.work) before.work->wait();
+    keep_slice(before);
+  }
+  slot.user = b;
+  const auto& sent_options = bucket.wire_options.has_dtype() ? bucket.wire_options : bucket.flat_options;
+  auto sent = torch::from_blob(slot.memory.get(), {bucket.numel}, [memory = slot.memory](void*) {}, sent_options);
+  if (bucket.wire_options.has_dtype()) {
+    bucket.wire = sent;
+    bucket.flat = torch::empty({bucket.numel}, bucket.flat_options);
+  } else {
+    bucket.flat = sent;
+  }
+  std::int64_t used = 0;
+  for (int i : bucket.params) {
+    auto& p = params[i];
+    p.view = alias_into(bucket.flat, p.offset, p.tensor);
+    auto& grad = p.tensor.mutable_grad();
+    if (grad.defined()) {
+      p.view.copy_(grad);
+      grad = torch::Tensor();  // only this rank's slice of it will remain
+    } else {
+      p.view.zero_();  // no gradient this step (find_unused_parameters)
+    }
+    used += p.tensor.numel();
+  }
+  bucket.flat.narrow(0, used, bucket.numel - used).zero_();
+}
+
+// Under reduce_scatter, once the bucket is reduced: this rank's slice is kept, the slot let go.
+void Reducer::Impl::keep_slice(Bucket& bucket) {
+  if (!options.reduce_scatter || !bucket.flat.defined()) return;
+  const auto& reduced = bucket.wire.defined() ? bucket.wire : bucket.flat;
+  bucket.slice.copy_(reduced.narrow(0, comm.rank() * slice_length(bucket), slice_length(bucket)));
+  bucket.flat = torch::Tensor();
+  bucket.wire = torch::Tensor();
+  for (int i : bucket.params) params[i].view = torch::Tensor();
 }
 
 // All ranks take rank 0's order, so their buckets match.
@@ -346,7 +433,9 @@ void Reducer::Impl::on_ready(int index) {
   last_ready = now;
   torch::NoGradGuard no_grad;
   auto& grad = p.tensor.mutable_grad();
-  if (options.gradient_as_bucket_view) {
+  if (options.reduce_scatter) {
+    // The gradient stays where autograd put it until its bucket launches.
+  } else if (options.gradient_as_bucket_view) {
     if (!same_memory(grad, p.view)) {
       p.view.copy_(grad);
       grad = p.view;
@@ -364,21 +453,30 @@ void Reducer::Impl::launch_ready() {
 void Reducer::Impl::launch(int b) {
   auto& bucket = buckets[b];
   torch::NoGradGuard no_grad;
+  if (options.reduce_scatter) materialize(b);
   auto& send = bucket.wire.defined() ? bucket.wire : bucket.flat;
   if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
   bucket.queued = Clock::now();
   if (!send.is_cpu()) {
     // A device bucket goes through host memory; a device backend (NCCL) would take it as is.
     auto host = send.to(torch::kCPU);
-    comm.allreduce(host.data_ptr(), host.numel(), comm_dtype(host.scalar_type(), "a bucket"),
-                   comm::ReduceOp::avg)
-        ->wait();
+    reduce(host)->wait();
     send.copy_(host);
     bucket.work = nullptr;
   } else {
-    bucket.work = comm.allreduce(send.data_ptr(), send.numel(), comm_dtype(send.scalar_type(), "a bucket"),
-                                 comm::ReduceOp::avg);
+    bucket.work = reduce(send);
   }
+}
+
+// The average of `flat` over the ranks: all of it, or under reduce_scatter this rank's slice
+// (in place, at the rank's offset).
+comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat) {
+  const auto dtype = comm_dtype(flat.scalar_type(), "a bucket");
+  if (!options.reduce_scatter)
+    return comm.allreduce(flat.data_ptr(), flat.numel(), dtype, comm::ReduceOp::avg);
+  const std::int64_t n = flat.numel() / comm.size();
+  void* mine = static_cast<char*>(flat.data_ptr()) + comm.rank() * n * flat.element_size();
+  return comm.reduce_scatter(flat.data_ptr(), mine, std::size_t(n), dtype, comm::ReduceOp::avg);
 }
 
 // Zeros stand in for gradients that never arrived, so the peers' all-reduce completes either
@@ -389,7 +487,7 @@ std::vector<int> Reducer::Impl::fill_missing() {
     if (ready[i]) continue;
     missing.push_back(int(i));
     auto& p = params[i];
-    p.view.zero_();
+    if (!options.reduce_scatter) p.view.zero_();  // else: zeros when the bucket launches
     if (options.gradient_as_bucket_view && options.find_unused_parameters) p.tensor.mutable_grad() = p.view;
     ready[i] = 1;
     --buckets[p.bucket].pending;
@@ -405,8 +503,8 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
     BucketStats bs;
     bs.index = int(b);
     bs.parameters = int(bucket.params.size());
-    auto& sent = bucket.wire.defined() ? bucket.wire : bucket.flat;
-    bs.bytes = sent.numel() * sent.element_size();
+    const auto& sent = bucket.wire_options.has_dtype() ? bucket.wire_options : bucket.flat_options;
+    bs.bytes = std::size_t(bucket.numel) * c10::elementSize(c10::typeMetaToScalarType(sent.dtype()));
     bs.queued = bucket.queued;
     try {
       if (bucket.work) {
@@ -415,7 +513,10 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
         bs.finished = bucket.work->finished();
         s.comm_seconds += bucket.work->seconds();
       }
-      if (bucket.wire.defined()) bucket.flat.copy_(bucket.wire);
+      if (options.reduce_scatter)
+        keep_slice(bucket);
+      else if (bucket.wire.defined())
+        bucket.flat.copy_(bucket.wire);
     } catch (...) {
       if (!error) error = std::current_exception();
     }
@@ -430,7 +531,7 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
 
 // Without gradient_as_bucket_view the averaged values go back into each parameter's own grad.
 void Reducer::Impl::copy_out_of_buckets() {
-  if (options.gradient_as_bucket_view) return;
+  if (options.gradient_as_bucket_view || options.reduce_scatter) return;
   for (auto& p : params) {
     auto& grad = p.tensor.mutable_grad();
     if (grad.defined()) {
@@ -489,6 +590,8 @@ void Reducer::Impl::finish_backward() {
 
 Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options)
     : impl_(std::make_shared<Impl>(std::move(module), comm, std::move(options))) {
+  if (impl_->options.bucket_multiple < 1)
+    throw ConfigError("DistributedDataParallel: bucket_multiple must be at least 1");
   if (impl_->options.bucket_cap_mb <= 0 || impl_->options.first_bucket_cap_mb <= 0) {
     throw ConfigError("DistributedDataParallel: bucket caps must be positive (bucket_cap_mb = " +
                       std::to_string(impl_->options.bucket_cap_mb) +
@@ -525,7 +628,7 @@ void Reducer::before_forward() {
         "longer agree. Stop this worker and restart the job");
   }
   bool training = s.module->is_training() && torch::GradMode::is_enabled();
-  if (training && s.stats.step > 0 && !s.rebuilt) s.rebuild_from_arrival();
+  if (training && s.stats.step > 0 && !s.rebuilt && s.options.rebuild_buckets) s.rebuild_from_arrival();
   if (training && s.options.broadcast_buffers && s.comm.size() > 1) {
     auto buffers = s.module->buffers();
     if (!buffers.empty()) broadcast_flat(s.comm, buffers, "a buffer");
@@ -576,6 +679,33 @@ std::vector<std::vector<std::string>> Reducer::bucket_layout() const {
     for (int i : b.params) out.back().push_back(impl_->params[i].name);
   }
   return out;
+}
+
+std::vector<Reducer::FlatBucket> Reducer::flat_buckets() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<FlatBucket> out;
+  for (auto& b : impl_->buckets) {
+    FlatBucket f;
+    f.numel = b.numel;
+    for (int i : b.params) {
+      f.params.push_back(impl_->params[i].tensor);
+      f.offsets.push_back(impl_->params[i].offset);
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::size_t Reducer::bucket_slot_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::size_t total = 0;
+  for (const auto& s : impl_->slots) total += s.bytes;
+  return total;
+}
+
+torch::Tensor Reducer::gradient_slice(int b) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->buckets.at(std::size_t(b)).slice;
 }
 
 }  // namespace lockstep

@@ -64,6 +64,15 @@ struct DdpOptions {
   // some (shm backend, CPU tensors): the all-reduce then reads peers' buckets in place
   // instead of copying through staging slots. Falls back to private memory on every rank.
   bool shared_buckets = true;
+
+  // What ZeRO (ddp/zero.h) sets; plain DDP keeps the defaults.
+  bool rebuild_buckets = true;  // re-pack the buckets once, in the order gradients first arrived
+  int bucket_multiple = 1;      // pad every bucket to a multiple of this many elements (the world size)
+  // Each rank receives only its slice of every averaged bucket (ZeRO stage 2): buckets are
+  // reduce-scattered instead of all-reduced, taking turns in two slots of memory as they
+  // launch, and leave behind this rank's slices (gradient_slice); the parameters' own grads are
+  // released when their bucket launches.
+  bool reduce_scatter = false;
 };
 
 using SteadyTime = std::chrono::steady_clock::time_point;
@@ -108,6 +117,21 @@ class Reducer {
   const DdpOptions& options() const;
   // Parameter names per bucket, in the order buckets are reduced.
   std::vector<std::vector<std::string>> bucket_layout() const;
+
+  // The buckets as flat arrays, for sharding them: each bucket's parameters and where each
+  // starts, and its length padded to options().bucket_multiple. Fixed once rebuild_buckets is off.
+  struct FlatBucket {
+    std::vector<torch::Tensor> params;
+    std::vector<std::int64_t> offsets;
+    std::int64_t numel = 0;  // padded
+  };
+  std::vector<FlatBucket> flat_buckets() const;
+  // This rank's slice of bucket b's averaged gradient: elements [rank * n / W, (rank + 1) * n / W)
+  // of the padded bucket. A view of the bucket, or under reduce_scatter the tensor the slice is
+  // kept in; the same tensor for the reducer's life, valid after each synchronised backward.
+  torch::Tensor gradient_slice(int b) const;
+  // Under reduce_scatter: the bytes of the slots buckets take turns in while they are reduced.
+  std::size_t bucket_slot_bytes() const;
 
  private:
   struct Impl;
