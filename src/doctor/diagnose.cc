@@ -7,6 +7,7 @@
 
 #include "lockstep/doctor/doctor.h"
 #include "lockstep/train_core/blas.h"
+#include "lockstep/train_core/memory_usage.h"
 
 namespace lockstep::doctor {
 namespace {
@@ -211,9 +212,38 @@ std::optional<Finding> compute_slowed(const Evidence& e) {
   return f;
 }
 
+// Every worker updates every parameter and keeps all of the optimizer state: when the update
+// weighs on the step, or the state on the machine's memory, ZeRO divides both by the workers.
+std::optional<Finding> shard_the_optimizer(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (many.world < 2 || many.zero_stage > 0) return std::nullopt;
+  const double w = many.world;
+  const double update_share = many.optimizer / step_of(many);
+  const int per_machine = std::max(1, many.world / std::max(1, many.machines));
+  const double machine = static_cast<double>(train::machine_memory_bytes());
+  const double state_share = machine > 0 ? many.optimizer_state_bytes * per_machine / machine : 0;
+  if (update_share < 0.08 && state_share < 0.25) return std::nullopt;
+  Finding f;
+  f.kind = "zero";
+  f.problem = "each of the " + std::to_string(many.world) + " workers updates every parameter (" +
+              ms(many.optimizer) + ", " + pct(update_share) + " of the step) and holds all of the optimizer state (" +
+              fmt("%.0f MiB per worker, %.0f%% of this machine's memory", many.optimizer_state_bytes / 1048576,
+                  100 * state_share) +
+              ")";
+  f.action = std::string("shard the optimizer: --zero-stage 2 (each worker updates and keeps 1/") +
+             std::to_string(many.world) + " of it, same bytes on the wire)" +
+             (many.machines == 1 ? "; --zero-shared-parameters keeps one copy of the parameters on this machine" : "");
+  f.predicted = "optimizer step " + ms(many.optimizer) + " -> " + ms(many.optimizer / w) + "; optimizer state " +
+                fmt("%.0f -> %.0f MiB per worker", many.optimizer_state_bytes / 1048576,
+                    many.optimizer_state_bytes / w / 1048576);
+  f.saving = update_share * (1 - 1 / w);
+  return f;
+}
+
 using Rule = std::optional<Finding> (*)(const Evidence&);
-constexpr Rule kRules[] = {blas_kernels, oversubscribed_threads,  data_wait,          larger_batch,
-                           link_bound,   comm_competes_for_cores, compress_gradients, compute_slowed};
+constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  data_wait,
+                           larger_batch,       link_bound,              comm_competes_for_cores,
+                           compress_gradients, shard_the_optimizer,     compute_slowed};
 
 }  // namespace
 

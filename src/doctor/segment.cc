@@ -42,6 +42,9 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("network_bytes_per_step", s.network_bytes);
   visit("network_seconds_per_step", s.network_seconds);
   visit("windows", s.windows);
+  visit("zero_stage", s.zero_stage);
+  visit("worker_optimizer_state_bytes", s.optimizer_state_bytes);
+  visit("peak_rss_bytes", s.peak_rss_bytes);
 }
 
 nlohmann::json RunSummary::to_json() const {
@@ -91,6 +94,8 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.blas_core = b.blas_core;
   s.blas_best_core = b.blas_best_core;
   s.blas_forced = b.blas_forced;
+  s.zero_stage = b.zero_stage;
+  s.optimizer_state_bytes = static_cast<double>(b.worker_optimizer_state_bytes);
 }
 
 // Averages over every window but the first (warm-up).
@@ -119,6 +124,7 @@ void average_windows(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
   s.network_bytes = bytes / n;
   s.network_seconds = seconds / n;
   s.windows = static_cast<int>(logs.size() - 1);
+  s.peak_rss_bytes = logs.back().peak_rss_bytes.value_or(0);
 }
 
 }  // namespace

@@ -39,18 +39,38 @@ void Trainer::Impl::log(const nlohmann::json& entry) {
   for (auto& cb : callbacks) cb->on_log(state, entry);
 }
 
+std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vector<torch::Tensor> params) const {
+  if (args.optim == "sgd")
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(args.learning_rate)
+                                                           .momentum(args.sgd_momentum)
+                                                           .weight_decay(args.weight_decay));
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(args.learning_rate)
+                                                           .betas({args.adam_beta1, args.adam_beta2})
+                                                           .eps(args.adam_epsilon)
+                                                           .weight_decay(args.weight_decay));
+}
+
+// One worker has nothing to average: no reducer, no copies into buckets.
+void Trainer::Impl::build_reducer() {
+  if (world() == 1) return;
+  DdpOptions ddp;
+  ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
+  ddp.find_unused_parameters = args.ddp_find_unused_parameters;
+  ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
+  if (args.zero_stage > 0) ddp = zero_ddp_options(ddp, {args.zero_stage, args.zero_shared_parameters}, world());
+  reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
+}
+
 void Trainer::Impl::build_optimizer() {
-  auto params = model.module->parameters();
-  if (args.optim == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(args.learning_rate)
-                                                                .momentum(args.sgd_momentum)
-                                                                .weight_decay(args.weight_decay));
-  } else {
-    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(args.learning_rate)
-                                                                  .betas({args.adam_beta1, args.adam_beta2})
-                                                                  .eps(args.adam_epsilon)
-                                                                  .weight_decay(args.weight_decay));
+  if (reducer && args.zero_stage > 0) {
+    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm,
+                                           ZeroOptions{args.zero_stage, args.zero_shared_parameters},
+                                           [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
+    return;
   }
+  if (args.zero_stage > 0 && rank() == 0)
+    LOCKSTEP_LOG(info, train) << "--zero-stage " << args.zero_stage << " with one worker: nothing to shard";
+  optimizer = make_optimizer(model.module->parameters());
 }
 
 // The run's length and schedule, the optimiser, the outputs, a resume, and the reducer.
@@ -64,6 +84,14 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
   schedule =
       Schedule{args.lr_scheduler_type,
                warmup_steps_for(args.warmup_steps, args.warmup_ratio, state.max_steps), state.max_steps};
+  if (args.gradient_checkpointing) {
+    if (!model.set_gradient_checkpointing)
+      throw ConfigError("--gradient-checkpointing: this model cannot recompute its blocks (give it a "
+                        "set_gradient_checkpointing(bool) method that wraps each block in "
+                        "lockstep::gradient_checkpoint, as models/gpt.h's do)");
+    model.set_gradient_checkpointing(true);
+  }
+  build_reducer();  // before the optimizer: ZeRO shards the reducer's buckets
   build_optimizer();
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
 
@@ -79,20 +107,6 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
                               << "; this run starts from step 0 and replaces them as it reaches their steps "
                                  "(--resume-from-checkpoint latest continues instead)";
   }
-
-  DdpOptions ddp;
-  ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
-  ddp.find_unused_parameters = args.ddp_find_unused_parameters;
-  ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
-  if (args.gradient_checkpointing) {
-    if (!model.set_gradient_checkpointing)
-      throw ConfigError("--gradient-checkpointing: this model cannot recompute its blocks (give it a "
-                        "set_gradient_checkpointing(bool) method that wraps each block in "
-                        "lockstep::gradient_checkpoint, as models/gpt.h's do)");
-    model.set_gradient_checkpointing(true);
-  }
-  // One worker has nothing to average: no reducer, no copies into buckets.
-  if (world() > 1) reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
   model.module->train();
 }
 
@@ -130,6 +144,14 @@ void Trainer::Impl::announce() {
     begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
   begin.gradient_checkpointing = args.gradient_checkpointing;
+  begin.zero_stage = zero ? args.zero_stage : 0;
+  begin.zero_shared_parameters = zero && args.zero_shared_parameters;
+  const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
+  begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
+  begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;
+  begin.worker_gradient_slot_bytes = held.gradient_slots;
+  begin.worker_optimizer_state_bytes =
+      zero ? held.optimizer_state : begin.parameter_bytes * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
   begin.max_steps = state.max_steps;
   begin.start_step = state.global_step;
   begin.blas = blas.config;
@@ -175,6 +197,9 @@ void Trainer::Impl::log_window(RunProgress& run) {
   entry.epoch = state.fractional_epoch();
   entry.learning_rate = learning_rate_at(state.global_step - 1);
   entry.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
+  double pss = static_cast<double>(pss_bytes());
+  comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
+  entry.job_pss_bytes = pss;
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
@@ -363,7 +388,7 @@ nlohmann::json Trainer::evaluate() {
   return impl_->evaluate();
 }
 std::string Trainer::save_checkpoint() {
-  if (!impl_->optimizer)
+  if (!impl_->optimizer && !impl_->zero)
     throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
   return impl_->save(0);
 }

@@ -46,12 +46,12 @@ nlohmann::json trainer_state_json(const Trainer::Impl& t, std::size_t sampler_po
 enum class SaveOutcome : std::int32_t { ok = 0, failed = 1, no_storage = 2 };
 
 // Rank 0 writes the checkpoint; returns how it went and, on failure, why.
-SaveOutcome write_on_rank0(Trainer::Impl& t, const fs::path& dir, std::size_t sampler_position,
-                           const std::vector<std::string>& rngs, std::string& error) {
+SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer, const fs::path& dir,
+                           std::size_t sampler_position, const std::vector<std::string>& rngs, std::string& error) {
   if (t.rank() != 0) return SaveOutcome::ok;
   try {
     const std::int64_t step = t.state.global_step;
-    write_checkpoint(dir.string(), *t.model.module, *t.optimizer, scheduler_json(t), t.args.to_json(),
+    write_checkpoint(dir.string(), *t.model.module, *optimizer, scheduler_json(t), t.args.to_json(),
                      trainer_state_json(t, sampler_position, rngs), [&] {
                        if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
                      });
@@ -85,8 +85,12 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
     state.best_checkpoint = name;
     improved_since_save = false;
   }
+  // Under ZeRO the slices' state is put together first, into the file DDP would write.
+  std::unique_ptr<torch::optim::Optimizer> whole;
+  if (zero) whole = zero->consolidated([this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
   std::string error;
-  auto outcome = static_cast<std::int32_t>(write_on_rank0(*this, dir, sampler_position, rngs, error));
+  auto outcome = static_cast<std::int32_t>(
+      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, error));
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
   comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
   const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
@@ -117,7 +121,14 @@ void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sam
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
   load_module(*model.module, (fs::path(dir) / "model.pt").string());
-  load_optimizer(*optimizer, (fs::path(dir) / "optimizer.pt").string());
+  const std::string optimizer_path = (fs::path(dir) / "optimizer.pt").string();
+  if (zero) {  // the file holds the whole state, as DDP writes it: each rank takes its slices
+    auto whole = make_optimizer(model.module->parameters());
+    load_optimizer(*whole, optimizer_path);
+    zero->load_consolidated(*whole);
+  } else {
+    load_optimizer(*optimizer, optimizer_path);
+  }
   int saved_world = 0;
   try {
     state.global_step = s.at("global_step").get<std::int64_t>();

@@ -19,6 +19,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/zero.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
@@ -52,8 +53,9 @@ struct Trainer::Impl {
   comm::Communicator* comm = nullptr;
   LossFn loss_fn;
 
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<Reducer> reducer;                     // several workers
+  std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, or DDP
+  std::unique_ptr<ZeroOptimizer> zero;                  // --zero-stage 1 or 2 on several workers
   Schedule schedule;
   TrainerState state;
   bool improved_since_save = false;  // the best metric changed since the last checkpoint
@@ -71,7 +73,12 @@ struct Trainer::Impl {
   // trainer.cc
   TrainResult train();
   void prepare(data::DistributedSampler& sampler, bool& resumed_mid_epoch);
+  void build_reducer();
   void build_optimizer();
+  // An optimizer of the configured kind (--optim and its settings) over `params`.
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params) const;
+  // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
+  torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
   void announce();
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
   void after_step(std::size_t position, std::size_t num_samples, RunProgress& run);

@@ -73,13 +73,19 @@ void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, 
 
 void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
   const auto begin = Clock::now();
-  if (trainer.args.max_grad_norm > 0)
-    window.set_grad_norm(
-        torch::nn::utils::clip_grad_norm_(trainer.model.module->parameters(), trainer.args.max_grad_norm));
+  const double max_norm = trainer.args.max_grad_norm;
+  if (max_norm > 0)
+    window.set_grad_norm(trainer.zero ? trainer.zero->clip_grad_norm(max_norm)
+                                      : torch::nn::utils::clip_grad_norm_(trainer.model.module->parameters(), max_norm));
   const double lr = trainer.learning_rate_at(trainer.state.global_step);
-  for (auto& group : trainer.optimizer->param_groups()) group.options().set_lr(lr);
-  trainer.optimizer->step();
-  trainer.optimizer->zero_grad();
+  for (auto& group : trainer.stepper().param_groups()) group.options().set_lr(lr);
+  if (trainer.zero) {  // its slices, then every rank gets the new parameters
+    trainer.zero->step();
+    trainer.zero->zero_grad();
+  } else {
+    trainer.optimizer->step();
+    trainer.optimizer->zero_grad();
+  }
   const auto end = Clock::now();
   t.optimizer = seconds_between(begin, end);
   if (TraceWriter* trace = trainer.trace()) trace->span("optimizer", 1, begin, end);

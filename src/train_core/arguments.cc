@@ -152,6 +152,8 @@ void TrainingArguments::validate() const {
                                         std::to_string(save_steps) + " is not a multiple of " +
                                         std::to_string(eval_every()) + ")");
   }
+  if (zero_shared_parameters && zero_stage == 0)
+    bad("zero-shared-parameters", "shards the optimizer update across workers: add --zero-stage 1 or 2");
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }

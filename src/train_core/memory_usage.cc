@@ -6,8 +6,8 @@
 namespace lockstep::train {
 namespace {
 
-std::int64_t status_kib(const char* field) {
-  FILE* f = std::fopen("/proc/self/status", "r");
+std::int64_t status_kib(const char* field, const char* file = "/proc/self/status") {
+  FILE* f = std::fopen(file, "r");
   if (!f) return 0;
   char line[256];
   long long kib = 0;
@@ -29,6 +29,14 @@ std::int64_t rss_bytes() {
 
 std::int64_t peak_rss_bytes() {
   return status_kib("VmHWM");
+}
+
+std::int64_t pss_bytes() {
+  return status_kib("Pss", "/proc/self/smaps_rollup");
+}
+
+std::int64_t machine_memory_bytes() {
+  return status_kib("MemTotal", "/proc/meminfo");
 }
 
 }  // namespace lockstep::train

@@ -92,6 +92,25 @@ TEST(DoctorAnalysis, SlowAllReducesInsideTrainingBlameSchedulingNotTheTransport)
   EXPECT_FALSE(has(f, "compression"));
 }
 
+// A heavy update (AdamW over a wide model) asks for ZeRO, with the update divided by the workers;
+// a run that already shards is not told to.
+TEST(DoctorAnalysis, AHeavyOptimizerStepAsksForZeroWithThePredictedStep) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.optimizer = 0.010;  // 10 ms of a ~52 ms step
+  many.step += 0.008;
+  many.optimizer_state_bytes = 64e6;
+  auto f = diagnose(evidence(one, many, 2.0));
+  ASSERT_TRUE(has(f, "zero"));
+  for (const auto& x : f)
+    if (x.kind == "zero") {
+      EXPECT_NE(x.action.find("--zero-stage 2"), std::string::npos) << x.action;
+      EXPECT_NE(x.predicted.find("10.0 ms -> 5.0 ms"), std::string::npos) << x.predicted;
+    }
+  many.zero_stage = 2;
+  EXPECT_FALSE(has(diagnose(evidence(one, many, 2.0)), "zero"));
+  EXPECT_FALSE(has(diagnose(evidence(healthy(1), healthy(2), 2.0)), "zero")) << "a light update is left alone";
+}
+
 TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
   RunSummary one = healthy(1), many = healthy(2);
   many.threads = 2;  // 2 x 2 on 2 cores

@@ -26,6 +26,9 @@ struct RunSummary {
   int machines = 1;
   double network_bytes = 0, network_seconds = 0;  // per step, rank 0: what crossed the network
   int windows = 0;                                // logging windows averaged
+  int zero_stage = 0;
+  double optimizer_state_bytes = 0;  // what each worker holds (train_begin)
+  double peak_rss_bytes = 0;         // rank 0's high-water mark, at the last window
   double network_gbps() const { return network_seconds > 0 ? network_bytes / network_seconds / 1e9 : 0; }
   double other() const;
   double compute() const { return forward + backward; }
@@ -38,7 +41,7 @@ struct RunSummary {
 RunSummary read_summary(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // blas | threads | data | batch | link | compression | scheduling | compute
+  std::string kind;            // blas | threads | data | batch | link | compression | scheduling | zero | compute
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect

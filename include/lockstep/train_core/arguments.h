@@ -104,6 +104,10 @@ inline Rule backend_rule() {
   X(double, ddp_bucket_cap_mb, 25, "gradient bucket size", above(0))                                  \
   X(std::string, ddp_comm_hook, "none", "gradients on the wire", one_of({"none", "fp16", "bf16"}))             \
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
+  X(int, zero_stage, 0, "ZeRO: 1 shards the optimizer state across workers, 2 also the gradients; 0: DDP",      \
+    within(0, 2))                                                                                              \
+  X(bool, zero_shared_parameters, false,                                                                       \
+    "ZeRO: keep the parameters once per machine in shared memory (every worker on one machine)", any())       \
   X(std::string, backend, "auto", "the communication backend", backend_rule())                                \
   X(std::string, config, "", "YAML or JSON file of these settings (flags override it)", any())
 // clang-format on

@@ -31,7 +31,13 @@
   X(double, ddp_bucket_cap_mb, "gradient bucket size")                                                  \
   X(std::string, ddp_comm_hook, "gradient compression on the wire (none, fp16, bf16)")                  \
   X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
-  X(std::int64_t, parameter_bytes, "bytes of the model's parameters on each worker")                    \
+  X(std::int64_t, parameter_bytes, "bytes of the model's parameters")                                   \
+  X(int, zero_stage, "0: DDP; 1: optimizer state sharded; 2: gradients too")                             \
+  X(bool, zero_shared_parameters, "whether the parameters are kept once per machine")                    \
+  X(std::int64_t, worker_parameter_bytes, "parameter bytes each worker holds (shared: its share of one copy)") \
+  X(std::int64_t, worker_gradient_bytes, "gradient bytes each worker keeps between steps")               \
+  X(std::int64_t, worker_gradient_slot_bytes, "ZeRO-2: the two bucket slots gradients pass through")     \
+  X(std::int64_t, worker_optimizer_state_bytes, "optimizer-state bytes each worker holds once it stepped") \
   X(bool, gradient_checkpointing, "whether blocks recompute their activations in backward")            \
   X(std::int64_t, max_steps, "optimiser steps the run will take")                                       \
   X(std::int64_t, start_step, "the step this start begins at (above 0 after a resume)")                 \
@@ -64,7 +70,9 @@
   X(std::optional<double>, peak_rss_bytes, "rank 0's resident-memory high-water mark so far (VmHWM)")     \
   X(std::optional<double>, step_tensor_bytes,                                                                  \
     "the most rank 0's CPU tensors grew by within one step of the window, from its start to its peak "         \
-    "(activations kept for backward, gradients, temporaries)")
+    "(activations kept for backward, gradients, temporaries)")                                                 \
+  X(std::optional<double>, job_pss_bytes,                                                                      \
+    "all workers' proportional set size summed at the window's end: the job's memory, shared pages once")
 
 #define LOCKSTEP_EVAL_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done when it ran")                                             \
