@@ -367,10 +367,10 @@ def main():
     elapsed = time.perf_counter() - start
 
     eval_loss = evaluate(model, eval_set, args.eval_batch, rank, world, args.bf16)
-    # After the evaluation, so the loss above is after exactly --max-steps steps.
-    step_bytes = step_tensor_bytes(train_step) if args.measure_memory else None
-
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kilobytes
+    # After the evaluation, so the loss above is after exactly --max-steps steps, and after the
+    # RSS reading, which the profiler's own bookkeeping would raise.
+    step_bytes = step_tensor_bytes(train_step) if args.measure_memory else None
     rss_max = torch.tensor([rss], dtype=torch.int64)
     if world > 1:
         dist.all_reduce(rss_max, op=dist.ReduceOp.MAX)

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""The GPT workload, lockstep against PyTorch 1.13, in one run on this machine.
+
+Both sides train the same byte-level GPT on the same fortune blocks with the same initialisation,
+AdamW, schedule and clipping (examples/gpt.cc against bench/torch_gpt.py), per-worker batch 16
+blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three parts:
+
+  throughput  tokens/s of lockstep 1 process, lockstep DDP 2 workers, PyTorch 1 process and
+              PyTorch DDP (gloo) 2 workers, interleaved --repeat times, on the default model
+              (4 layers, 256 wide) and one 4x larger (4 layers, 512 wide, 8 heads): median
+              tokens/s, scaling efficiency (2 workers over twice the same side's 1 process) and
+              lockstep DDP over PyTorch DDP. The first 10 steps of every run are not timed.
+  memory      2 workers, default model, with and without gradient checkpointing, both sides:
+              tokens/s, the growth of tensor memory within a step (lockstep: its counting
+              allocator; PyTorch: one step under the autograd profiler's memory tracking), and
+              the resident-memory high-water mark of rank 0.
+  loss        2 workers, default model, --loss-steps steps on both sides, then the validation
+              loss over the whole validation split: lockstep's against PyTorch's.
+
+    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,loss]
+        [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json]
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+
+import compare_ddp  # the BLAS set-up every comparison shares
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WARMUP = 10  # untimed steps at the start of every run
+MODELS = {"default": [], "4x": ["--n-embd", "512", "--n-head", "8"]}
+
+
+def cpu_model():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def json_line(stdout):
+    for line in stdout.splitlines():
+        line = line.split("] ", 1)[-1] if line.startswith("[rank") else line
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+def events(path, kind):
+    with open(path) as f:
+        return [e for e in map(json.loads, filter(str.strip, f)) if e.get("event") == kind]
+
+
+def lockstep_result(out_dir, world):
+    """tokens/s over the logged windows after the first (the untimed warm-up), the memory the
+    windows recorded, and the final evaluation, from what the Trainer wrote."""
+    all_logs = events(os.path.join(out_dir, "metrics.jsonl"), "log")
+    logs = all_logs[1:]
+    if not logs:
+        raise SystemExit(f"no timed log windows in {out_dir}/metrics.jsonl: raise --steps")
+    begin = events(os.path.join(out_dir, "metrics.jsonl"), "train_begin")[-1]
+    with open(os.path.join(out_dir, "eval_results.json")) as f:
+        final = json.load(f)
+    block_tokens = 16 * 128 * world  # per step: the per-device batch of 128-byte blocks on every worker
+    tokens = [(e["step"] - before["step"]) * block_tokens for before, e in zip(all_logs, logs)]
+    seconds = [t / e["tokens_per_second"] for t, e in zip(tokens, logs)]
+    return {"side": "lockstep", "world": world, "tokens_per_s": sum(tokens) / sum(seconds),
+            "step_s": statistics.mean(e["step_seconds"] for e in logs),
+            "exposed_comm_fraction": statistics.mean(e["exposed_comm_fraction"] for e in logs),
+            "step_tensor_bytes": max(e.get("step_tensor_bytes", 0) for e in logs),
+            "peak_rss_bytes": logs[-1].get("peak_rss_bytes"), "eval_loss": final["eval_loss"],
+            "intra_op_threads": begin["intra_op_threads"], "blas_core": begin.get("blas_core"),
+            "params": begin.get("parameters")}
+
+
+def run_lockstep(build, world, flags, env):
+    with tempfile.TemporaryDirectory(prefix="compare-gpt-") as out:
+        cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", str(world),
+               os.path.join(build, "examples", "gpt"), "--output-dir", out, "--logging-steps", "10",
+               "--eval-strategy", "no", "--save-strategy", "no", "--disable-tqdm"] + flags
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+        return lockstep_result(out, world)
+
+
+def run_pytorch(build, world, flags, env):
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_gpt.py"), "--warmup", str(WARMUP)] + flags
+    if world > 1:
+        cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", str(world)] + cmd
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    result = json_line(done.stdout)
+    if done.returncode != 0 or result is None:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    return result
+
+
+def run_side(side, build, world, flags, env):
+    if side == "lockstep":
+        return run_lockstep(build, world, flags, env)
+    return run_pytorch(build, world, flags, env)  # torch_gpt.py spells the flags alike
+
+
+def throughput(args, env):
+    rows = []
+    for model, shape in MODELS.items():
+        flags = ["--max-steps", str(args.steps), "--eval-limit", "32"] + shape
+        got = {(side, world): [] for side in ("lockstep", "pytorch") for world in (1, 2)}
+        for _ in range(args.repeat):
+            for side, world in got:
+                got[side, world].append(run_side(side, args.build, world, flags, env))
+        rows.append((model, got))
+    print("\n### Throughput: tokens/s, median of %d interleaved runs (range)\n" % args.repeat)
+    print("| model | parameters | side | 1 process | DDP 2 workers | scaling eff. | exposed comm | DDP vs PyTorch DDP |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model, got in rows:
+        med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in got.items()}
+        rng = {k: (min(r["tokens_per_s"] for r in v), max(r["tokens_per_s"] for r in v)) for k, v in got.items()}
+        params = got["lockstep", 1][0]["params"]
+        for side in ("lockstep", "pytorch"):
+            exposed = (f"{statistics.median(r['exposed_comm_fraction'] for r in got[side, 2]):.1%}"
+                       if side == "lockstep" else "")
+            print(f"| {model} | {params / 1e6:.2f} M | {side} | {med[side, 1]:.0f} ({rng[side, 1][0]:.0f}-"
+                  f"{rng[side, 1][1]:.0f}) | {med[side, 2]:.0f} ({rng[side, 2][0]:.0f}-{rng[side, 2][1]:.0f}) | "
+                  f"{med[side, 2] / (2 * med[side, 1]):.0%} | {exposed} | "
+                  f"{med[side, 2] / med['pytorch', 2]:.2f}x |")
+    return {m: {f"{s} {w}": v for (s, w), v in got.items()} for m, got in rows}
+
+
+def memory(args, env):
+    flags = ["--max-steps", str(args.steps), "--eval-limit", "32"]
+    got = {}
+    for _ in range(args.repeat):
+        for side in ("lockstep", "pytorch"):
+            for ckpt in (False, True):
+                extra = ["--gradient-checkpointing"] if ckpt else []
+                if side == "pytorch":
+                    extra.append("--measure-memory")
+                got.setdefault((side, ckpt), []).append(run_side(side, args.build, 2, flags + extra, env))
+    print("\n### Gradient checkpointing, 2 workers, default model (median of %d runs)\n" % args.repeat)
+    print("| side | checkpointing | tokens/s | step time vs off | tensor growth within a step | vs off | "
+          "peak RSS rank 0 |")
+    print("|---|---|---|---|---|---|---|")
+    for side in ("lockstep", "pytorch"):
+        off = statistics.median(r["tokens_per_s"] for r in got[side, False])
+        off_bytes = statistics.median(r["step_tensor_bytes"] for r in got[side, False])
+        for ckpt in (False, True):
+            runs = got[side, ckpt]
+            tps = statistics.median(r["tokens_per_s"] for r in runs)
+            grown = statistics.median(r["step_tensor_bytes"] for r in runs)
+            rss = statistics.median(r["peak_rss_bytes"] for r in runs)
+            print(f"| {side} | {'on' if ckpt else 'off'} | {tps:.0f} | {off / tps:.2f}x | {grown / 2**20:.1f} MiB | "
+                  f"{grown / off_bytes:.2f}x | {rss / 2**20:.0f} MiB |")
+    return {f"{s} {'on' if c else 'off'}": v for (s, c), v in got.items()}
+
+
+def loss(args, env):
+    flags = ["--max-steps", str(args.loss_steps)]
+    got = {side: run_side(side, args.build, 2, flags, env) for side in ("lockstep", "pytorch")}
+    a, b = got["lockstep"]["eval_loss"], got["pytorch"]["eval_loss"]
+    print(f"\n### Validation loss after {args.loss_steps} steps, 2 workers, default model, whole validation split\n")
+    print("| side | eval loss (nats/byte) | perplexity |")
+    print("|---|---|---|")
+    for side, r in got.items():
+        print(f"| {side} | {r['eval_loss']:.4f} | {math.exp(r['eval_loss']):.3f} |")
+    print(f"\nlockstep's is {100 * (a - b) / b:+.2f}% of PyTorch's.")
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--parts", default="throughput,memory,loss")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40, help="steps per throughput/memory run (10 untimed)")
+    ap.add_argument("--loss-steps", type=int, default=300)
+    ap.add_argument("--json", help="also write every measurement here")
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
+    detected = compare_ddp.openblas_core(os.path.join(args.build, "bench", "ddp_bench"), env)
+    best = compare_ddp.best_openblas_core()
+    if detected and compare_ddp.LEVEL.get(detected.lower(), 9) < compare_ddp.LEVEL.get(best.lower(), -1):
+        env["OPENBLAS_CORETYPE"] = best
+        kernels = f"OpenBLAS kernels {best} on both sides (by itself OpenBLAS picks {detected} here)"
+    else:
+        kernels = f"OpenBLAS kernels {detected or 'unknown'}, as OpenBLAS picked them"
+    print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes, 1 intra-op + 1 BLAS thread per worker; "
+          f"{cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()}; {kernels}; "
+          f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
+    results = {}
+    for part in args.parts.split(","):
+        results[part] = {"throughput": throughput, "memory": memory, "loss": loss}[part](args, env)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""Sharded data parallelism on 2 workers, lockstep against PyTorch 1.13, in one run on this machine.
+
+For the wide MLP (784-2048x3-10 on Fashion-MNIST, batch 64 per worker) and the GPT (4 layers, 256
+wide, batch 16 x 128 bytes per worker), AdamW, clipping at 1, one intra-op and one BLAS thread
+per worker, interleaved --repeat times:
+  lockstep DDP                    examples/{fashion_mnist,gpt} under lockstep run
+  lockstep ZeRO-1, ZeRO-2         ... --zero-stage 1 / 2
+  lockstep ZeRO-2, one copy       ... --zero-stage 2 --zero-shared-parameters
+  PyTorch DDP (gloo)              bench/torch_zero.py
+  PyTorch ZeroRedundancyOptimizer bench/torch_zero.py --zero (ZeRO-1: all-reduce, then broadcast)
+It prints median throughput (range), the step's optimizer share, rank 0's peak RSS, the job's
+memory at the end (all workers' proportional set size summed: shared pages once), and the bytes
+of parameters plus optimizer state the job holds (lockstep: what train_begin records for each
+worker, times 2; PyTorch: the tensors themselves).
+
+    /usr/bin/python3 bench/compare_zero.py [--build build] [--repeat 3] [--steps 40] [--models wide,gpt]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+import compare_ddp
+import compare_gpt
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIDES = {
+    "lockstep DDP": [],
+    "lockstep ZeRO-1": ["--zero-stage", "1"],
+    "lockstep ZeRO-2": ["--zero-stage", "2"],
+    "lockstep ZeRO-2, one copy": ["--zero-stage", "2", "--zero-shared-parameters"],
+    "PyTorch DDP": [],
+    "PyTorch ZeroRedundancyOptimizer": ["--zero"],
+}
+
+
+def lockstep_run(build, model, flags, steps, env):
+    program = os.path.join(build, "examples", "gpt" if model == "gpt" else "fashion_mnist")
+    model_flags = ["--eval-limit", "32"] if model == "gpt" else ["--model", "wide", "--eval-limit", "200"]
+    with tempfile.TemporaryDirectory(prefix="compare-zero-") as out:
+        cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", "2", program, "--output-dir", out,
+               "--max-steps", str(steps), "--logging-steps", "10", "--eval-strategy", "no", "--save-strategy", "no",
+               "--disable-tqdm"] + model_flags + flags
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+        metrics = os.path.join(out, "metrics.jsonl")
+        logs = compare_gpt.events(metrics, "log")[1:]
+        begin = compare_gpt.events(metrics, "train_begin")[-1]
+    seconds = sum(e["step_seconds"] for e in logs) / len(logs)
+    return {"samples_per_s": statistics.mean(e["samples_per_second"] for e in logs),
+            "step_s": seconds, "optimizer_share": statistics.mean(e["optimizer_seconds"] for e in logs) / seconds,
+            "peak_rss_bytes": logs[-1]["peak_rss_bytes"], "job_pss_bytes": logs[-1]["job_pss_bytes"],
+            "job_state_bytes": 2 * (begin["worker_parameter_bytes"] + begin["worker_optimizer_state_bytes"])}
+
+
+def pytorch_run(build, model, flags, steps, env):
+    cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", "2", "/usr/bin/python3",
+           os.path.join(HERE, "torch_zero.py"), "--model", model, "--steps", str(steps)] + flags
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    r = compare_gpt.json_line(done.stdout)
+    if done.returncode != 0 or r is None:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    return {"samples_per_s": r["samples_per_s"], "step_s": r["step_s"], "optimizer_share": None,
+            "peak_rss_bytes": r["peak_rss_bytes"], "job_pss_bytes": r["job_pss_bytes"],
+            "job_state_bytes": r["job_parameter_bytes"] + r["job_optimizer_state_bytes"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40, help="steps per run (the first 10 untimed)")
+    ap.add_argument("--models", default="wide,gpt")
+    ap.add_argument("--json", help="also write every measurement here")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
+    print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()}; "
+          f"1 intra-op + 1 BLAS thread per worker; GLIBC_TUNABLES on every side; median of {args.repeat} interleaved runs\n")
+    results = {}
+    for model in args.models.split(","):
+        got = {name: [] for name in SIDES}
+        for _ in range(args.repeat):
+            for name, flags in SIDES.items():
+                run = lockstep_run if name.startswith("lockstep") else pytorch_run
+                got[name].append(run(build, model, flags, args.steps, env))
+        results[model] = got
+        print(f"\n### {model}\n")
+        print("| side | samples/s (range) | vs lockstep DDP | vs PyTorch ZeRO | optimizer share | rank 0 peak RSS | "
+              "job memory (PSS) | job parameters + optimizer state |")
+        print("|---|---|---|---|---|---|---|---|")
+        med = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in got.items()}
+        for name, runs in got.items():
+            rates = [r["samples_per_s"] for r in runs]
+            shares = [r["optimizer_share"] for r in runs if r["optimizer_share"] is not None]
+            share = f"{statistics.median(shares):.0%}" if shares else ""
+            print(f"| {name} | {med[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | "
+                  f"{med[name] / med['lockstep DDP']:.2f}x | {med[name] / med['PyTorch ZeroRedundancyOptimizer']:.2f}x | "
+                  f"{share} | "
+                  f"{statistics.median(r['peak_rss_bytes'] for r in runs) / 2**20:.0f} MiB | "
+                  f"{statistics.median(r['job_pss_bytes'] for r in runs) / 2**20:.0f} MiB | "
+                  f"{runs[0]['job_state_bytes'] / 2**20:.1f} MiB |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
