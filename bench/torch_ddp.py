@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """The PyTorch peer of ddp_bench: the same model, batch, optimizer and JSON line, on Debian's
 python3-torch. Alone it trains one process; under a torchrun-compatible launcher (lockstep run
-or torchrun) it uses torch.nn.parallel.DistributedDataParallel over gloo.
+or torchrun) it uses torch.nn.parallel.DistributedDataParallel over --backend (gloo by default;
+"lockstep" is lockstep's torch.distributed backend, registered when lockstep_torch is installed
+or PYTHONPATH holds <build>/python: the script itself imports nothing for it).
 
     /usr/bin/python3 bench/torch_ddp.py --model mlp|wide|cnn [--batch 64] [--steps N] [--no-sync]
+                                        [--backend gloo|lockstep]
 """
 import argparse
 import contextlib
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--no-sync", action="store_true")
+    ap.add_argument("--backend", default="gloo", help="torch.distributed backend under a launcher")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -46,7 +50,7 @@ def main():
     model = build(args.model)
     rank, world, ddp = 0, 1, None
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(args.backend)
         rank, world = dist.get_rank(), dist.get_world_size()
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     net = ddp if ddp is not None else model
@@ -81,6 +85,7 @@ def main():
     if rank == 0:
         n = args.steps
         print(json.dumps({"model": args.model, "world": world, "batch": args.batch, "threads": args.threads,
+                          "backend": args.backend if ddp is not None else None,
                           "ddp": ddp is not None, "no_sync": args.no_sync, "bucket_cap_mb": args.bucket_cap_mb,
                           "samples_per_s": round(args.batch * world * n / elapsed, 1), "step_s": elapsed / n,
                           "forward_s": fwd / n, "backward_s": bwd / n, "optimizer_s": optim / n}), flush=True)

@@ -1,0 +1,40 @@
+"""The creator torch.distributed calls for a group on the lockstep backend, and its registration."""
+import atexit
+
+import torch.distributed as dist
+
+from . import _C
+
+BACKEND_NAME = "lockstep"
+ProcessGroupLockstep = _C.ProcessGroupLockstep
+
+
+def available_backends():
+    """lockstep's transports built into this extension, e.g. ['shm', 'gloo', 'hier', 'mpi']."""
+    return _C.available_backends()
+
+
+def _seconds(timeout):
+    return timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+
+
+def _create_process_group(options, pg_options=None):
+    """torch's extended creator API: `options` is a _DistributedBackendOptions."""
+    if pg_options is not None:
+        raise ValueError("lockstep: the backend takes no pg_options; it is configured by LOCKSTEP_* environment "
+                         "variables (see `lockstep env`)")
+    return _C.create_process_group(options.store, options.group_rank, options.group_size,
+                                   _seconds(options.timeout), options.group_id,
+                                   list(options.global_ranks_in_group))
+
+
+def register():
+    """Registers "lockstep" with torch.distributed; a second call does nothing."""
+    if not dist.is_available():
+        raise RuntimeError("lockstep: this torch was built without torch.distributed")
+    if hasattr(dist.Backend, BACKEND_NAME.upper()):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True)
+    # Before the interpreter finalizes, let every group finish completing its collectives: a
+    # completion thread that drops a Python callback afterwards would abort the process.
+    atexit.register(_C.quiesce)

@@ -1,0 +1,122 @@
+"""Real processes for the lockstep_torch tests: ranks started the way torchrun starts them
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or by `lockstep run`, with the build
+tree's python/ on PYTHONPATH (which registers the "lockstep" backend in every program that
+imports torch.distributed). Every wait has a deadline; nothing sleeps.
+
+The build directory comes from LOCKSTEP_BUILD_DIR (ctest sets it). Every file a test writes goes
+into a temporary directory of its TestCase (TestCase.tmpdir), removed when the test ends.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+PYTHON = "/usr/bin/python3"  # Debian's python3-torch; not the python3 first on PATH
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_dir():
+    build = os.environ.get("LOCKSTEP_BUILD_DIR")
+    if not build:
+        sys.exit("set LOCKSTEP_BUILD_DIR to the build directory (ctest does)")
+    return os.path.abspath(build)
+
+
+def lockstep_binary():
+    return os.path.join(build_dir(), "tools", "lockstep")
+
+
+def base_env(extra=None):
+    """The environment of a worker: the caller's, one thread per process, the build tree's python/."""
+    inherited_job = ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "GROUP_", "ROLE_", "TORCHELASTIC_",
+                     "LOCKSTEP_STORE_ADDR", "LOCKSTEP_TOKEN", "LOCKSTEP_RUN_ID", "LOCKSTEP_RESTART_COUNT",
+                     "LOCKSTEP_BACKEND")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited_job)}
+    env["PYTHONPATH"] = os.path.join(build_dir(), "python")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rank:
+    """One worker process and what it printed."""
+
+    def __init__(self, rank, process, out_path):
+        self.rank, self.process, self.out_path = rank, process, out_path
+        self.returncode = None
+        self.output = ""
+        self.exited_at = None
+
+    def finish(self, deadline):
+        try:
+            self.returncode = self.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.returncode = self.process.wait()
+            self.output = f"(killed: still running at the test's deadline)\n"
+        self.exited_at = time.monotonic()
+        with open(self.out_path) as f:
+            self.output += f.read()
+        return self
+
+    def records(self):
+        """The JSON objects the rank printed, one per line starting with '{'."""
+        return [json.loads(line) for line in self.output.splitlines() if line.startswith("{")]
+
+
+class TestCase(unittest.TestCase):
+    def tmpdir(self, prefix="lockstep_torch_"):
+        """A fresh directory, removed (with everything in it) when the test ends."""
+        holder = tempfile.TemporaryDirectory(prefix=prefix)
+        self.addCleanup(holder.cleanup)
+        return holder.name
+
+
+def start_ranks(world, argv, workdir, env_extra=None, per_rank_env=None, pipe_rank=None):
+    """Starts `world` processes of `argv` with torchrun's environment, in `workdir` (which also
+    receives their output); returns their Ranks. The stdout of rank `pipe_rank` is a pipe
+    (process.stdout) the caller reads, not a file."""
+    port = free_port()
+    ranks = []
+    for r in range(world):
+        env = base_env(env_extra)
+        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        env.update((per_rank_env or {}).get(r, {}))
+        out_path = os.path.join(workdir, f"rank{r}.out")
+        with open(out_path, "w") as out:
+            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if r == pipe_rank else out,
+                                 stderr=out, cwd=workdir)
+        ranks.append(Rank(r, p, out_path))
+    return ranks
+
+
+def run_ranks(world, argv, workdir, timeout=300, **kwargs):
+    """Runs `world` ranks to the end (or the deadline); returns their Ranks."""
+    deadline = time.monotonic() + timeout
+    ranks = start_ranks(world, argv, workdir, **kwargs)
+    return [r.finish(deadline) for r in ranks]
+
+
+def run_launcher(nproc, argv, workdir, timeout=300, env_extra=None):
+    """`lockstep run --nproc-per-node nproc argv...` in `workdir`; returns (exit code, output).
+    The launcher's own --timeout stops the workers 15 s before `timeout` (which kills the launcher)."""
+    cmd = [lockstep_binary(), "run", "--timeout", str(max(timeout - 15, 5)), "--nproc-per-node", str(nproc)] + argv
+    out = subprocess.run(cmd, env=base_env(env_extra), capture_output=True, text=True, timeout=timeout,
+                         cwd=workdir)
+    return out.returncode, out.stdout + out.stderr
+
+
+def describe(ranks):
+    return "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output}" for r in ranks)
