@@ -1,6 +1,7 @@
 #include "worker_env.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 namespace lockstep::launch {
@@ -33,11 +34,26 @@ void add_job(knobs::Environment& env, const LaunchOptions& o, const JobPlacement
   if (!o.backend.empty()) env[knobs::kBackend.name] = o.backend;
 }
 
+// In a build tree the torch.distributed backend sits beside tools/ (build/python): Python
+// workers get it on their path, so `init_process_group("lockstep")` needs no PYTHONPATH and no
+// import. (An installed lockstep registers it through a .pth file in dist-packages instead.)
+void add_python_backend(knobs::Environment& env) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return;
+  const fs::path dir = exe.parent_path().parent_path() / "python";
+  if (!fs::exists(dir / "lockstep_torch", ec)) return;
+  std::string& path = env["PYTHONPATH"];
+  path = path.empty() ? dir.string() : dir.string() + ":" + path;
+}
+
 }  // namespace
 
 std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlacement& placement,
                                      knobs::Environment inherited) {
   add_defaults(inherited, options.nproc_per_node);
+  add_python_backend(inherited);
   add_job(inherited, options, placement);
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options.nproc_per_node; ++local) {
