@@ -13,6 +13,7 @@ LOCKSTEP_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch dataset-fashion-mnist fortunes fortunes-min
   libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium iproute2
+  python3-dev pybind11-dev
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
@@ -22,7 +23,8 @@ LOCKSTEP_PACKAGES=(
 # which is the slow reference BLAS until an OpenBLAS package (libopenblas0-pthread) takes over
 # that alternative. libyaml-cpp-dev reads the Trainer's --config files; chromium (headless)
 # renders `lockstep report` pages in the tests; iproute2 (ip, tc) makes the network namespaces
-# the multi-machine tests run in.
+# the multi-machine tests run in. python3-dev and pybind11-dev build the torch.distributed
+# backend (python/) for Debian's python3-torch.
 
 install_missing_packages() {
   local missing=()
@@ -42,7 +44,7 @@ install_missing_packages() {
 
 configure_and_build() {
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-    cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON
+    cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DLOCKSTEP_PYTHON=ON
   fi
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
