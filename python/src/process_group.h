@@ -104,6 +104,9 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type,
                                         const std::function<std::vector<comm::WorkPtr>(comm::Communicator&)>& issue,
                                         LockstepWork::Finish finish, std::vector<at::Tensor> outputs);
+  // Every rank's `in` gathered into `outs` (one per rank; empty: this rank keeps nothing).
+  // all_gather and gather both run on it (process_group_gather.cc).
+  c10::intrusive_ptr<c10d::Work> gather_blocks(c10d::OpType type, const at::Tensor& in, std::vector<at::Tensor> outs);
   // all-to-all of arbitrary blocks (process_group_gather.cc).
   c10::intrusive_ptr<c10d::Work> exchange_blocks(const std::vector<at::Tensor>& send,
                                                  const std::vector<at::Tensor>& receive,

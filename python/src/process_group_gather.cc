@@ -71,11 +71,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::allgather(std::vector<std::
   require_one_list(outputs.size(), "all_gather");
   const std::vector<at::Tensor> outs = outputs[0];
   check_list(outs, static_cast<std::size_t>(size_), in, "all_gather", "output tensor");
+  return gather_blocks(c10d::OpType::ALLGATHER, in, outs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::gather_blocks(c10d::OpType type, const at::Tensor& in,
+                                                                   std::vector<at::Tensor> outs) {
   const WireSpec spec = move_spec(in);
   const Wire send = wire_of(in, spec);
   const at::Tensor gathered = empty_wire(spec, size_);
   return launch(
-      c10d::OpType::ALLGATHER,
+      type,
       [&](comm::Communicator& c) {
         return one(c.allgather(send.buffer.data_ptr(), gathered.data_ptr(), count_of(spec), spec.dtype));
       },
@@ -171,19 +176,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::gather(std::vector<std::vec
     outs = outputs[0];
     check_list(outs, static_cast<std::size_t>(size_), in, "gather", "gather_list tensor");
   }
-  const WireSpec spec = move_spec(in);
-  const Wire send = wire_of(in, spec);
-  const at::Tensor gathered = empty_wire(spec, size_);
-  return launch(
-      c10d::OpType::GATHER,
-      [&](comm::Communicator& c) {
-        return one(c.allgather(send.buffer.data_ptr(), gathered.data_ptr(), count_of(spec), spec.dtype));
-      },
-      [send, gathered, spec, outs] {
-        for (std::size_t r = 0; r < outs.size(); ++r)
-          unpack(wire_block(gathered, spec, static_cast<std::int64_t>(r)), spec, outs[r]);
-      },
-      outs);
+  return gather_blocks(c10d::OpType::GATHER, in, outs);  // every rank gathers; non-roots keep nothing
 }
 
 // A broadcast of all the root's blocks; each rank keeps its own.
