@@ -30,7 +30,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -114,42 +113,12 @@ def print_ddp(results, repeat):
     print("\nFloors (issue #17):\n" + "\n".join(floors))
 
 
-def sweep_worker(backend, min_bytes, max_bytes):
-    """One rank of the all_reduce sweep (started by lockstep run with torchrun's environment)."""
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    check = torch.arange(1 << 16, dtype=torch.float32) + rank
-    dist.all_reduce(check)
-    want = torch.arange(1 << 16, dtype=torch.float32) * world + world * (world - 1) / 2
-    wrong = int((check != want).sum())
-    size = min_bytes
-    while size <= max_bytes:
-        t = torch.full((size // 4,), float(rank + 1))
-        iters = max(5, min(2000, (512 << 20) // size))
-        for _ in range(5):
-            dist.all_reduce(t)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(t)
-        mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-        dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-        if rank == 0:
-            print(json.dumps({"bytes": size, "time_us": mean.item() * 1e6, "iters": iters, "wrong": wrong}),
-                  flush=True)
-        size *= 2
-    dist.destroy_process_group()
-
-
 def sweep(build, env, max_bytes):
     lockstep = os.path.join(build, "tools", "lockstep")
     results = {}
     for backend in ("lockstep", "gloo"):
-        cmd = [lockstep, "run", "--nproc-per-node", "2", "/usr/bin/python3", os.path.abspath(__file__),
-               "--sweep-worker", backend, str(4 * KIB), str(max_bytes)]
+        cmd = [lockstep, "run", "--nproc-per-node", "2", "/usr/bin/python3",
+               os.path.join(HERE, "torch_allreduce.py"), str(4 * KIB), str(max_bytes), backend]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
         rows = []
         for line in out.stdout.splitlines():
@@ -182,8 +151,6 @@ def print_sweep(results):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--sweep-worker":
-        return sweep_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--repeat", type=int, default=3)
