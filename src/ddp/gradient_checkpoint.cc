@@ -1,26 +1,15 @@
 #include "lockstep/ddp/gradient_checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/torch.h>
 
+#include "lockstep/ddp/cpu_rng.h"
+
 namespace lockstep {
 namespace {
-
-torch::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_cpu_rng_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
 
 // The CPU generator set to `state` for the scope, and put back where it was after: the rest of
 // backward, and the next step, draw exactly what they would have drawn without recomputation.

@@ -1,6 +1,5 @@
 #include "lockstep/train/checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize.h>
@@ -16,6 +15,7 @@
 #include <sstream>
 
 #include "lockstep/base/main.h"
+#include "lockstep/ddp/cpu_rng.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/durable_file.h"
 
@@ -99,18 +99,6 @@ torch::Tensor from_hex(const std::string& hex) {
   for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
     p[i / 2] = static_cast<std::uint8_t>(nibble(hex[i]) * 16 + nibble(hex[i + 1]));
   return t;
-}
-
-torch::Tensor rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
 }
 
 }  // namespace
@@ -269,11 +257,11 @@ std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int l
 }
 
 std::string rng_state_hex() {
-  return to_hex(rng_state());
+  return to_hex(cpu_rng_state());
 }
 
 void set_rng_state_hex(const std::string& hex) {
-  set_rng_state(from_hex(hex));
+  set_cpu_rng_state(from_hex(hex));
 }
 
 namespace {
