@@ -519,8 +519,22 @@ class ShmBackend final : public LocalBackend {
     std::vector<char*> bufs(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r)
       bufs[static_cast<std::size_t>(r)] =
-          r == rank_ ? own : peers_->data(r, control(r).shared_id[parity] - 1) + control(r).shared_offset[parity];
+          r == rank_ ? own : peer_buffer(r, control(r).shared_id[parity] - 1, c) + control(r).shared_offset[parity];
     return bufs;
+  }
+
+  // A peer's shared buffer, mapped here. A buffer that cannot be opened is usually the trace of a
+  // job already failing (its owner left after a peer died, and unlinked it): say that failure,
+  // which names the rank at its root, before the bare open error.
+  char* peer_buffer(int r, std::uint64_t id, const Collective& c) {
+    try {
+      return peers_->data(r, id);
+    } catch (const SystemError&) {
+      check_abort(c);
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) check_peer(p, c);
+      throw;
+    }
   }
 
   void allgather_shared(const Collective& c, std::uint64_t id) {
