@@ -57,6 +57,14 @@ class PeerError : public Error {
   using Error::Error;
 };
 
+// The store this process joined is gone and another instance answers at its address (it
+// restarted, or a previous job's store closed and a new one took the port): the keys this
+// process set there are lost. Start over against the new store, or exit. (Exit 1.)
+class StoreReplacedError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
 // Ranks issued different collectives (kind, size, dtype, op or root) at the same position in
 // their sequence: a program bug that would otherwise hang or produce garbage. (Exit 1.)
 class MismatchError : public Error {

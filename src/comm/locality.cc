@@ -27,18 +27,11 @@ std::string boot_id() {
   return id;
 }
 
-std::string hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) out += {digits[c >> 4], digits[c & 15]};
-  return out;
-}
-
 // A small shared-memory object holding `token`; unlinked when this goes away.
 class Probe {
  public:
-  Probe() : token_(hex(wire::random_bytes(16))) {
-    name_ = "/lockstep-" + std::to_string(::getpid()) + "-probe-" + hex(wire::random_bytes(8));
+  Probe() : token_(wire::hex(wire::random_bytes(16))) {
+    name_ = "/lockstep-" + std::to_string(::getpid()) + "-probe-" + wire::hex(wire::random_bytes(8));
     const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
       name_.clear();  // no /dev/shm here: this rank shares memory with nobody

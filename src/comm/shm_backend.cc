@@ -136,10 +136,7 @@ class ShmBackend final : public LocalBackend {
     std::string name;
     int fd;
     if (rank_ == 0) {
-      static const char* hex = "0123456789abcdef";
-      std::string rnd = wire::random_bytes(8);
-      name = "/lockstep-" + std::to_string(getpid()) + "-";
-      for (unsigned char ch : rnd) name += {hex[ch >> 4], hex[ch & 15]};
+      name = "/lockstep-" + std::to_string(getpid()) + "-" + wire::hex(wire::random_bytes(8));
       fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0) throw SystemError("shm: cannot create " + name + ": " + std::strerror(errno));
       if (::ftruncate(fd, static_cast<off_t>(total_bytes_)) != 0) {

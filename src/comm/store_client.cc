@@ -151,7 +151,8 @@ int tcp_connect(const std::string& host, int port, Clock::time_point deadline, s
 
 // The handshake of docs/store-protocol.md: each side proves it holds the token (HMAC over
 // both nonces); the token itself never crosses the wire. AuthError when either side fails.
-void authenticate(int fd, const std::string& token, const std::string& where, Clock::time_point deadline) {
+// Returns the server's instance id, which its proof covers.
+std::string authenticate(int fd, const std::string& token, const std::string& where, Clock::time_point deadline) {
   const std::string hello = recv_message(fd, deadline);
   wire::Reader r(hello);
   if (r.type() != Type::kHello || r.bytes(4) != std::string_view(wire::kMagic, 4))
@@ -176,12 +177,15 @@ void authenticate(int fd, const std::string& token, const std::string& where, Cl
     throw AuthError("store at " + where + " refused this process: " + a.str() +
                     ". Its LOCKSTEP_TOKEN differs from the run's: start every worker with the same token "
                     "(lockstep run sets it)");
-  const auto want = wire::handshake_mac(token, wire::kServerLabel, server_nonce, client_nonce);
-  if (t != Type::kAuthOk || !wire::mac_equal(a.bytes(wire::kMacBytes), want))
+  const std::string_view proof = t == Type::kAuthOk ? a.bytes(wire::kMacBytes) : std::string_view();
+  const std::string instance(t == Type::kAuthOk ? a.bytes(wire::kInstanceBytes) : std::string_view());
+  const auto want = wire::handshake_mac(token, wire::kServerLabel, server_nonce, client_nonce, instance);
+  if (t != Type::kAuthOk || !wire::mac_equal(proof, want))
     throw AuthError(
         "store at " + where +
         " could not prove it holds this run's token: it belongs to another job, or LOCKSTEP_TOKEN is "
         "wrong here");
+  return instance;
 }
 
 }  // namespace
@@ -195,16 +199,19 @@ void StoreClient::connect_until(Clock::time_point deadline) {
   for (;;) {
     const int fd = tcp_connect(options_.host, options_.port, deadline, last_error);
     if (fd >= 0) {
+      std::string instance;
       try {
-        authenticate(fd, options_.token, where, deadline);
-        fd_ = fd;
-        return;
+        instance = authenticate(fd, options_.token, where, deadline);
       } catch (const Transient& t) {
         last_error = t.what;
         ::close(fd);
       } catch (...) {
         ::close(fd);
         throw;
+      }
+      if (!instance.empty()) {
+        bind_to(instance, fd);
+        return;
       }
     }
     if (Clock::now() + backoff >= deadline)
@@ -216,6 +223,26 @@ void StoreClient::connect_until(Clock::time_point deadline) {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
+}
+
+// The first connection binds this client to its server's instance; a later one must reach the
+// same instance, or the keys this client set (and waits on) are not there.
+void StoreClient::bind_to(const std::string& instance, int fd) {
+  if (instance_.empty() || instance_ == instance) {
+    instance_ = instance;
+    fd_ = fd;
+    return;
+  }
+  ::close(fd);
+  throw StoreReplacedError("store: the store at " + options_.host + ":" + std::to_string(options_.port) +
+                           " is a new instance (" + wire::hex(instance).substr(0, 8) + ", this process joined " +
+                           wire::hex(instance_).substr(0, 8) +
+                           "): the one it joined stopped or restarted, and the keys it held are gone");
+}
+
+std::string StoreClient::instance_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wire::hex(instance_);
 }
 
 StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_point deadline,

@@ -162,6 +162,7 @@ class StoreServer::Impl {
   }
 
   int port() const { return port_; }
+  const std::string& instance() const { return instance_; }
   std::uint64_t refused() const { return refused_.load(); }
 
   bool await_parked(std::size_t n, Seconds timeout) {
@@ -344,10 +345,11 @@ class StoreServer::Impl {
     auto want = wire::handshake_mac(options_.token, wire::kClientLabel, c.server_nonce, client_nonce);
     if (!wire::mac_equal(mac, want))
       throw AuthError("authentication failed: the client does not hold this run's token");
-    auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce, client_nonce);
+    auto proof = wire::handshake_mac(options_.token, wire::kServerLabel, c.server_nonce, client_nonce, instance_);
     c.ready = true;
     reply(id, wire::Writer(Type::kAuthOk)
-                  .bytes(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size())));
+                  .bytes(std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()))
+                  .bytes(instance_));
   }
 
   void handle(std::uint64_t id, const std::string& msg) {
@@ -513,6 +515,7 @@ class StoreServer::Impl {
   }
 
   StoreServerOptions options_;
+  const std::string instance_ = wire::random_bytes(wire::kInstanceBytes);
   int listen_fd_ = -1, epoll_fd_ = -1, stop_fd_ = -1, port_ = 0;
   std::thread thread_;
   std::atomic<std::uint64_t> refused_{0};
@@ -533,6 +536,9 @@ StoreServer::~StoreServer() = default;
 int StoreServer::port() const {
   return impl_->port();
 }
+std::string StoreServer::instance_id() const {
+  return wire::hex(impl_->instance());
+}
 std::uint64_t StoreServer::refused_connections() const {
   return impl_->refused();
 }
@@ -544,13 +550,7 @@ bool StoreServer::await_waiting(std::size_t n, Seconds timeout) {
 }
 
 std::string random_token() {
-  static const char* hex = "0123456789abcdef";
-  std::string raw = wire::random_bytes(32), out;
-  for (unsigned char ch : raw) {
-    out.push_back(hex[ch >> 4]);
-    out.push_back(hex[ch & 15]);
-  }
-  return out;
+  return wire::hex(wire::random_bytes(32));
 }
 
 }  // namespace lockstep::comm

@@ -65,10 +65,10 @@ void Reader::expect_end() {
 }
 
 Mac handshake_mac(std::string_view token, std::string_view label, std::string_view server_nonce,
-                  std::string_view client_nonce) {
+                  std::string_view client_nonce, std::string_view bound) {
   std::string data;
-  data.reserve(label.size() + server_nonce.size() + client_nonce.size());
-  data.append(label).append(server_nonce).append(client_nonce);
+  data.reserve(label.size() + server_nonce.size() + client_nonce.size() + bound.size());
+  data.append(label).append(server_nonce).append(client_nonce).append(bound);
   Mac mac{};
   unsigned int len = 0;
   HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
@@ -84,6 +84,14 @@ std::string random_bytes(std::size_t n) {
   std::string out(n, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1)
     throw SystemError("could not draw random bytes from OpenSSL");
+  return out;
+}
+
+std::string hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) out += {kDigits[c >> 4], kDigits[c & 15]};
   return out;
 }
 

@@ -10,9 +10,12 @@
 namespace lockstep::comm::wire {
 
 inline constexpr char kMagic[4] = {'L', 'K', 'S', 'T'};
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kMacBytes = 32;
+// Random per StoreServer object: tells a client that reconnected whether it reached the same
+// store (same keys) or a new one on the same address.
+inline constexpr std::size_t kInstanceBytes = 16;
 
 enum class Type : std::uint8_t {
   kHello = 0x01,
@@ -86,13 +89,15 @@ class Reader {
 std::uint32_t read_length_prefix(const char* p);
 
 using Mac = std::array<unsigned char, kMacBytes>;
-// HMAC-SHA256(token, label || server_nonce || client_nonce).
+// HMAC-SHA256(token, label || server_nonce || client_nonce || bound): `bound` is what the MAC
+// vouches for besides the nonces (the server's instance id in AUTH_OK).
 Mac handshake_mac(std::string_view token, std::string_view label, std::string_view server_nonce,
-                  std::string_view client_nonce);
+                  std::string_view client_nonce, std::string_view bound = {});
 bool mac_equal(std::string_view a, const Mac& b);  // constant time
 std::string random_bytes(std::size_t n);
+std::string hex(std::string_view bytes);  // lower-case, two digits a byte
 
-inline constexpr std::string_view kClientLabel = "lockstep-store-client-v1";
-inline constexpr std::string_view kServerLabel = "lockstep-store-server-v1";
+inline constexpr std::string_view kClientLabel = "lockstep-store-client-v2";
+inline constexpr std::string_view kServerLabel = "lockstep-store-server-v2";
 
 }  // namespace lockstep::comm::wire

@@ -45,6 +45,7 @@ class Agent {
  private:
   // agent_rendezvous.cc
   void join();
+  void announce_and_wait(comm::Seconds timeout);
   void leave();
   std::string key(const std::string& k) const;
   std::string attempt_key(const std::string& k) const;

@@ -57,6 +57,9 @@ std::string Agent::attempt_key(const std::string& k) const {
   return key("attempt/" + std::to_string(placement_.attempt) + "/" + k);
 }
 
+// Joins node 0's store, starting over when the store this node reached turns out to be another
+// instance: on a port that successive jobs share (the doctor's phases), the previous job's store
+// may still answer while it winds down, and then close; the announcement made there is lost.
 void Agent::join() {
   const LaunchOptions& o = options_;
   placement_.run_id = !o.run_id.empty() ? o.run_id
@@ -67,10 +70,26 @@ void Agent::join() {
     server_ = std::make_unique<comm::StoreServer>(
         comm::StoreServerOptions{o.nnodes > 1 ? "*" : "127.0.0.1", o.master_port, placement_.token});
   const int store_port = server_ ? server_->port() : o.master_port;
-  store_ = std::make_unique<comm::StoreClient>(comm::StoreClientOptions{
-      o.node_rank == 0 ? "127.0.0.1" : o.master_addr, store_port, placement_.token, Seconds(o.join_timeout)});
   placement_.store_address = (o.nnodes == 1 ? "127.0.0.1" : o.master_addr) + ":" + std::to_string(store_port);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o.join_timeout));
+  for (;;) {
+    const Seconds left = std::max(Seconds(1), Seconds(deadline - Clock::now()));
+    store_ = std::make_unique<comm::StoreClient>(comm::StoreClientOptions{
+        o.node_rank == 0 ? "127.0.0.1" : o.master_addr, store_port, placement_.token, left});
+    try {
+      announce_and_wait(left);
+      return;
+    } catch (const StoreReplacedError& e) {
+      if (Clock::now() >= deadline) throw;
+      LOCKSTEP_LOG(info, run) << "joining again: " << e.what();
+    }
+  }
+}
 
+// Claims this node's rank, announces its host and worker count, waits for every node's, and
+// numbers the ranks node by node.
+void Agent::announce_and_wait(Seconds timeout) {
+  const LaunchOptions& o = options_;
   const std::string me = std::to_string(o.node_rank);
   if (store_->add(key("claim/" + me), 1) != 1)
     throw ConfigError("another launcher already joined run '" + placement_.run_id + "' as --node-rank " + me +
@@ -90,7 +109,7 @@ void Agent::join() {
   std::vector<std::string> keys;
   for (int n = 0; n < o.nnodes; ++n) keys.push_back(key("agent/" + std::to_string(n)));
   try {
-    store_->wait(keys, Seconds(o.join_timeout));
+    store_->wait(keys, timeout);
   } catch (const TimeoutError&) {
     throw TimeoutError("not every node joined within " + std::to_string(static_cast<int>(o.join_timeout)) +
                        " s: start one `lockstep run` per node, each with --nnodes " +
@@ -100,6 +119,7 @@ void Agent::join() {
   // within seconds (reconnects included), not the join timeout.
   store_->set_timeout(Seconds(std::max(3.0, 20 * o.monitor_interval)));
   placement_.world_size = 0;
+  hosts_.clear();
   for (int n = 0; n < o.nnodes; ++n) {
     const json a = json::parse(store_->get(keys[static_cast<std::size_t>(n)]));
     if (n == o.node_rank) placement_.first_rank = placement_.world_size;

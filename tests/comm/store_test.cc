@@ -139,7 +139,7 @@ TEST(Store, ClientRefusesAServerWithoutTheToken) {
     const int c = impostor.accept_within(10);
     ASSERT_GE(c, 0);
     const std::string hello =
-        frame(0x01, std::string("LKST") + std::string("\x01\x00", 2) + std::string(32, 'n'));
+        frame(0x01, std::string("LKST") + std::string("\x02\x00", 2) + std::string(32, 'n'));
     ASSERT_EQ(::send(c, hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
     char buf[128];
     for (std::size_t want = 4 + 1 + 32 + 32; auth_seen.size() < want;) {
@@ -147,7 +147,7 @@ TEST(Store, ClientRefusesAServerWithoutTheToken) {
       if (n <= 0) break;
       auth_seen.append(buf, static_cast<std::size_t>(n));
     }
-    const std::string ok = frame(0x03, std::string(32, '\0'));
+    const std::string ok = frame(0x03, std::string(32, '\0') + std::string(16, 'i'));
     ::send(c, ok.data(), ok.size(), MSG_NOSIGNAL);
     ::close(c);
   });
@@ -234,6 +234,47 @@ TEST(Store, ClientWaitsForAServerThatIsNotUpYet) {
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->add("x", 2), 2);
   EXPECT_EQ(server.port(), listener.port);
+}
+
+// The race successive jobs on one port met (the doctor's phases): a client parked in a WAIT on
+// one store instance, which then stops while a new instance takes over the same address with
+// the same token. The test holds the listening socket throughout, so no other process can take
+// the port in between. The client must fail at once, not wait on the new store for keys that
+// were set on the old one.
+TEST(Store, AClientThatReconnectsToAnotherInstanceFailsAtOnce) {
+  Listener listener;
+  const int same_address = ::dup(listener.fd);
+  auto serving = [](int fd) {
+    comm::StoreServerOptions o;
+    o.token = "t";
+    o.listen_fd = fd;
+    return o;
+  };
+  auto old_store = std::make_unique<comm::StoreServer>(serving(listener.fd));
+  comm::StoreClient client(comm::StoreClientOptions{"127.0.0.1", listener.port, "t", Seconds(30)});
+  const std::string joined = client.instance_id();
+  EXPECT_EQ(joined, old_store->instance_id());
+  client.set("announced", "1");
+  auto waiting = std::async(std::launch::async, [&] { client.wait({"answer"}, Seconds(30)); });
+  ASSERT_TRUE(old_store->await_waiting(1, Seconds(10))) << "the wait never reached the server";
+  old_store.reset();
+  comm::StoreServer new_store(serving(same_address));
+  EXPECT_NE(new_store.instance_id(), joined);
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "the client went on waiting on the new instance";
+  try {
+    waiting.get();
+    FAIL() << "the wait returned against a store that never held the key";
+  } catch (const StoreReplacedError& e) {
+    EXPECT_NE(std::string(e.what()).find("new instance"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(joined.substr(0, 8)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(client.try_get("announced"), StoreReplacedError);  // every later call too
+  EXPECT_EQ(client.instance_id(), joined);
+  // A client that starts on the new instance is bound to it and works.
+  comm::StoreClient fresh(comm::StoreClientOptions{"127.0.0.1", listener.port, "t", Seconds(10)});
+  EXPECT_EQ(fresh.instance_id(), new_store.instance_id());
+  EXPECT_EQ(fresh.try_get("announced"), std::nullopt);
 }
 
 TEST(Store, UnreachableStoreIsATimeoutNamingTheAddress) {

@@ -249,5 +249,35 @@ TEST(Launch, AWrongTokenIsRefusedWithAOneLineError) {
   EXPECT_NE(node0.output().find("not every node joined"), std::string::npos) << node0.output();
 }
 
+// Successive jobs on one --master-port (the doctor's phases) race: node 1's next launcher can
+// reach the previous job's store while it winds down, announce itself there, and then find
+// node 0's new store in its place. Made deterministic here: the previous store stays up until
+// node 1 has announced itself on it. Node 1 must join again on the new store, not wait there for
+// keys it wrote on the old one until --join-timeout.
+TEST(Launch, ANodeThatJoinedAPreviousJobsStoreOnItsPortJoinsAgain) {
+  const int port = free_port();
+  auto previous = std::make_unique<comm::StoreServer>(comm::StoreServerOptions{"127.0.0.1", port, "secret"});
+  auto agent = [&](int node) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{kLockstep, "run", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                 "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
+                                 "--nproc-per-node", "1", "--run-id", "next", "--join-timeout", "60", kWorker,
+                                 "env", "gloo", "2"},
+        std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "secret"}});
+  };
+  auto node1 = agent(1);
+  comm::StoreClient watcher(comm::StoreClientOptions{"127.0.0.1", port, "secret", comm::Seconds(10)});
+  ASSERT_NO_THROW(watcher.wait({"launch/next/agent/1"}, comm::Seconds(30))) << node1->output();
+  const auto start = std::chrono::steady_clock::now();
+  previous.reset();
+  auto node0 = agent(0);
+  const int code0 = node0->wait(90), code1 = node1->wait(90);
+  EXPECT_EQ(code1, 0) << "node 1:\n" << node1->output() << "node 0:\n" << node0->output();
+  EXPECT_EQ(code0, 0) << "node 0:\n" << node0->output();
+  EXPECT_LT(seconds_since(start), 45) << "joined only at the join timeout";
+  EXPECT_NE(node1->output().find("joining again"), std::string::npos) << node1->output();
+  EXPECT_EQ(count_of(node0->output() + node1->output(), " of 2 on gloo"), 2u);
+}
+
 }  // namespace
 }  // namespace lockstep::testing

@@ -10,9 +10,15 @@
 // A StoreClient is safe to share between threads (requests are serialised on one connection);
 // for parallel waits open one client per thread.
 //
+// Identity: every StoreServer object has a random instance id, sent in the authenticated
+// handshake. A client is bound to the instance it first reached: the keys it set live there.
+//
 // Failure: a client reconnects and retries transient connection errors until the call's
-// deadline (Add is not resent once its request left, since it is not idempotent). A refused
-// token is an AuthError at once; a passed deadline a TimeoutError naming the keys.
+// deadline (Add is not resent once its request left, since it is not idempotent). A reconnect
+// that reaches another instance on the same address (the store restarted, or one job's store
+// closed and the next one's took its port) is a StoreReplacedError at once, never a silent
+// carry-on against keys that are not there. A refused token is an AuthError at once; a passed
+// deadline a TimeoutError naming the keys.
 #pragma once
 
 #include <chrono>
@@ -47,6 +53,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const;
+  // This server object's identity (hex), which clients learn in the handshake.
+  std::string instance_id() const;
   // Connections refused so far (bad token, malformed or oversized message); for tests.
   std::uint64_t refused_connections() const;
   void stop();
@@ -97,6 +105,8 @@ class StoreClient {
   std::int64_t num_keys();
 
   const StoreClientOptions& options() const { return options_; }
+  // The instance (hex) this client is bound to: the one its first connection reached.
+  std::string instance_id() const;
   // The deadline for later calls that take none (e.g. shorter once a job is up).
   void set_timeout(Seconds timeout);
 
@@ -104,11 +114,13 @@ class StoreClient {
   struct Reply;
   Reply call(const std::string& request, Clock::time_point deadline, bool idempotent);
   void connect_until(Clock::time_point deadline);
+  void bind_to(const std::string& instance, int fd);
   void close_socket();
 
   StoreClientOptions options_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   int fd_ = -1;
+  std::string instance_;  // raw bytes; empty until the first handshake
 };
 
 // Hex of 32 random bytes from the OS: a fresh run token.
