@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "locality.h"
-#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/options.h"
+#include "lockstep/comm/store.h"
 
 namespace lockstep::comm {
 

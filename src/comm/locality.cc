@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "lockstep/error.h"
-#include "wire.h"
+#include "store/wire.h"
 
 namespace lockstep::comm {
 namespace {

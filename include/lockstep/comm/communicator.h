@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/comm/options.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/types.h"
 
@@ -58,33 +59,6 @@ class Work {
   std::shared_ptr<WorkState> state_;
 };
 using WorkPtr = std::shared_ptr<Work>;
-
-struct CommOptions {
-  std::string backend = "auto";  // shm | gloo | mpi | auto
-  std::string name = "default";  // keeps several communicators of one job apart
-  Seconds timeout{300};          // longest any one collective may take
-  Seconds peer_check{5};         // a dead peer is reported within this
-  // shm: bytes of shared memory each rank owns for staging (three parts used in turn).
-  std::size_t shm_slot_bytes = 1u << 20;
-  // shm: messages up to this size take the one-shot path (every rank reduces everything).
-  std::size_t shm_one_shot_bytes = 64u << 10;
-  // gloo/mpi: exchange a descriptor before each collective so ranks that disagree fail with
-  // MismatchError instead of hanging (shm always checks, at no extra cost).
-  bool check_collectives = true;
-  // Which machine each rank is on (0, 0, 1, 1, ...), instead of finding out by probing shared
-  // memory: lets tests run the hier backend's two levels inside one machine. Empty: probe.
-  std::vector<int> machine_of{};
-};
-
-// What crossed the network so far on this rank: bytes it sent through the network transport
-// (every gloo collective; hier's steps between machines), the time those collectives took, and
-// how many machines the communicator spans. All zero on shm.
-struct NetworkStats {
-  std::uint64_t bytes_sent = 0;
-  double seconds = 0;
-  int machines = 1;
-  double gbps() const { return seconds > 0 ? static_cast<double>(bytes_sent) / seconds / 1e9 : 0; }
-};
 
 class Communicator {
  public:

@@ -30,10 +30,9 @@
 #include <thread>
 #include <vector>
 
-namespace lockstep::comm {
+#include "lockstep/comm/types.h"
 
-using Clock = std::chrono::steady_clock;
-using Seconds = std::chrono::duration<double>;
+namespace lockstep::comm {
 
 struct StoreServerOptions {
   // Numeric address to bind: "0.0.0.0" (every IPv4 address), "127.0.0.1", "::1", an

@@ -5,11 +5,15 @@
 // in f32 and rounded once at the end.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace lockstep::comm {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
 enum class ReduceOp : std::uint8_t { sum, avg, min, max };

@@ -1,4 +1,4 @@
-#include "shm_buffers.h"
+#include "shm/shm_buffers.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -13,7 +13,7 @@
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
-#include "wire.h"
+#include "store/wire.h"
 
 namespace lockstep::comm {
 namespace {

@@ -65,9 +65,9 @@
 #include "backend.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "reduce.h"
-#include "shm_buffers.h"
-#include "wire.h"
+#include "shm/reduce.h"
+#include "shm/shm_buffers.h"
+#include "store/wire.h"
 
 namespace lockstep::comm {
 namespace {

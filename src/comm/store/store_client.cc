@@ -15,7 +15,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
-#include "wire.h"
+#include "store/wire.h"
 
 namespace lockstep::comm {
 namespace {

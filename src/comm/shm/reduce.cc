@@ -2,7 +2,7 @@
 // local accumulator: the accumulator cannot alias the inputs, so the compiler vectorises the
 // inner loops, and the block stays in L1 while all n inputs are folded into it. The f32/f64
 // entry points are also compiled for AVX2 and picked at load time (target_clones).
-#include "reduce.h"
+#include "shm/reduce.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "wire.h"
+#include "store/wire.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
