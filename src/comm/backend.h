@@ -52,6 +52,12 @@ class Backend {
   // default, on every rank alike.
   // Backends that use the network count what they sent (thread-safe: read while running).
   virtual NetworkStats network_stats() const { return {}; }
+  // Called on the communicator's watchdog thread while run(c) has been going on for `running`
+  // (at least peer_check), again every tick until it ends. A backend that cannot tell by
+  // itself that a peer died or disagrees (gloo) looks at the peers' liveness and flight records
+  // here, and aborts run(c) with the error when it finds one, or when `running` passed the
+  // collective's timeout. Must return within about peer_check.
+  virtual void on_stall(const Collective& /*c*/, Seconds /*running*/) {}
   virtual bool shares_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
 };
@@ -93,5 +99,29 @@ std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when 
 // Compares every rank's signature of collective `c` (gathered by the caller) and throws
 // MismatchError naming the first rank that differs from rank 0 and both descriptions.
 void check_signatures(const Collective& c, const std::uint64_t* signatures, int size, int rank);
+// "allreduce (f32 x 1000, sum)" from a signature.
+std::string describe_signature(std::uint64_t signature);
+
+// Sampled signature checks over a backend's own transport, with no store: every rank folds each
+// collective's signature into a running hash; at the checked positions (the first collective,
+// then every `every`-th) the ranks gather (sequence, hash) and compare. Equal hashes mean every
+// collective since the last check agreed; on a difference the ranks gather the signatures since
+// then and the MismatchError names the first collective that differs and what each rank issued.
+// Cost: one gather of 16 bytes per rank at a checked position, nothing in between. every = 1
+// checks each collective before it runs; 0 checks nothing.
+class SignatureCheck {
+ public:
+  // Gathers `words` words from every rank into all[rank * words ...].
+  using Gather = std::function<void(const std::uint64_t* mine, std::uint64_t* all, std::size_t words)>;
+  explicit SignatureCheck(int every) : every_(every) {}
+  // Before running c, on every rank.
+  void before(const Collective& c, int size, int rank, const Gather& gather);
+
+ private:
+  [[noreturn]] void pin_down(const Collective& c, int size, int rank, const Gather& gather);
+  int every_;
+  std::uint64_t hash_ = 0;
+  std::vector<std::uint64_t> since_;  // signatures since the last check, this one included
+};
 
 }  // namespace lockstep::comm

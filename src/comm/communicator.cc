@@ -4,19 +4,25 @@
 // arguments and enqueues a Collective with the next sequence number (prepare); the progress
 // thread pops collectives in order and runs them on the backend (run); the caller waits on the
 // Work (sync). The first error a backend throws is latched: the progress thread fails every
-// queued and later collective with it, since the ranks are no longer in step.
+// queued and later collective with it, since the ranks are no longer in step. A fourth thread,
+// the watchdog (watchdog.h), looks at the queue a few times per peer_check and acts only when a
+// collective stalls or fails.
 #include "lockstep/comm/communicator.h"
 
 #include <unistd.h>
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "backend.h"
+#include "flight_ring.h"
 #include "locality.h"
+#include "watchdog.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/backends.h"
 #include "lockstep/error.h"
@@ -35,9 +41,16 @@ struct Communicator::Queue {
   bool stopping = false;
   std::uint64_t next_sequence = 0;
   std::exception_ptr broken;  // the first error; later collectives fail with it
+  std::string broken_text;
   Backend* backend = nullptr;
   Seconds collective_timeout{300};
   std::thread thread;
+  // What the watchdog looks at.
+  FlightRing ring;
+  std::optional<Collective> in_flight;
+  Clock::time_point state_since = Clock::now();
+  std::uint64_t events = 0;
+  std::function<void()> on_broken;  // wakes the watchdog
 
   // Runs the front collective with `lock` released; the caller set running = true.
   void run(std::unique_lock<std::mutex>& lock, WorkState& w);
@@ -54,19 +67,33 @@ struct WorkState {
 
 void Communicator::Queue::run(std::unique_lock<std::mutex>& lock, WorkState& w) {
   std::exception_ptr error = broken;
+  const auto start = Clock::now();
+  in_flight = w.collective;
+  state_since = start;
+  ++events;
+  ring.started(w.collective.sequence, start);
   lock.unlock();
-  auto start = Clock::now();
+  std::string what;
   if (!error) {
     try {
       backend->run(w.collective);
     } catch (const std::exception& e) {
       error = std::current_exception();
-      LOCKSTEP_LOG(debug, comm) << e.what();
+      what = e.what();
+      LOCKSTEP_LOG(debug, comm) << what;
     }
   }
-  auto end = Clock::now();
+  const auto end = Clock::now();
   lock.lock();
-  if (error && !broken) broken = error;
+  in_flight.reset();
+  state_since = end;
+  ++events;
+  ring.finished(w.collective.sequence, end);
+  if (error && !broken) {
+    broken = error;
+    broken_text = what;
+    if (on_broken) on_broken();
+  }
   w.seconds = Seconds(end - start).count();
   w.started = start;
   w.finished = end;
@@ -125,7 +152,8 @@ std::uint64_t Work::sequence() const {
   return state_->collective.sequence;
 }
 
-Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options)
+Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options,
+                           std::shared_ptr<StoreClient> store)
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
@@ -148,6 +176,31 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
     lock.unlock();
     backend_->on_thread_stop();
   });
+  if (store && size_ > 1) start_watchdog(std::move(store));
+}
+
+void Communicator::start_watchdog(std::shared_ptr<StoreClient> store) {
+  Queue& q = *queue_;
+  Watchdog::Hooks hooks;
+  hooks.look = [&q] {
+    std::lock_guard<std::mutex> lock(q.mu);
+    Watchdog::Look look;
+    look.in_flight = q.in_flight.has_value();
+    if (q.in_flight) look.collective = *q.in_flight;
+    look.since = q.state_since;
+    look.events = q.events;
+    look.error = q.broken_text;
+    return look;
+  };
+  hooks.record = [this] {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    return queue_->ring.record(rank_, backend_->name(), Clock::now());
+  };
+  watchdog_ = std::make_unique<Watchdog>(std::move(store), flight_key(options_.name, rank_),
+                                         std::min(options_.peer_check, options_.timeout), *backend_,
+                                         std::move(hooks));
+  std::lock_guard<std::mutex> lock(q.mu);
+  q.on_broken = [w = watchdog_.get()] { w->wake(); };
 }
 
 Communicator::~Communicator() {
@@ -156,7 +209,14 @@ Communicator::~Communicator() {
     queue_->stopping = true;
   }
   queue_->work_cv.notify_all();
-  queue_->thread.join();  // runs what was issued: peers expect it
+  queue_->thread.join();  // runs what was issued (peers expect it), watched as ever
+  if (watchdog_) {
+    {
+      std::lock_guard<std::mutex> lock(queue_->mu);
+      queue_->on_broken = nullptr;
+    }
+    watchdog_.reset();
+  }
   backend_.reset();
 }
 
@@ -180,6 +240,7 @@ WorkPtr Communicator::enqueue(Collective c) {
     std::lock_guard<std::mutex> lock(queue_->mu);
     c.sequence = queue_->next_sequence++;
     w->collective = c;
+    queue_->ring.issued(c, Clock::now());
     queue_->pending.push_back(w);
   }
   queue_->work_cv.notify_one();
@@ -369,7 +430,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
     if (options.backend == "mpi") {
       BackendContext ctx{nullptr, "", rank, size, options, {}};
       return std::unique_ptr<Communicator>(
-          new Communicator(rank, size, make_mpi_backend(ctx), std::move(options)));
+          new Communicator(rank, size, make_mpi_backend(ctx), std::move(options), nullptr));
     }
 #endif
     throw ConfigError("Communicator::create needs a store client (only the mpi backend runs without one)");
@@ -384,7 +445,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   auto impl = make_backend(backend, ctx);
   LOCKSTEP_LOG(debug, comm) << "communicator '" << options.name << "' up: rank " << rank << " of " << size
                             << " on " << backend << " (" << where.describe() << ")";
-  return std::unique_ptr<Communicator>(new Communicator(rank, size, std::move(impl), std::move(options)));
+  return std::unique_ptr<Communicator>(
+      new Communicator(rank, size, std::move(impl), std::move(options), std::move(store)));
 }
 
 }  // namespace lockstep::comm

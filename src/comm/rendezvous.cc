@@ -40,6 +40,14 @@ double parse_seconds(const std::string& name, const std::string& value) {
   return v;
 }
 
+// LOCKSTEP_CHECK_COLLECTIVES: "every" (1), "off" (0) or a positive N.
+int parse_check_every(const std::string& value) {
+  if (value == "every") return 1;
+  if (value == "off") return 0;
+  return static_cast<int>(parse_int(knobs::kCheckCollectives.name, value, 1, 1 << 30,
+                                    "give every, off, or N to check every N-th collective"));
+}
+
 // Where the job's shape came from: the variables that held the rank and world size (named in
 // errors), their values, and what the scheduler implies for the rest (used where the torchrun
 // names are absent).
@@ -239,15 +247,20 @@ RendezvousInfo rendezvous_info_from(const Environment& env) {
   if (auto t = lookup(env, knobs::kTimeout)) info.timeout = Seconds(parse_seconds(knobs::kTimeout.name, *t));
   if (auto t = lookup(env, knobs::kPeerCheck))
     info.peer_check = Seconds(parse_seconds(knobs::kPeerCheck.name, *t));
+  if (auto c = lookup(env, knobs::kCheckCollectives)) info.check_every = parse_check_every(*c);
   info.backend = lookup(env, knobs::kBackend).value_or(knobs::kBackend.default_value);
   return info;
+}
+
+std::string rendezvous_key_prefix(const std::string& run_id, int restart_count) {
+  return "run/" + run_id + "/" + std::to_string(restart_count) + "/";
 }
 
 Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
   // Under lockstep run (LOCKSTEP_STORE_ADDR) the launcher prefixes every output line with
   // "[rank N]" already; elsewhere the log lines name the rank themselves.
   if (info_.store_host.empty()) log::set_rank(info_.rank);
-  prefix_ = "run/" + info_.run_id + "/" + std::to_string(info_.restart_count) + "/";
+  prefix_ = rendezvous_key_prefix(info_.run_id, info_.restart_count);
   if (info_.world_size == 1 && info_.store_host.empty() && info_.master_port == 0) {
     // A job of one hosts a private store on a free loopback port.
     server_ = std::make_unique<StoreServer>(StoreServerOptions{"127.0.0.1", 0, info_.token});
@@ -307,6 +320,7 @@ std::unique_ptr<Communicator> Rendezvous::communicator(CommOptions options) {
   options.name = prefix_ + options.name;
   if (options.timeout == CommOptions{}.timeout) options.timeout = info_.timeout;
   if (options.peer_check == CommOptions{}.peer_check) options.peer_check = info_.peer_check;
+  if (options.check_every == CommOptions{}.check_every) options.check_every = info_.check_every;
   if (options.backend == "auto") options.backend = info_.backend;
   if (!store_ && options.backend == "auto") options.backend = "mpi";
   return Communicator::create(store_, info_.rank, info_.world_size, std::move(options));

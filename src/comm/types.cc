@@ -165,18 +165,19 @@ std::uint64_t Collective::signature() const {
   return s;
 }
 
+std::string describe_signature(std::uint64_t s) {
+  return describe_fields(static_cast<CollectiveKind>((s >> 40) & 7),
+                         static_cast<std::size_t>(s & ((1ull << kCountBits) - 1)), static_cast<DType>((s >> 43) & 7),
+                         static_cast<ReduceOp>((s >> 46) & 3), static_cast<int>(s >> 48));
+}
+
 void check_signatures(const Collective& c, const std::uint64_t* signatures, int size, int rank) {
   for (int r = 0; r < size; ++r) {
     if (signatures[r] == signatures[0]) continue;
-    auto decode = [](std::uint64_t s) {
-      return describe_fields(static_cast<CollectiveKind>((s >> 40) & 7),
-                             static_cast<std::size_t>(s & ((1ull << kCountBits) - 1)),
-                             static_cast<DType>((s >> 43) & 7), static_cast<ReduceOp>((s >> 46) & 3),
-                             static_cast<int>(s >> 48));
-    };
     throw MismatchError("collective #" + std::to_string(c.sequence) +
-                        " differs across ranks: rank 0 issued " + decode(signatures[0]) + " but rank " +
-                        std::to_string(r) + " issued " + decode(signatures[r]) + " (seen on rank " +
+                        " differs across ranks: rank 0 issued " + describe_signature(signatures[0]) +
+                        " but rank " + std::to_string(r) + " issued " + describe_signature(signatures[r]) +
+                        " (seen on rank " +
                         std::to_string(rank) +
                         "). Every rank must issue the same collectives in the same order");
   }

@@ -61,6 +61,9 @@ class Agent {
   // After losing node 0's store (a partition, a restart of the network): reconnects and
   // announces this node again, within --join-timeout. False when node 0 stays unreachable.
   bool rejoin();
+  // What each rank was doing with its collectives, from the flight records the workers'
+  // communicators published (nothing when none did, or the store is gone).
+  std::vector<std::string> collectives_at_failure();
 
   // attempt.cc
   int run_attempt();
@@ -68,6 +71,7 @@ class Agent {
   void watch_once(struct Attempt& a);
   void on_signals(struct Attempt& a, const std::vector<int>& signals);
   void check_other_nodes(struct Attempt& a);
+  Failure root_cause(const Failure& local, const struct Attempt& a);
   void fail(struct Attempt& a, const Failure& f);
   int conclude(struct Attempt& a);
 

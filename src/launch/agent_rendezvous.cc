@@ -10,7 +10,9 @@
 
 #include "agent.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/net_address.h"
+#include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
 
 namespace lockstep::launch {
@@ -215,6 +217,20 @@ bool Agent::rejoin() {
       if (Clock::now() >= deadline) return false;
     }
   }
+}
+
+std::vector<std::string> Agent::collectives_at_failure() {
+  if (store_lost_ || placement_.world_size < 2) return {};
+  try {
+    const auto records = comm::read_flight_records(
+        *store_, comm::rendezvous_key_prefix(placement_.run_id, placement_.attempt) + "default",
+        placement_.world_size);
+    for (const auto& r : records)
+      if (r) return comm::describe_flight(records);
+  } catch (const Error& e) {
+    LOCKSTEP_LOG(debug, run) << "no flight records: " << e.what();
+  }
+  return {};
 }
 
 bool Agent::wait_for_every_node_to_stop() {

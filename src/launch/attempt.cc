@@ -135,6 +135,20 @@ void Agent::on_signals(Attempt& a, const std::vector<int>& signals) {
   }
 }
 
+// What to report for a worker that failed here: a failure another node published first, or a
+// node whose launcher is gone (this worker's error is then most likely its consequence: its
+// peers there vanished), or else the worker's own failure, published.
+Failure Agent::root_cause(const Failure& local, const Attempt& a) {
+  try {
+    if (auto f = published_failure()) return *f;
+    if (auto lost = lost_agent())
+      return publish_failure(event_failure("agent-lost", *lost, kExitFailure, options_.node_rank, a.start));
+  } catch (const Error&) {
+    // The store is gone: this node's own failure is all it knows.
+  }
+  return publish_failure(local);
+}
+
 // Another node's failure, or a lost node; and whether every node is done.
 void Agent::check_other_nodes(Attempt& a) {
   try {
@@ -158,7 +172,7 @@ void Agent::watch_once(Attempt& a) {
   const bool local_done = a.group.all_exited();
   const Worker* failed = a.group.first_failure();
   if (local_done && !a.failure && failed)  // every exit is in: no need to settle
-    a.failure = publish_failure(worker_failure(*failed, options_.node_rank, a.start));
+    a.failure = root_cause(worker_failure(*failed, options_.node_rank, a.start), a);
   if (local_done && a.failure) {
     a.finished = true;
     return;
@@ -185,7 +199,7 @@ void Agent::watch_once(Attempt& a) {
   if (!a.failure && a.group.first_failure()) {
     if (!a.settle_until) a.settle_until = Clock::now() + kSettle;
     if (Clock::now() >= *a.settle_until)
-      fail(a, publish_failure(worker_failure(*a.group.first_failure(), options_.node_rank, a.start)));
+      fail(a, root_cause(worker_failure(*a.group.first_failure(), options_.node_rank, a.start), a));
   }
   const auto now = Clock::now();
   if (!a.failure && now >= a.deadline) {
@@ -207,7 +221,7 @@ int Agent::conclude(Attempt& a) {
   if (!a.failure) return kExitOk;
   const Failure& f = *a.failure;
   LOCKSTEP_LOG(error, run) << failure_report(f, a.group.workers(), placement_.attempt, options_.max_restarts,
-                                             placement_.run_id);
+                                             placement_.run_id, collectives_at_failure());
   // A deadline or a Ctrl-C anywhere ends the job on every node: no restart.
   if (f.reason == "timeout") timed_out_ = true;
   if (f.reason == "interrupted") interrupted_ = true;

@@ -101,7 +101,8 @@ std::string worker_state(const Worker& w) {
 }  // namespace
 
 std::string failure_report(const Failure& f, const std::vector<Worker>& workers, int attempt,
-                           int max_restarts, const std::string& run_id) {
+                           int max_restarts, const std::string& run_id,
+                           const std::vector<std::string>& collectives) {
   char elapsed[64];
   std::snprintf(elapsed, sizeof elapsed, "%.1f", f.elapsed);
   std::string out = "job FAILED (attempt " + std::to_string(attempt + 1) + " of " +
@@ -117,6 +118,10 @@ std::string failure_report(const Failure& f, const std::vector<Worker>& workers,
   for (const auto& w : workers)
     out += "    rank " + std::to_string(w.spec.rank) + " (pid " + std::to_string(w.pid) +
            "): " + worker_state(w) + "\n";
+  if (!collectives.empty()) {
+    out += "  collectives (the ranks' flight records, furthest behind first):\n";
+    for (const auto& line : collectives) out += "    " + line + "\n";
+  }
   out.pop_back();  // the logger ends the line
   return out;
 }

@@ -38,8 +38,10 @@ Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_star
 Failure event_failure(const std::string& reason, const std::string& detail, int code, int node,
                       Clock::time_point attempt_start);
 
-// The report every agent prints: the first failure, its stderr, and this node's workers.
+// The report every agent prints: the first failure, its stderr, this node's workers, and, when
+// the workers published flight records, what each rank was doing with its collectives.
 std::string failure_report(const Failure& f, const std::vector<Worker>& workers, int attempt,
-                           int max_restarts, const std::string& run_id);
+                           int max_restarts, const std::string& run_id,
+                           const std::vector<std::string>& collectives = {});
 
 }  // namespace lockstep::launch

@@ -4,6 +4,8 @@
 //                                                   (on shm, shared buffers too)
 //   comm_worker env BACKEND WORLD                   check the launcher's env contract, all-reduce
 //   comm_worker die BACKEND                         rank 1 kills itself (first attempt only)
+//   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
+//                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
 #include <signal.h>
 #include <unistd.h>
@@ -100,6 +102,16 @@ int main(int argc, char** argv) {
         comm.allreduce(data.data(), data.size(), DType::f32, ReduceOp::avg)->wait();
       }
       std::printf("rank %d finished 20 steps\n", comm.rank());
+      return 0;
+    }
+    if (mode == "stall") {
+      float v = 1;
+      comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
+      if (comm.rank() == 1) {
+        ::pause();  // alive, but never issues the next collective: the launcher's SIGTERM ends it
+        return 0;
+      }
+      comm.allreduce(&v, 1, DType::f32, ReduceOp::sum)->wait();
       return 0;
     }
     if (mode == "loop") {

@@ -116,6 +116,25 @@ TEST(Launch, WithARestartTheJobRunsAgainAndSucceeds) {
   EXPECT_EQ(count_of(run.output(), "finished 20 steps"), 3u) << run.output();
 }
 
+class StalledJob : public ::testing::TestWithParam<std::string> {};
+
+// Rank 1 stays alive but never issues its second collective; rank 0's times out. The report
+// says which rank was behind and where, from the ranks' flight records.
+TEST_P(StalledJob, TheReportSaysWhichRankWasBehindAndAtWhichCollective) {
+  Process run({kLockstep, "run", "--nproc-per-node", "2", "--grace-period", "1", kWorker, "stall", GetParam()},
+              {{"LOCKSTEP_TIMEOUT", "3"}, {"LOCKSTEP_PEER_CHECK", "1"}});
+  EXPECT_EQ(run.wait(60), 4) << run.output();  // comm_worker's exit code for a TimeoutError
+  const std::string& out = run.output();
+  const auto records = out.find("collectives (the ranks' flight records, furthest behind first):");
+  ASSERT_NE(records, std::string::npos) << out;
+  const auto behind = out.find("rank 1: idle for", records), failed = out.find("rank 0: failed in allreduce", records);
+  EXPECT_NE(behind, std::string::npos) << out;
+  EXPECT_NE(failed, std::string::npos) << out;
+  EXPECT_LT(behind, failed) << "the rank furthest behind comes first";
+  EXPECT_NE(out.find("since allreduce (f32 x 1, sum) #0 finished", records), std::string::npos) << out;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, StalledJob, ::testing::Values("shm", "gloo"));
+
 TEST(Launch, TimeoutStopsAHangingJob) {
   auto start = std::chrono::steady_clock::now();
   Process run({kLockstep, "run", "--nproc-per-node", "2", "--timeout", "1", "--grace-period", "1",

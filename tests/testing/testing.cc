@@ -81,6 +81,11 @@ std::shared_ptr<comm::StoreClient> LocalStore::client(double timeout_seconds) co
 
 void run_ranks_as_threads(int world, const comm::CommOptions& options,
                           const std::function<void(comm::Communicator&)>& fn) {
+  run_ranks_as_threads_with_store(world, options, [&](comm::Communicator& comm, comm::StoreClient&) { fn(comm); });
+}
+
+void run_ranks_as_threads_with_store(int world, const comm::CommOptions& options,
+                                     const std::function<void(comm::Communicator&, comm::StoreClient&)>& fn) {
   LocalStore store;
   std::vector<std::thread> threads;
   std::exception_ptr first;
@@ -88,8 +93,9 @@ void run_ranks_as_threads(int world, const comm::CommOptions& options,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto comm = comm::Communicator::create(store.client(), r, world, options);
-        fn(*comm);
+        auto client = store.client();
+        auto comm = comm::Communicator::create(client, r, world, options);
+        fn(*comm, *client);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!first) first = std::current_exception();

@@ -33,6 +33,9 @@ class LocalStore {
 // the first exception any rank threw (after all threads joined).
 void run_ranks_as_threads(int world, const comm::CommOptions& options,
                           const std::function<void(comm::Communicator&)>& fn);
+// As above, also handing each rank the store client its communicator uses.
+void run_ranks_as_threads_with_store(int world, const comm::CommOptions& options,
+                                     const std::function<void(comm::Communicator&, comm::StoreClient&)>& fn);
 
 // A new, empty directory for one test, removed with everything in it when this goes away.
 class TempDir {

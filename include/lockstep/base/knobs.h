@@ -60,9 +60,10 @@ inline constexpr Knob kStoreAddr{"LOCKSTEP_STORE_ADDR", nullptr, "host:port of t
 inline constexpr Knob kToken{"LOCKSTEP_TOKEN", "", "the run's secret: every store connection proves it holds it (HMAC); lockstep run reads it too, for jobs across machines", Group::comm};
 inline constexpr Knob kRunId{"LOCKSTEP_RUN_ID", "default", "names the run's keys on the store", Group::comm};
 inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so far (set by lockstep run); the Trainer resumes from its newest checkpoint when above 0", Group::comm};
-inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, mpi or auto (shm when every rank is on one machine, else gloo)", Group::comm};
+inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, hier, mpi or auto (shm when every rank is on one machine; hier when several machines hold as many ranks each, more than one; else gloo)", Group::comm};
 inline constexpr Knob kTimeout{"LOCKSTEP_TIMEOUT", "300", "seconds any collective or store call may take", Group::comm};
-inline constexpr Knob kPeerCheck{"LOCKSTEP_PEER_CHECK", "5", "seconds within which a dead peer is reported", Group::comm};
+inline constexpr Knob kPeerCheck{"LOCKSTEP_PEER_CHECK", "5", "seconds within which a dead peer is reported; a collective stalled this long is compared with the peers' through the store", Group::comm};
+inline constexpr Knob kCheckCollectives{"LOCKSTEP_CHECK_COLLECTIVES", "64", "gloo, hier and mpi: compare the ranks' collectives at the first and then every N-th (covering those in between), every (before each one), or off; shm checks every one at no cost", Group::comm};
 inline constexpr Knob kGlooIface{"LOCKSTEP_GLOO_IFACE", nullptr, "network interface the network backends bind (default: the one that routes to the master); wins over GLOO_SOCKET_IFNAME", Group::comm};
 inline constexpr Knob kLogLevel{"LOCKSTEP_LOG_LEVEL", "info", "error, warn, info or debug: the lowest level of lines lockstep writes", Group::comm};
 inline constexpr Knob kLogSubsystems{"LOCKSTEP_LOG_SUBSYSTEMS", "all", "which subsystems log: all, a list such as comm,store, or ^list to exclude (names: base store comm shm gloo mpi hier run data ddp train doctor)", Group::comm};
@@ -105,6 +106,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kBackend,
                                        &kTimeout,
                                        &kPeerCheck,
+                                       &kCheckCollectives,
                                        &kGlooIface,
                                        &kLogLevel,
                                        &kLogSubsystems,

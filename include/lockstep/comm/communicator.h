@@ -15,7 +15,10 @@
 // Failure: a collective that does not finish within options.timeout is a TimeoutError naming
 // the collective and the ranks it waited for; a peer that died is a PeerError within
 // options.peer_check; ranks that issued different collectives at the same position get a
-// MismatchError. After any of these the communicator is broken: every later collective fails
+// MismatchError (at once on shm; on gloo and mpi at the next checked collective, see
+// CommOptions::check_every, or as soon as the mismatch stalls). Each communicator keeps a
+// flight record of its recent collectives (flight_recorder.h), published on the store when a
+// collective stalls or fails: the steady state makes no store requests. After any of these the communicator is broken: every later collective fails
 // at once with the first error, and the program should exit (the launcher restarts the group).
 //
 // Thread-safety: issuing collectives from several threads is allowed but their order is then
@@ -36,6 +39,7 @@
 namespace lockstep::comm {
 
 class Backend;
+class Watchdog;
 struct WorkState;
 
 // One in-flight collective. A Work must not outlive its Communicator.
@@ -101,13 +105,16 @@ class Communicator {
   struct Queue;  // internal
 
  private:
-  Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options);
+  Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options,
+               std::shared_ptr<StoreClient> store);
   WorkPtr enqueue(struct Collective c);
+  void start_watchdog(std::shared_ptr<StoreClient> store);
 
   int rank_, size_;
   CommOptions options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Queue> queue_;
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 // Names of the backends built into this binary, e.g. {"shm", "gloo", "mpi"}.

@@ -21,9 +21,13 @@ struct CommOptions {
   std::size_t shm_slot_bytes = 1u << 20;
   // shm: messages up to this size take the one-shot path (every rank reduces everything).
   std::size_t shm_one_shot_bytes = 64u << 10;
-  // gloo/mpi: exchange a descriptor before each collective so ranks that disagree fail with
-  // MismatchError instead of hanging (shm always checks, at no extra cost).
-  bool check_collectives = true;
+  // gloo/mpi: compare the ranks' collectives (kind, dtype, count, op, root) over the backend's
+  // own transport at the first collective and every N-th after it; the check covers every
+  // collective in between (a running hash), and a mismatch is a MismatchError naming the first
+  // collective that differs. 1: before every collective (one small gather each); 0: never.
+  // Whatever N, a collective that stalls is compared with the peers' through the store at
+  // once. shm always checks every collective, at no extra cost. (LOCKSTEP_CHECK_COLLECTIVES)
+  int check_every = 64;
   // Which machine each rank is on (0, 0, 1, 1, ...), instead of finding out by probing shared
   // memory: lets tests run the hier backend's two levels inside one machine. Empty: probe.
   std::vector<int> machine_of{};

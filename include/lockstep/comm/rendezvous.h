@@ -39,10 +39,16 @@ struct RendezvousInfo {
   int restart_count = 0;
   Seconds timeout{300};          // LOCKSTEP_TIMEOUT
   Seconds peer_check{5};         // LOCKSTEP_PEER_CHECK
+  int check_every = 64;          // LOCKSTEP_CHECK_COLLECTIVES (every: 1, off: 0)
   std::string backend = "auto";  // LOCKSTEP_BACKEND
   bool from_mpirun = false;      // rank variables came from OMPI_COMM_WORLD_*
   std::string scheduler;         // "slurm" or "sagemaker" when their variables were used
 };
+
+// The store prefix of a run's keys for one attempt ("run/<run id>/<restart count>/"): the
+// rendezvous' keys and its communicators' names start with it; the launcher reads the workers'
+// flight records under it (rendezvous_key_prefix(...) + "default" names the job's communicator).
+std::string rendezvous_key_prefix(const std::string& run_id, int restart_count);
 
 // Helpers for scheduler variables, exposed for tests.
 std::string first_slurm_host(const std::string& nodelist);               // "n[01-04],m" -> "n01"

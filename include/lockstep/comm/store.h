@@ -21,6 +21,7 @@
 // deadline a TimeoutError naming the keys.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -84,6 +85,7 @@ class StoreClient {
   StoreClient& operator=(const StoreClient&) = delete;
 
   void set(const std::string& key, const std::string& value);
+  void set(const std::string& key, const std::string& value, Seconds timeout);
   // Like set, but the server deletes the key when this client's connection closes: other
   // ranks learn that this process died (its sockets close with it) by the key's absence.
   void set_ephemeral(const std::string& key, const std::string& value);
@@ -92,6 +94,7 @@ class StoreClient {
   std::string get(const std::string& key, Seconds timeout);
   // Returns the value if present now, without waiting.
   std::optional<std::string> try_get(const std::string& key);
+  std::optional<std::string> try_get(const std::string& key, Seconds timeout);
   // Adds delta to the decimal integer under key (absent = 0) and returns the new value.
   std::int64_t add(const std::string& key, std::int64_t delta);
   // Sets key to desired if its value equals expected (absent key matches an empty expected
@@ -106,6 +109,9 @@ class StoreClient {
   const StoreClientOptions& options() const { return options_; }
   // The instance (hex) this client is bound to: the one its first connection reached.
   std::string instance_id() const;
+  // Requests this client has sent so far (retries included): what a test or benchmark reads to
+  // show that a code path costs the store nothing.
+  std::uint64_t requests() const { return requests_.load(); }
   // The deadline for later calls that take none (e.g. shorter once a job is up).
   void set_timeout(Seconds timeout);
 
@@ -120,6 +126,7 @@ class StoreClient {
   mutable std::mutex mu_;
   int fd_ = -1;
   std::string instance_;  // raw bytes; empty until the first handshake
+  std::atomic<std::uint64_t> requests_{0};
 };
 
 // Hex of 32 random bytes from the OS: a fresh run token.

@@ -6,16 +6,22 @@
 // given a hostname: 0.0~git2022 crashes on one that does not resolve.
 //
 // Rendezvous: Gloo's full-mesh connect exchanges addresses through a gloo::rendezvous::Store;
-// ours adapts lockstep's authenticated StoreClient. Each collective is tagged with its sequence
-// number (Gloo matches messages by tag), runs with the communicator's timeout, and, when
-// check_collectives is on, is preceded by an exchange of signatures through the store (check())
-// so ranks that disagree raise MismatchError instead of waiting on messages that never come.
+// ours adapts lockstep's authenticated StoreClient. After that the store is not used while
+// collectives run normally: each collective is tagged with its sequence number (Gloo matches
+// messages by tag), and at checked positions (CommOptions::check_every) the ranks compare their
+// collectives' signatures with a small Gloo all-gather of their own (SignatureCheck).
 //
 // Failure: a dead peer closes its sockets and Gloo reports an IoException within the TCP round
 // trip. A peer that vanishes without closing (a network partition, a machine that lost power)
 // is found by TCP keepalive on Gloo's own connections (set after the connect, on the sockets
 // that lead to the published peer addresses): within about 2 x peer_check, every pending read
-// and write fails. Either way the error is a PeerError naming the rank(s), never a signal:
+// and write fails. What neither catches (Gloo 0.0~git2022 can leave a send to a peer that has
+// just died pending forever; ranks that issued different collectives may wait on each other;
+// a rank that never arrives) the communicator's watchdog does: when a collective stalls for
+// peer_check it calls on_stall, which looks at the peers' liveness keys and flight records on
+// the store and, for a dead peer, a mismatch or the timeout, aborts the collective by shutting
+// down the sockets to the peers, so Gloo's blocked call returns and run() throws the verdict.
+// Every error is a PeerError, MismatchError or TimeoutError naming the rank(s), never a signal:
 // SIGPIPE is ignored unless the program handles it.
 //
 // Dtypes: f16 and bf16 travel as 16 bits (half the bytes of f32) and are summed in f32, rounded
@@ -42,13 +48,16 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "backend.h"
 #include "keepalive.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/net_address.h"
 #include "lockstep/error.h"
 
@@ -136,10 +145,16 @@ std::string peer_address(int fd) {
 }
 
 // Keepalive on the sockets that lead to peers (keepalive.h): a silent peer then fails every
-// pending read and write.
-void watch_connections(const std::set<int>& fds, const std::set<std::string>& peers, Seconds peer_check) {
+// pending read and write. Returns those sockets.
+std::vector<int> watch_connections(const std::set<int>& fds, const std::set<std::string>& peers,
+                                   Seconds peer_check) {
+  std::vector<int> watched;
   for (int fd : fds)
-    if (peers.count(peer_address(fd))) keep_alive(fd, static_cast<int>(peer_check.count()));
+    if (peers.count(peer_address(fd))) {
+      keep_alive(fd, static_cast<int>(peer_check.count()));
+      watched.push_back(fd);
+    }
+  return watched;
 }
 
 class GlooBackend final : public Backend {
@@ -151,7 +166,8 @@ class GlooBackend final : public Backend {
         store_(ctx.store),
         prefix_(ctx.prefix),
         global_ranks_(ctx.global_ranks),
-        machines_(ctx.locality.machines) {
+        machines_(ctx.locality.machines),
+        checks_(ctx.options.check_every) {
     ignore_sigpipe_unless_handled();
     store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
     bind_ = choose_bind_address(store_->options().host);
@@ -167,10 +183,16 @@ class GlooBackend final : public Backend {
   void run(const Collective& c) override {
     const auto begin = Clock::now();
     try {
-      if (options_.check_collectives && size_ > 1) check(c);
+      checks_.before(c, size_, rank_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t words) {
+        gather_words(mine, all, words, tag(c, words == 2 ? 1 : 2));
+      });
       dispatch(c);
     } catch (const gloo::Exception& e) {
+      if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
       rethrow(e, c);
+    } catch (const MismatchError& e) {
+      mark_failed("mismatch", e.what());
+      throw;
     }
     sent_bytes_ += bytes_sent(c);
     sent_nanoseconds_ += static_cast<std::uint64_t>(
@@ -181,7 +203,97 @@ class GlooBackend final : public Backend {
     return {sent_bytes_.load(), static_cast<double>(sent_nanoseconds_.load()) * 1e-9, machines_};
   }
 
+  // The watchdog's verdict on a stalled collective: a dead peer, a peer that issued something
+  // else at this position, or the timeout. Store reads here, only while stalled.
+  void on_stall(const Collective& c, Seconds running) override {
+    if (abort_verdict()) return;
+    if (std::string dead = dead_ranks_now(); !dead.empty())
+      return abort<PeerError>("gloo: " + dead + " while rank " + std::to_string(global(rank_)) + " was in " +
+                              c.describe() + "; the job cannot continue");
+    const auto records = peer_records();
+    if (std::string differs = mismatch_in(records, c); !differs.empty()) return abort<MismatchError>(differs);
+    if (running >= options_.timeout)
+      return abort<TimeoutError>("gloo: " + c.describe() + " timed out after " +
+                                 log::seconds_text(options_.timeout.count()) + " on rank " +
+                                 std::to_string(global(rank_)) + "; the others: " + who_is_behind(records, c));
+  }
+
  private:
+  // Makes the collective in flight (or the next one) fail with `verdict`: shutting down the
+  // sockets to the peers wakes every Gloo call blocked on them with an IoException.
+  // The verdict is announced on the store before the sockets go, so a peer whose connection
+  // breaks can tell a mismatch from a death (peer_verdict).
+  template <typename Verdict>
+  void abort(const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (abort_) return;
+      abort_ = std::make_exception_ptr(Verdict(what));
+    }
+    LOCKSTEP_LOG(debug, gloo) << "aborting: " << what;
+    mark_failed(std::is_same_v<Verdict, MismatchError> ? "mismatch" : "error", what);
+    for (int fd : peer_sockets_) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  std::exception_ptr abort_verdict() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_;
+  }
+
+  // The peers' flight records (by this backend's rank), as far as they published them.
+  std::vector<std::optional<FlightRecord>> peer_records() {
+    std::vector<std::optional<FlightRecord>> out(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        if (auto text = store_->try_get(flight_key(options_.name, global(r)), options_.peer_check))
+          out[static_cast<std::size_t>(r)] = FlightRecord::from_json(*text);
+      } catch (const Error&) {
+        // A record that cannot be read tells nothing; the liveness look and the timeout remain.
+      }
+    }
+    return out;
+  }
+
+  // "" unless a peer's record shows a different collective at c's position.
+  std::string mismatch_in(const std::vector<std::optional<FlightRecord>>& records, const Collective& c) {
+    for (int r = 0; r < size_; ++r) {
+      const auto& rec = records[static_cast<std::size_t>(r)];
+      const FlightEntry* theirs = rec ? rec->find(c.sequence) : nullptr;
+      if (theirs && theirs->signature != c.signature())
+        return "gloo: collective #" + std::to_string(c.sequence) + " differs across ranks: rank " +
+               std::to_string(global(rank_)) + " issued " + describe_signature(c.signature()) + " but rank " +
+               std::to_string(global(r)) + " issued " + describe_signature(theirs->signature) +
+               " (found when it stalled). Every rank must issue the same collectives in the same order";
+    }
+    return "";
+  }
+
+  std::string who_is_behind(const std::vector<std::optional<FlightRecord>>& records, const Collective& c) {
+    const double now = wall_seconds_now();
+    std::string out;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const auto& rec = records[static_cast<std::size_t>(r)];
+      out += (out.empty() ? "rank " : "; rank ") + std::to_string(global(r)) + " " +
+             (rec ? rec->doing(now) : "published no record (busy outside collectives, or stalled for less than "
+                                      "LOCKSTEP_PEER_CHECK)");
+    }
+    return out + ". A rank that is idle or in an earlier collective is behind: stuck in compute, or issuing "
+                 "fewer collectives than the others; raise LOCKSTEP_TIMEOUT if it is just slow (#" +
+           std::to_string(c.sequence) + " is this rank's)";
+  }
+
+  // An all-gather of a few 64-bit words over Gloo, for the signature checks.
+  void gather_words(const std::uint64_t* mine, std::uint64_t* all, std::size_t words, std::uint32_t t) {
+    std::vector<std::uint64_t> in(mine, mine + words);
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(in.data(), in.size());
+    opts.setOutput(all, words * static_cast<std::size_t>(size_));
+    opts.setTag(t);
+    gloo::allgather(opts);
+  }
+
   void connect() {
     const std::set<int> before = open_sockets();
     gloo::transport::tcp::attr attr;
@@ -190,7 +302,9 @@ class GlooBackend final : public Backend {
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
       GlooStoreAdapter store(store_, prefix_, options_.timeout);
-      context->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
+      // A backstop behind the watchdog, which names the ranks that are behind at options_.timeout.
+      context->setTimeout(
+          std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout + 2 * options_.peer_check));
       context->connectFullMesh(store, device_);
       context_ = context;
     } catch (const gloo::Exception& e) {
@@ -201,7 +315,7 @@ class GlooBackend final : public Backend {
     std::set<int> added;
     for (int fd : open_sockets())
       if (!before.count(fd)) added.insert(fd);
-    watch_connections(added, peer_addresses(), options_.peer_check);
+    peer_sockets_ = watch_connections(added, peer_addresses(), options_.peer_check);
   }
 
   std::set<std::string> peer_addresses() {
@@ -223,7 +337,8 @@ class GlooBackend final : public Backend {
   // Gloo's error as lockstep's: a TimeoutError, or a PeerError naming the peer that went.
   [[noreturn]] void rethrow(const gloo::Exception& e, const Collective& c) {
     const std::string what = first_line(e.what());
-    mark_failed();
+    mark_failed("error", what);
+    if (std::string found = peer_found_mismatch(); !found.empty()) throw MismatchError(found);
     if (what.find("imed out") != std::string::npos && what.find("Connection timed out") == std::string::npos)
       throw TimeoutError("gloo: " + c.describe() + " timed out after " + log::seconds_text(options_.timeout.count()) +
                          " on rank " + std::to_string(global(rank_)) + ": " + what);
@@ -264,13 +379,29 @@ class GlooBackend final : public Backend {
   }
 
   // Tells peers that this rank is leaving because of an error, not dying: they must not blame
-  // it when its ephemeral key vanishes.
-  void mark_failed() {
+  // it when its ephemeral key vanishes. The value is "<kind>\n<message>".
+  void mark_failed(const std::string& kind, const std::string& what) {
     try {
-      store_->set(prefix_ + "failed/" + std::to_string(rank_), "1");
+      store_->set(prefix_ + "failed/" + std::to_string(rank_), kind + "\n" + what, options_.peer_check);
     } catch (const Error&) {
       // The store is gone too; peers will see their own errors.
     }
+  }
+
+  // A peer's MismatchError, when one broke the connection because it found the ranks issued
+  // different collectives: this rank's collective was the other half of it. "" otherwise.
+  std::string peer_found_mismatch() {
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        auto failed = store_->try_get(prefix_ + "failed/" + std::to_string(r), options_.peer_check);
+        if (failed && failed->rfind("mismatch\n", 0) == 0)
+          return failed->substr(9) + " (found by rank " + std::to_string(global(r)) + ")";
+      }
+    } catch (const Error&) {
+      // No store: the connection error stands.
+    }
+    return "";
   }
 
   // Which peers died, as the store learns it within `patience` ("" when it does not): their
@@ -299,53 +430,9 @@ class GlooBackend final : public Backend {
     return 0;
   }
 
+  // Gloo matches messages by tag: the collective's own (part 0) and its signature checks'.
   std::uint32_t tag(const Collective& c, std::uint32_t part) const {
     return static_cast<std::uint32_t>((c.sequence << 2) | part);
-  }
-
-  // The descriptors go through the store, not through Gloo: Gloo 0.0~git2022 can leave a send
-  // to a peer that has just died pending forever (seen as a rare hang of the survivor in the
-  // kill test), while a store wait can be cut into peer_check slices with a liveness look
-  // between them. A dead peer is then a PeerError within about peer_check.
-  void check(const Collective& c) {
-    const std::string base = prefix_ + "chk/";
-    const std::string seq = std::to_string(c.sequence);
-    store_->set(base + seq + "/" + std::to_string(rank_), std::to_string(c.signature()));
-    std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_) keys.push_back(base + seq + "/" + std::to_string(r));
-    wait_for_peers(keys, c);
-    std::vector<std::uint64_t> sigs(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r)
-      sigs[static_cast<std::size_t>(r)] =
-          r == rank_ ? c.signature() : std::stoull(store_->get(base + seq + "/" + std::to_string(r)));
-    // Every peer has set its key for this collective, so it has read every key of the one
-    // before the previous: this rank's can go.
-    if (c.sequence >= 2) store_->remove(base + std::to_string(c.sequence - 2) + "/" + std::to_string(rank_));
-    check_signatures(c, sigs.data(), size_, rank_);
-  }
-
-  void wait_for_peers(const std::vector<std::string>& keys, const Collective& c) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
-    const Seconds slice = std::min(options_.peer_check, options_.timeout);
-    for (;;) {
-      try {
-        store_->wait(keys, slice);
-        return;
-      } catch (const TimeoutError&) {
-        if (std::string dead = dead_ranks_now(); !dead.empty()) {
-          mark_failed();
-          throw PeerError("gloo: " + dead + " while rank " + std::to_string(global(rank_)) + " was in " +
-                          c.describe() + "; the job cannot continue");
-        }
-        if (Clock::now() >= deadline) {
-          mark_failed();
-          throw TimeoutError("gloo: " + c.describe() + " timed out after " +
-                             log::seconds_text(options_.timeout.count()) + " on rank " +
-                             std::to_string(global(rank_)) + " waiting for the other ranks to reach it");
-        }
-      }
-    }
   }
 
   // Peers whose liveness key is gone (and that did not announce a failure), now: "" if none.
@@ -355,8 +442,8 @@ class GlooBackend final : public Backend {
     try {
       for (int r = 0; r < size_; ++r) {
         const std::string id = std::to_string(r);
-        if (r != rank_ && !store_->try_get(prefix_ + "alive/" + id) &&
-            !store_->try_get(prefix_ + "failed/" + id)) {
+        if (r != rank_ && !store_->try_get(prefix_ + "alive/" + id, options_.peer_check) &&
+            !store_->try_get(prefix_ + "failed/" + id, options_.peer_check)) {
           dead += (dead.empty() ? "" : ", ") + std::to_string(global(r));
           ++count;
         }
@@ -477,8 +564,12 @@ class GlooBackend final : public Backend {
   std::vector<int> global_ranks_;  // how messages name ranks (BackendContext::global_ranks)
   BindAddress bind_;
   std::map<int, std::string> addresses_;  // peers' bound addresses, read on demand
-  bool store_reachable_ = true;           // as the last liveness look found it
+  std::atomic<bool> store_reachable_{true};  // as the last liveness look found it
   int machines_ = 1;
+  SignatureCheck checks_;
+  std::vector<int> peer_sockets_;  // Gloo's connections to the peers (shut down to abort)
+  std::mutex abort_mu_;
+  std::exception_ptr abort_;  // the watchdog's verdict, once it aborted
   std::atomic<std::uint64_t> sent_bytes_{0}, sent_nanoseconds_{0};
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;

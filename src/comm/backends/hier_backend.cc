@@ -75,6 +75,11 @@ class HierBackend final : public Backend {
     if (cross_backend_) cross_backend_->on_thread_stop();
   }
   bool shares_memory() const override { return true; }
+  // The shm level watches itself; the Gloo level compares the communicator's records (hier's own
+  // sequence numbers, which every rank's record carries) and may abort its step.
+  void on_stall(const Collective& c, Seconds running) override {
+    if (cross_backend_) cross_backend_->on_stall(c, running);
+  }
   NetworkStats network_stats() const override {
     NetworkStats s = cross_backend_ ? cross_backend_->network_stats() : NetworkStats{};
     s.machines = where_.machines;

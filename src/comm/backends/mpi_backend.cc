@@ -65,7 +65,8 @@ int as_int(std::size_t n, const Collective& c) {
 
 class MpiBackend final : public Backend {
  public:
-  explicit MpiBackend(const BackendContext& ctx) : rank_(ctx.rank), size_(ctx.size), options_(ctx.options) {
+  explicit MpiBackend(const BackendContext& ctx)
+      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), checks_(ctx.options.check_every) {
     ensure_mpi_initialised();
     int world_rank = 0, world_size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -90,14 +91,9 @@ class MpiBackend final : public Backend {
   }
 
   void run(const Collective& c) override {
-    if (options_.check_collectives && size_ > 1) {
-      std::uint64_t mine[2] = {c.sequence, c.signature()};
-      std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
-      ok(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), c);
-      std::vector<std::uint64_t> sigs;
-      for (int r = 0; r < size_; ++r) sigs.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
-      check_signatures(c, sigs.data(), size_, rank_);
-    }
+    checks_.before(c, size_, rank_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t words) {
+      ok(MPI_Allgather(mine, as_int(words, c), MPI_UINT64_T, all, as_int(words, c), MPI_UINT64_T, comm_), c);
+    });
     const std::size_t esize = dtype_size(c.dtype);
     switch (c.kind) {
       case CollectiveKind::barrier: return ok(MPI_Barrier(comm_), c);
@@ -169,6 +165,7 @@ class MpiBackend final : public Backend {
 
   int rank_, size_;
   CommOptions options_;
+  SignatureCheck checks_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 

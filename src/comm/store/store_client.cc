@@ -251,6 +251,7 @@ StoreClient::Reply StoreClient::call(const std::string& request, Clock::time_poi
   for (;;) {
     if (fd_ < 0) connect_until(deadline);
     try {
+      ++requests_;
       send_all(fd_, request, deadline);
       std::string msg = recv_message(fd_, deadline);
       if (!msg.empty() && static_cast<Type>(msg[0]) == Type::kError) {
@@ -280,7 +281,11 @@ Clock::time_point deadline_after(Seconds s) {
 }  // namespace
 
 void StoreClient::set(const std::string& key, const std::string& value) {
-  call(wire::Writer(Type::kSet).str(key).str(value).frame(), deadline_after(options_.timeout), true);
+  set(key, value, options_.timeout);
+}
+
+void StoreClient::set(const std::string& key, const std::string& value, Seconds timeout) {
+  call(wire::Writer(Type::kSet).str(key).str(value).frame(), deadline_after(timeout), true);
 }
 
 void StoreClient::set_ephemeral(const std::string& key, const std::string& value) {
@@ -290,6 +295,7 @@ void StoreClient::set_ephemeral(const std::string& key, const std::string& value
   auto request = wire::Writer(Type::kSetEphemeral).str(key).str(value).frame();
   auto deadline = deadline_after(options_.timeout);
   try {
+    ++requests_;
     send_all(fd_, request, deadline);
     std::string msg = recv_message(fd_, deadline);
     if (msg.empty() || static_cast<Type>(msg[0]) != Type::kOk)
@@ -301,7 +307,11 @@ void StoreClient::set_ephemeral(const std::string& key, const std::string& value
 }
 
 std::optional<std::string> StoreClient::try_get(const std::string& key) {
-  auto reply = call(wire::Writer(Type::kGet).str(key).frame(), deadline_after(options_.timeout), true);
+  return try_get(key, options_.timeout);
+}
+
+std::optional<std::string> StoreClient::try_get(const std::string& key, Seconds timeout) {
+  auto reply = call(wire::Writer(Type::kGet).str(key).frame(), deadline_after(timeout), true);
   wire::Reader r(reply.message);
   r.type();
   bool found = r.u8() != 0;
