@@ -231,6 +231,10 @@ bool started_as_rank() {
 }
 
 RendezvousInfo rendezvous_info_from(const Environment& env) {
+  if (lookup(env, knobs::kElastic))
+    throw ConfigError("this worker was started by an elastic launcher (lockstep run --nnodes MIN:MAX, which sets "
+                      "LOCKSTEP_ELASTIC): its rank changes as machines come and go, so it must join with "
+                      "comm::join_elastic_from_env() (the Trainer does) instead of a fixed RANK and WORLD_SIZE");
   RendezvousInfo info;
   const Source src = find_source(env);
   info.from_mpirun = src.from_mpirun;

@@ -4,6 +4,9 @@
 //                                                   (on shm, shared buffers too)
 //   comm_worker env BACKEND WORLD                   check the launcher's env contract, all-reduce
 //   comm_worker die BACKEND                         rank 1 kills itself (first attempt only)
+//   comm_worker elastic BACKEND STEPS               an elastic member (LOCKSTEP_ELASTIC): all-reduces
+//                                                   a one STEPS times (5 ms apart), admits joiners
+//                                                   every 5 steps, recovers from failures
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "conformance.h"
+#include "lockstep/comm/elastic.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
 
@@ -69,6 +73,47 @@ int check_env(const CommOptions& options, int expected_world) {
   return problems == 0 ? 0 : 1;
 }
 
+// Every member counts the members with an all-reduce each step; after a change the step counter
+// comes from whoever is furthest (a joiner has none). Pacing: 5 ms per step.
+int elastic_member(const CommOptions& options, int steps) {
+  auto group = join_elastic_from_env(options);
+  std::printf("joined membership %llu as rank %d of %d\n", static_cast<unsigned long long>(group->epoch()),
+              group->rank(), group->size());
+  std::fflush(stdout);
+  std::int64_t step = 0;
+  auto catch_up = [&] { group->comm().allreduce(&step, 1, DType::i64, ReduceOp::max)->wait(); };
+  catch_up();
+  while (step < steps) {
+    try {
+      std::int64_t one = 1;
+      group->comm().allreduce(&one, 1, DType::i64, ReduceOp::sum)->wait();
+      if (one != group->size()) {
+        std::printf("WRONG: %lld members counted, %d in the membership\n", static_cast<long long>(one),
+                    group->size());
+        return 1;
+      }
+      ++step;
+      std::printf("step %lld of %d workers\n", static_cast<long long>(step), group->size());
+      std::fflush(stdout);
+      if (step % 5 == 0 && group->joiners_waiting()) {
+        const MembershipChange c = group->grow();
+        std::printf("grew to membership %llu: %d workers\n", static_cast<unsigned long long>(c.epoch), group->size());
+        catch_up();
+      }
+      ::usleep(5000);  // pacing the load, not synchronisation
+    } catch (const PeerError& e) {
+      const MembershipChange c = group->recover(e.what());
+      std::printf("recovered into membership %llu: %d workers, %zu left, after %.3f s agreeing and %.3f s rebuilding\n",
+                  static_cast<unsigned long long>(c.epoch), group->size(), c.left.size(), c.agree_seconds,
+                  c.rebuild_seconds);
+      std::fflush(stdout);
+      catch_up();
+    }
+  }
+  std::printf("done: rank %d of %d after %lld steps\n", group->rank(), group->size(), static_cast<long long>(step));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,9 +124,10 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   CommOptions options;
   options.backend = argv[2];
-  if (argc > 3) options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
+  if (argc > 3 && mode != "elastic") options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
   try {
     if (mode == "env") return check_env(options, argc > 3 ? std::atoi(argv[3]) : -1);
+    if (mode == "elastic") return elastic_member(options, argc > 3 ? std::atoi(argv[3]) : 100);
     Job job = join_from_env(options);
     Communicator& comm = *job.comm;
     if (mode == "conformance") {

@@ -39,6 +39,7 @@ inline constexpr Knob kLocalRank{"LOCAL_RANK", nullptr, "rank of this process on
 inline constexpr Knob kLocalWorldSize{"LOCAL_WORLD_SIZE", nullptr, "processes on this machine (default: WORLD_SIZE)", Group::job};
 inline constexpr Knob kMasterAddr{"MASTER_ADDR", "127.0.0.1", "address of rank 0's machine, as the others reach it", Group::job};
 inline constexpr Knob kMasterPort{"MASTER_PORT", nullptr, "port where rank 0 hosts the store when no launcher does", Group::job};
+inline constexpr Knob kGroupRank{"GROUP_RANK", nullptr, "the machine's node rank (set by lockstep run); elastic workers name their machine by it", Group::job};
 inline constexpr Knob kTorchelasticRestartCount{"TORCHELASTIC_RESTART_COUNT", nullptr, "torchrun's name for LOCKSTEP_RESTART_COUNT, read when that is unset", Group::job};
 // --- schedulers ---
 inline constexpr Knob kOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "mpirun: the rank, used when RANK is unset", Group::scheduler};
@@ -60,6 +61,7 @@ inline constexpr Knob kStoreAddr{"LOCKSTEP_STORE_ADDR", nullptr, "host:port of t
 inline constexpr Knob kToken{"LOCKSTEP_TOKEN", "", "the run's secret: every store connection proves it holds it (HMAC); lockstep run reads it too, for jobs across machines", Group::comm};
 inline constexpr Knob kRunId{"LOCKSTEP_RUN_ID", "default", "names the run's keys on the store", Group::comm};
 inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so far (set by lockstep run); the Trainer resumes from its newest checkpoint when above 0", Group::comm};
+inline constexpr Knob kElastic{"LOCKSTEP_ELASTIC", nullptr, "MIN:MAX machines, set by lockstep run --nnodes MIN:MAX: the worker joins an elastic membership (the Trainer does; a plain rendezvous refuses) instead of a fixed RANK and WORLD_SIZE", Group::comm};
 inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, hier, mpi or auto (shm when every rank is on one machine; hier when several machines hold as many ranks each, more than one; else gloo)", Group::comm};
 inline constexpr Knob kTimeout{"LOCKSTEP_TIMEOUT", "300", "seconds any collective or store call may take", Group::comm};
 inline constexpr Knob kPeerCheck{"LOCKSTEP_PEER_CHECK", "5", "seconds within which a dead peer is reported; a collective stalled this long is compared with the peers' through the store", Group::comm};
@@ -84,6 +86,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kLocalWorldSize,
                                        &kMasterAddr,
                                        &kMasterPort,
+                                       &kGroupRank,
                                        &kTorchelasticRestartCount,
                                        &kOmpiRank,
                                        &kOmpiSize,
@@ -103,6 +106,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kToken,
                                        &kRunId,
                                        &kRestartCount,
+                                       &kElastic,
                                        &kBackend,
                                        &kTimeout,
                                        &kPeerCheck,

@@ -1,0 +1,159 @@
+// ElasticGroup: the workers of a job whose membership changes while it runs, and a communicator
+// over whoever is in it now.
+//
+// A job is a sequence of memberships ("epochs"), each a list of workers in rank order with a
+// communicator of its own. A worker joins by registering on the store as a candidate; the first
+// epoch forms once workers of min_nodes machines registered (and a settle time passed, or
+// max_nodes machines joined). Later candidates wait until the members admit them at a step
+// boundary (joiners_waiting, then grow). When a collective fails because a member died or became
+// unreachable, the survivors call recover(): they announce themselves on the store, one of them
+// (the first to claim the transition; another takes over if it dies) waits until every member of
+// the failed epoch either announced itself or is gone (its ephemeral liveness key vanished), or
+// until the agreement deadline, and publishes the next epoch: the survivors and any candidates,
+// ordered by (machine, local rank). Every member of it builds that epoch's communicator in the same
+// process; nothing is restarted and nothing is read from disk. A member left out (it was too late,
+// or cut off) gets an ElasticError and may join again as a candidate.
+//
+// Store keys, under "elastic/<run_id>/": candidates (a counter), candidate/<n> (one per
+// registration), alive/<id> (ephemeral), epoch (the newest epoch number), epoch/<e> (its
+// membership, JSON), next/<e>/leader and next/<e>/here/<id> (the transition out of epoch e). The
+// steady state reads none of them: a member looks for candidates only when joiners_waiting() is
+// called, once per call on rank 0.
+//
+// What the group does not do: the application's state. After every change the caller brings the
+// new members up to date (a broadcast of the parameters and optimiser state from a member that
+// holds the newest step: the Trainer does, and so does ElasticState in lockstep/ddp/elastic.h).
+//
+// Threading: one thread uses a group. Every blocking call is bounded by join_timeout (joining) or
+// by the agreement deadline (changes).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/store.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+
+// This worker is not in the job's membership any more: it was left out of an epoch (it did not
+// announce itself in time, or was cut off from the others), or it gave up joining. (Exit 1.)
+class ElasticError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
+struct ElasticOptions {
+  std::string run_id = "default";  // names the group's keys on the store
+  int node = 0;                    // the machine (launcher) this worker runs on
+  int local_rank = 0;              // its index on that machine
+  int local_world_size = 1;        // workers on that machine: a machine counts once all joined
+  std::string host;                // named in reports; default: the host name
+  int min_nodes = 1;               // the first epoch waits for workers of this many machines
+  int max_nodes = 1;               // ... and forms at once when this many have joined
+  Seconds settle{2};               // once min_nodes joined, how long the first epoch waits for more
+  Seconds join_timeout{600};       // how long a worker waits to be admitted
+  // The shortest time a change waits for the members of the failed epoch to announce themselves;
+  // a member busy computing notices the failure only at its next collective, so the wait is also
+  // at least 3 x the step time reported through set_step_seconds.
+  Seconds agree_floor{2};
+  CommOptions comm;  // for each epoch's communicator (its name is set per epoch)
+};
+
+struct Member {
+  std::string id;  // unique per worker process
+  int node = 0, local_rank = 0, local_world_size = 1;
+  std::string host;
+  std::uint64_t candidate = 0;  // its registration number
+};
+
+// One change of membership, as every member of the new epoch sees it.
+struct MembershipChange {
+  std::uint64_t epoch = 0;  // the new one
+  std::string reason;       // "join", or "failure: <the error that started it>"
+  std::vector<Member> left, joined;
+  double agree_seconds = 0;    // from the call to the new membership being known
+  double rebuild_seconds = 0;  // building the new epoch's communicator
+};
+
+class ElasticGroup {
+ public:
+  // Registers as a candidate and blocks until this worker is a member of an epoch (the first, or a
+  // later one that admits it) and that epoch's communicator is up. TimeoutError after
+  // join_timeout.
+  ElasticGroup(std::shared_ptr<StoreClient> store, ElasticOptions options);
+  ~ElasticGroup();
+  ElasticGroup(const ElasticGroup&) = delete;
+  ElasticGroup& operator=(const ElasticGroup&) = delete;
+
+  Communicator& comm() { return *comm_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  std::uint64_t epoch() const { return epoch_; }
+  const std::vector<Member>& members() const { return members_; }
+  const Member& me() const { return me_; }
+  int nodes() const;  // machines in the current epoch
+  // Whether this worker became a member in the current epoch (it holds no state yet).
+  bool joined_in_current_epoch() const { return joined_epoch_ == epoch_; }
+
+  // The measured time of one step: changes wait at least three of them for busy members.
+  void set_step_seconds(double seconds) { step_seconds_ = seconds; }
+
+  // Collective on the current epoch (every member at the same step): whether candidates are
+  // waiting to be admitted. One store read on rank 0 and a one-integer all-reduce.
+  bool joiners_waiting();
+  // Collective on the current epoch: admits the waiting candidates into the next epoch.
+  MembershipChange grow();
+  // After a collective of the current epoch failed (`why`): closes the current communicator, agrees
+  // with the survivors on the next epoch and builds its communicator. Release everything that uses
+  // comm() (buckets in its shared memory, pending Works) before calling. ElasticError when this
+  // worker was left out; TimeoutError when no epoch was published in time.
+  MembershipChange recover(const std::string& why);
+
+ private:
+  struct Epoch;
+  void register_candidate();
+  void wait_to_be_admitted();
+  MembershipChange change(const std::string& reason);
+  void lead_first_epoch();
+  void lead_transition(std::uint64_t from, const std::string& reason);
+  std::optional<Epoch> await_epoch(std::uint64_t e, const std::string& leader_key, Clock::time_point deadline);
+  void enter(const Epoch& epoch);
+  std::vector<Member> live_candidates(std::uint64_t after);
+  bool alive(const std::string& id);
+  Seconds agree_timeout() const;
+  std::string key(const std::string& k) const { return "elastic/" + options_.run_id + "/" + k; }
+
+  std::shared_ptr<StoreClient> store_;
+  ElasticOptions options_;
+  Member me_;
+  std::vector<Member> members_;
+  std::uint64_t epoch_ = 0, joined_epoch_ = 0;
+  std::uint64_t admitted_ = 0;  // candidates numbered up to this were admitted or passed over
+  int rank_ = 0;
+  double step_seconds_ = 0;
+  std::unique_ptr<Communicator> comm_;
+};
+
+// Whether lockstep run started this process as an elastic worker (LOCKSTEP_ELASTIC is set).
+bool started_elastic();
+bool started_elastic(const std::map<std::string, std::string>& env);
+
+// What lockstep run --nnodes MIN:MAX gives an elastic worker: the store (LOCKSTEP_STORE_ADDR,
+// LOCKSTEP_TOKEN), the run (LOCKSTEP_RUN_ID), its place (GROUP_RANK, LOCAL_RANK), the machines
+// (LOCKSTEP_ELASTIC), LOCAL_WORLD_SIZE, and the communicator's settings (LOCKSTEP_BACKEND, LOCKSTEP_TIMEOUT,
+// LOCKSTEP_PEER_CHECK, LOCKSTEP_CHECK_COLLECTIVES). ConfigError names a variable that is wrong.
+struct ElasticSetup {
+  std::shared_ptr<StoreClient> store;
+  ElasticOptions options;
+};
+ElasticSetup elastic_setup_from(const std::map<std::string, std::string>& env, CommOptions comm = {});
+// Joins with elastic_setup_from(the environment): blocks until admitted.
+std::unique_ptr<ElasticGroup> join_elastic_from_env(CommOptions comm = {});
+
+}  // namespace lockstep::comm

@@ -1,0 +1,422 @@
+// ElasticGroup (lockstep/comm/elastic.h): memberships agreed through the store.
+//
+// Every change of membership, the first included, follows one pattern: the workers concerned
+// announce themselves under the transition's key; the first to claim its leader key (a
+// compare-and-set) collects them, decides the next epoch and publishes it; the others wait for
+// that epoch, in short slices between which they check the leader is still alive, and clear the
+// claim of a leader that died so that one of them takes over. Nobody waits for a worker that is
+// gone (its ephemeral alive key vanished with its connection) or past the deadline.
+#include "lockstep/comm/elastic.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/log.h"
+#include "lockstep/comm/rendezvous.h"
+#include "store/wire.h"
+
+namespace lockstep::comm {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr Seconds kSlice{0.2};  // between looks at a leader's liveness while waiting for it
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+json member_json(const Member& m) {
+  return {{"id", m.id},     {"node", m.node}, {"local", m.local_rank}, {"local_world", m.local_world_size},
+          {"host", m.host}, {"candidate", m.candidate}};
+}
+
+Member member_from(const json& j) {
+  return Member{j.at("id").get<std::string>(),   j.at("node").get<int>(),
+                j.at("local").get<int>(),        j.at("local_world").get<int>(),
+                j.at("host").get<std::string>(), j.at("candidate").get<std::uint64_t>()};
+}
+
+// Machines all of whose workers are among `ms`.
+int complete_machines(const std::vector<Member>& ms) {
+  std::map<int, int> seen, expected;
+  for (const auto& m : ms) {
+    ++seen[m.node];
+    expected[m.node] = m.local_world_size;
+  }
+  int n = 0;
+  for (const auto& [node, count] : seen) n += count >= expected[node] ? 1 : 0;
+  return n;
+}
+
+json members_json(const std::vector<Member>& ms) {
+  json a = json::array();
+  for (const auto& m : ms) a.push_back(member_json(m));
+  return a;
+}
+
+std::vector<Member> members_from(const json& a) {
+  std::vector<Member> out;
+  for (const auto& j : a) out.push_back(member_from(j));
+  return out;
+}
+
+// Ranks go machine by machine, local rank by local rank: ranks that share a machine are
+// neighbours, which the hierarchical backend and the locality probe like.
+void sort_by_place(std::vector<Member>& ms) {
+  std::sort(ms.begin(), ms.end(), [](const Member& a, const Member& b) {
+    return std::tie(a.node, a.local_rank, a.candidate) < std::tie(b.node, b.local_rank, b.candidate);
+  });
+}
+
+std::string names(const std::vector<Member>& ms) {
+  std::string out;
+  for (const auto& m : ms)
+    out += (out.empty() ? "" : ", ") + m.host + " node " + std::to_string(m.node) + " local " +
+           std::to_string(m.local_rank);
+  return out.empty() ? "none" : out;
+}
+
+double seconds_since(Clock::time_point t) {
+  return Seconds(Clock::now() - t).count();
+}
+
+}  // namespace
+
+struct ElasticGroup::Epoch {
+  std::uint64_t number = 0;
+  std::vector<Member> members, left, joined;
+  std::uint64_t admitted = 0;
+  std::string reason;
+
+  std::string to_json() const {
+    return json{{"epoch", number},         {"members", members_json(members)}, {"left", members_json(left)},
+                {"joined", members_json(joined)}, {"admitted", admitted},      {"reason", reason}}
+        .dump();
+  }
+  static Epoch from_json(const std::string& text) {
+    const json j = json::parse(text);
+    Epoch e;
+    e.number = j.at("epoch").get<std::uint64_t>();
+    e.members = members_from(j.at("members"));
+    e.left = members_from(j.at("left"));
+    e.joined = members_from(j.at("joined"));
+    e.admitted = j.at("admitted").get<std::uint64_t>();
+    e.reason = j.at("reason").get<std::string>();
+    return e;
+  }
+  bool includes(const std::string& id) const {
+    return std::any_of(members.begin(), members.end(), [&](const Member& m) { return m.id == id; });
+  }
+};
+
+ElasticGroup::ElasticGroup(std::shared_ptr<StoreClient> store, ElasticOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {
+  if (options_.min_nodes < 1 || options_.max_nodes < options_.min_nodes)
+    throw ConfigError("elastic membership needs 1 <= min nodes <= max nodes (got " +
+                      std::to_string(options_.min_nodes) + ":" + std::to_string(options_.max_nodes) + ")");
+  me_.node = options_.node;
+  me_.local_rank = options_.local_rank;
+  me_.local_world_size = options_.local_world_size;
+  me_.host = options_.host.empty() ? host_name() : options_.host;
+  me_.id = "n" + std::to_string(me_.node) + "l" + std::to_string(me_.local_rank) + "p" +
+           std::to_string(::getpid()) + "-" + wire::hex(wire::random_bytes(3));
+  store_->set_ephemeral(key("alive/" + me_.id), "1");
+  register_candidate();
+  wait_to_be_admitted();
+}
+
+ElasticGroup::~ElasticGroup() = default;
+
+int ElasticGroup::nodes() const {
+  std::set<int> n;
+  for (const auto& m : members_) n.insert(m.node);
+  return static_cast<int>(n.size());
+}
+
+Seconds ElasticGroup::agree_timeout() const {
+  return std::max(options_.agree_floor, Seconds(3 * step_seconds_));
+}
+
+bool ElasticGroup::alive(const std::string& id) {
+  return id == me_.id || store_->try_get(key("alive/" + id)).has_value();
+}
+
+void ElasticGroup::register_candidate() {
+  me_.candidate = static_cast<std::uint64_t>(store_->add(key("candidates"), 1));
+  store_->set(key("candidate/" + std::to_string(me_.candidate)), member_json(me_).dump());
+}
+
+// Candidates registered after number `after` that are still alive, in registration order. Stops at
+// a number whose record is not written yet (its worker is between the two calls of
+// register_candidate): that one and later ones wait for the next change.
+std::vector<Member> ElasticGroup::live_candidates(std::uint64_t after) {
+  const auto count = static_cast<std::uint64_t>(store_->add(key("candidates"), 0));
+  std::vector<Member> out;
+  for (std::uint64_t n = after + 1; n <= count; ++n) {
+    auto text = store_->try_get(key("candidate/" + std::to_string(n)));
+    if (!text) break;
+    Member m = member_from(json::parse(*text));
+    if (alive(m.id)) out.push_back(m);
+  }
+  return out;
+}
+
+// Waits for epoch `e` to be published. nullopt when its leader died first (its claim is cleared
+// then, so the caller may claim the transition itself).
+std::optional<ElasticGroup::Epoch> ElasticGroup::await_epoch(std::uint64_t e, const std::string& leader_key,
+                                                             Clock::time_point deadline) {
+  const std::string epoch_key = key("epoch/" + std::to_string(e));
+  for (;;) {
+    try {
+      store_->wait({epoch_key}, kSlice);
+      return Epoch::from_json(store_->get(epoch_key));
+    } catch (const TimeoutError&) {
+      if (Clock::now() >= deadline)
+        throw TimeoutError("elastic: membership " + std::to_string(e) + " of run '" + options_.run_id +
+                           "' was not published in time (its leader and every member that could lead are gone, "
+                           "or the store is unreachable)");
+      auto leader = store_->try_get(leader_key);
+      if (leader && !leader->empty() && !alive(*leader)) {
+        store_->compare_set(leader_key, *leader, "");
+        return std::nullopt;
+      }
+    }
+  }
+}
+
+// The first epoch: the candidate that claimed it waits for min_nodes machines, then for the settle
+// time or max_nodes machines, and publishes every live candidate.
+void ElasticGroup::lead_first_epoch() {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.join_timeout);
+  std::optional<Clock::time_point> settled;
+  std::vector<Member> cands;
+  for (;;) {
+    cands = live_candidates(0);
+    const int n = complete_machines(cands);
+    if (n >= options_.max_nodes) break;
+    if (n >= options_.min_nodes && !settled)
+      settled = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.settle);
+    if (settled && Clock::now() >= *settled) break;
+    if (Clock::now() >= deadline)
+      throw TimeoutError("elastic: only " + std::to_string(n) + " of at least " + std::to_string(options_.min_nodes) +
+                         " machines joined run '" + options_.run_id + "' within " +
+                         log::seconds_text(options_.join_timeout.count()) +
+                         ": start a `lockstep run --nnodes MIN:MAX` on each machine");
+    try {  // a new registration, or the next look
+      store_->wait({key("candidate/" + std::to_string(cands.empty() ? 1 : cands.back().candidate + 1))}, kSlice);
+    } catch (const TimeoutError&) {
+    }
+  }
+  Epoch first;
+  first.number = 0;
+  first.members = cands;
+  first.joined = cands;
+  first.admitted = cands.back().candidate;
+  first.reason = "start";
+  sort_by_place(first.members);
+  store_->set(key("epoch/0"), first.to_json());
+  store_->set(key("epoch"), "0");
+}
+
+void ElasticGroup::wait_to_be_admitted() {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.join_timeout);
+  for (;;) {
+    auto newest = store_->try_get(key("epoch"));
+    std::optional<Epoch> next;
+    if (!newest) {  // the first epoch is still forming: lead it, or wait for it
+      const std::string leader_key = key("first/leader");
+      if (store_->compare_set(leader_key, "", me_.id) == me_.id) lead_first_epoch();
+      next = await_epoch(0, leader_key, deadline);
+    } else {  // wait for the next change; lead it only when every member of the newest is gone
+      const std::uint64_t e = std::stoull(*newest);
+      const Epoch current = Epoch::from_json(store_->get(key("epoch/" + std::to_string(e))));
+      const std::string leader_key = key("next/" + std::to_string(e) + "/leader");
+      const bool orphaned =
+          std::none_of(current.members.begin(), current.members.end(), [&](const Member& m) { return alive(m.id); });
+      if (orphaned && store_->compare_set(leader_key, "", me_.id) == me_.id) {
+        members_ = current.members;
+        admitted_ = current.admitted;
+        lead_transition(e, "the members of membership " + std::to_string(e) + " are all gone");
+      }
+      next = await_epoch(e + 1, leader_key, deadline);
+    }
+    if (next && next->includes(me_.id)) {
+      joined_epoch_ = next->number;
+      enter(*next);
+      return;
+    }
+    if (Clock::now() >= deadline)
+      throw TimeoutError("elastic: this worker was not admitted into run '" + options_.run_id + "' within " +
+                         log::seconds_text(options_.join_timeout.count()));
+  }
+}
+
+// The leader of the change out of epoch `from`: waits for each member to announce itself, to be
+// gone, or for the deadline; then publishes the survivors and the live candidates.
+void ElasticGroup::lead_transition(std::uint64_t from, const std::string& reason) {
+  const std::string here = key("next/" + std::to_string(from) + "/here/");
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(agree_timeout());
+  std::vector<Member> waiting;
+  for (const auto& m : members_)
+    if (m.id != me_.id) waiting.push_back(m);
+  while (!waiting.empty() && Clock::now() < deadline) {
+    std::vector<Member> still;
+    for (const auto& m : waiting)
+      if (!store_->try_get(here + m.id) && alive(m.id)) still.push_back(m);
+    waiting = still;
+    if (waiting.empty()) break;
+    try {
+      store_->wait({here + waiting.front().id}, kSlice);
+    } catch (const TimeoutError&) {
+    }
+  }
+  Epoch next;
+  next.number = from + 1;
+  next.reason = reason;
+  for (const auto& m : members_) {
+    const bool announced = m.id == me_.id || store_->try_get(here + m.id).has_value();
+    (announced ? next.members : next.left).push_back(m);
+  }
+  next.joined = live_candidates(admitted_);
+  next.admitted = next.joined.empty() ? admitted_ : next.joined.back().candidate;
+  next.members.insert(next.members.end(), next.joined.begin(), next.joined.end());
+  sort_by_place(next.members);
+  store_->set(key("epoch/" + std::to_string(next.number)), next.to_json());
+  store_->set(key("epoch"), std::to_string(next.number));
+}
+
+// Takes the published epoch as this worker's: its rank, and its communicator.
+void ElasticGroup::enter(const Epoch& epoch) {
+  members_ = epoch.members;
+  epoch_ = epoch.number;
+  admitted_ = epoch.admitted;
+  for (std::size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].id == me_.id) rank_ = static_cast<int>(i);
+  CommOptions options = options_.comm;
+  options.name = key("comm/" + std::to_string(epoch_));
+  comm_ = Communicator::create(store_, rank_, size(), options);
+  LOCKSTEP_LOG(debug, comm) << "elastic: membership " << epoch_ << ", rank " << rank_ << " of " << size();
+}
+
+MembershipChange ElasticGroup::change(const std::string& reason) {
+  const auto start = Clock::now();
+  comm_.reset();  // its peers blocked on it fail at once instead of at their next check
+  const std::uint64_t from = epoch_;
+  const std::string leader_key = key("next/" + std::to_string(from) + "/leader");
+  store_->set(key("next/" + std::to_string(from) + "/here/" + me_.id), "1");
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(agree_timeout() + options_.join_timeout);
+  std::optional<Epoch> next;
+  while (!next) {
+    if (store_->compare_set(leader_key, "", me_.id) == me_.id) lead_transition(from, reason);
+    next = await_epoch(from + 1, leader_key, deadline);
+  }
+  MembershipChange c;
+  c.epoch = next->number;
+  c.reason = next->reason;
+  c.left = next->left;
+  c.joined = next->joined;
+  c.agree_seconds = seconds_since(start);
+  if (!next->includes(me_.id)) {
+    LOCKSTEP_LOG(warn, comm) << "elastic: left out of membership " << next->number
+                             << " (too late to announce itself); joining again as a new worker";
+    epoch_ = next->number;
+    register_candidate();
+    wait_to_be_admitted();
+    c.epoch = epoch_;
+    c.rebuild_seconds = 0;
+    return c;
+  }
+  const auto rebuild = Clock::now();
+  enter(*next);
+  c.rebuild_seconds = seconds_since(rebuild);
+  LOCKSTEP_LOG(info, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
+                           << " machines) after " << c.reason << "; left: " << names(c.left)
+                           << "; joined: " << names(c.joined);
+  return c;
+}
+
+bool ElasticGroup::joiners_waiting() {
+  std::int64_t waiting = 0;
+  if (rank_ == 0) waiting = live_candidates(admitted_).empty() ? 0 : 1;
+  comm_->allreduce(&waiting, 1, DType::i64, ReduceOp::max)->wait();
+  return waiting > 0;
+}
+
+MembershipChange ElasticGroup::grow() {
+  return change("join");
+}
+
+MembershipChange ElasticGroup::recover(const std::string& why) {
+  return change("failure: " + why);
+}
+
+bool started_elastic(const std::map<std::string, std::string>& env) {
+  return knobs::lookup(env, knobs::kElastic).has_value();
+}
+
+bool started_elastic() {
+  return started_elastic(knobs::environment());
+}
+
+namespace {
+int parse_whole(const std::string& name, const std::string& text) {
+  std::size_t used = 0;
+  int v = -1;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != text.size() || v < 0) throw ConfigError(name + "='" + text + "' is not a whole number");
+  return v;
+}
+}  // namespace
+
+ElasticSetup elastic_setup_from(const std::map<std::string, std::string>& env, CommOptions comm) {
+  const auto machines = knobs::lookup(env, knobs::kElastic);
+  if (!machines) throw ConfigError("LOCKSTEP_ELASTIC is not set: start elastic workers with lockstep run --nnodes MIN:MAX");
+  // The store, token, run and timeouts are read as for any rank: as a job of one.
+  auto plain = env;
+  plain.erase(knobs::kElastic.name);
+  plain[knobs::kRank.name] = "0";
+  plain[knobs::kWorldSize.name] = "1";
+  const RendezvousInfo info = rendezvous_info_from(plain);
+  if (info.store_host.empty())
+    throw ConfigError("LOCKSTEP_STORE_ADDR is not set: elastic workers meet on lockstep run's store");
+  ElasticSetup s;
+  const auto colon = machines->find(':');
+  if (colon == std::string::npos)
+    throw ConfigError("LOCKSTEP_ELASTIC='" + *machines + "' is not MIN:MAX (machines)");
+  s.options.min_nodes = parse_whole(knobs::kElastic.name, machines->substr(0, colon));
+  s.options.max_nodes = parse_whole(knobs::kElastic.name, machines->substr(colon + 1));
+  s.options.run_id = info.run_id;
+  s.options.node = parse_whole(knobs::kGroupRank.name, knobs::lookup(env, knobs::kGroupRank).value_or("0"));
+  s.options.local_rank = parse_whole(knobs::kLocalRank.name, knobs::lookup(env, knobs::kLocalRank).value_or("0"));
+  s.options.local_world_size =
+      std::max(1, parse_whole(knobs::kLocalWorldSize.name, knobs::lookup(env, knobs::kLocalWorldSize).value_or("1")));
+  if (comm.backend == "auto") comm.backend = info.backend;
+  if (comm.timeout == CommOptions{}.timeout) comm.timeout = info.timeout;
+  if (comm.peer_check == CommOptions{}.peer_check) comm.peer_check = info.peer_check;
+  if (comm.check_every == CommOptions{}.check_every) comm.check_every = info.check_every;
+  s.options.comm = comm;
+  s.store = std::make_shared<StoreClient>(StoreClientOptions{info.store_host, info.store_port, info.token, info.timeout});
+  return s;
+}
+
+std::unique_ptr<ElasticGroup> join_elastic_from_env(CommOptions comm) {
+  ElasticSetup s = elastic_setup_from(knobs::environment(), std::move(comm));
+  return std::make_unique<ElasticGroup>(s.store, s.options);
+}
+
+}  // namespace lockstep::comm
