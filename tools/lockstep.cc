@@ -2,6 +2,7 @@
 // the library (launch, doctor); nothing here is logic a library user could not call.
 //
 //   lockstep run [options] PROGRAM [ARGS...]   the launcher (torchrun's flags)
+//   lockstep store --port P                     a job's store in a process of its own (elastic jobs)
 //   lockstep demo                               all-reduce across local processes, checked
 //   lockstep bench allreduce                    the nccl-tests style sweep for one backend
 //   lockstep doctor [-- PROGRAM ARGS...]         why N workers are or are not N times faster
@@ -55,6 +56,7 @@ struct Command {
 struct RunCommand : Command {
   launch::LaunchOptions options;
   std::string nproc = "1";
+  std::string nnodes = "1";
   bool standalone = false;
   CLI::Option* join_timeout = nullptr;
 
@@ -65,11 +67,16 @@ struct RunCommand : Command {
     app->add_option("--nproc-per-node", nproc,
                     "workers on this machine: a number, or auto (one per CPU core)")
         ->capture_default_str();
-    app->add_option("--nnodes", options.nnodes, "machines in the job, one `lockstep run` on each")
+    app->add_option("--nnodes", nnodes,
+                    "machines in the job, one `lockstep run` on each; MIN:MAX for an elastic job, which starts "
+                    "with MIN and goes on as machines fail or join")
         ->capture_default_str();
     app->add_option("--node-rank", options.node_rank,
                     "this machine's index, 0..nnodes-1; node 0 hosts the store")
         ->capture_default_str();
+    app->add_option("--rdzv-endpoint", options.rdzv_endpoint,
+                    "elastic jobs: HOST:PORT of a `lockstep store` run apart from the training machines, so "
+                    "that losing any of them is survivable (default: node 0 hosts the store)");
     app->add_option("--master-addr", options.master_addr, "address of node 0, as the other nodes reach it")
         ->capture_default_str();
     app->add_option(
@@ -114,9 +121,31 @@ struct RunCommand : Command {
           "flags come after them)");
     if (join_timeout->count() == 0 && options.timeout > 0)
       options.join_timeout = std::min(options.join_timeout, options.timeout);
-    if (standalone) options.nnodes = 1, options.master_port = 0, options.node_rank = 0;
+    parse_nnodes();
+    if (standalone) options.nnodes = 1, options.master_port = 0, options.node_rank = 0, options.min_nodes = 0;
     options.nproc_per_node = parse_nproc();
     return launch::run_job(options);
+  }
+
+  // "N", or "MIN:MAX" (torchrun's syntax) for an elastic job.
+  void parse_nnodes() {
+    const auto colon = nnodes.find(':');
+    auto number = [&](const std::string& text) {
+      try {
+        std::size_t used = 0;
+        const int n = std::stoi(text, &used);
+        if (used == text.size()) return n;
+      } catch (const std::logic_error&) {
+      }
+      throw ConfigError("--nnodes '" + nnodes + "' is not a number of machines or MIN:MAX");
+    };
+    if (colon == std::string::npos) {
+      options.nnodes = number(nnodes);
+      return;
+    }
+    options.min_nodes = number(nnodes.substr(0, colon));
+    options.nnodes = number(nnodes.substr(colon + 1));
+    if (options.min_nodes < 1) throw ConfigError("--nnodes " + nnodes + ": MIN must be at least 1");
   }
 
   int parse_nproc() const {
@@ -129,6 +158,20 @@ struct RunCommand : Command {
     }
     throw ConfigError("--nproc-per-node '" + nproc + "' is not a number or 'auto'");
   }
+};
+
+struct StoreCommand : Command {
+  std::string host = "*";
+  int port = 0;
+
+  explicit StoreCommand(CLI::App& parent) {
+    app = parent.add_subcommand(
+        "store", "Host a job's store in a process of its own, until SIGINT or SIGTERM (LOCKSTEP_TOKEN: the secret)");
+    app->add_option("--host", host, "address to listen on (*: every IPv4 and IPv6 address)")->capture_default_str();
+    app->add_option("--port", port, "port to listen on (0: a free one, printed)")->capture_default_str();
+  }
+
+  int run() override { return launch::serve_store(host, port); }
 };
 
 struct DemoCommand : Command {
@@ -313,6 +356,7 @@ int lockstep_main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<std::unique_ptr<Command>> commands;
   commands.push_back(std::make_unique<RunCommand>(app));
+  commands.push_back(std::make_unique<StoreCommand>(app));
   commands.push_back(std::make_unique<DemoCommand>(app, raw));
   commands.push_back(std::make_unique<BenchCommand>(app, raw));
   commands.push_back(std::make_unique<DoctorCommand>(app));

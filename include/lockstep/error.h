@@ -72,6 +72,14 @@ class MismatchError : public Error {
   using Error::Error;
 };
 
+// Not a failure: this worker learned that its job is over before it had anything to do (an
+// elastic job finished while the worker waited to be admitted). A program's main() under
+// lockstep::run_main ends with one line and exit 0. (Exit 0.)
+class JobOver : public Error {
+ public:
+  using Error::Error;
+};
+
 // An operating-system call failed in a way lockstep cannot recover from. (Exit 1.)
 class SystemError : public Error {
  public:

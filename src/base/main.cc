@@ -62,6 +62,9 @@ int run_main(int argc, char** argv, const std::function<int()>& body) {
   std::set_terminate(on_terminate);
   try {
     return body();
+  } catch (const JobOver& e) {
+    std::fprintf(stderr, "%s: %s\n", g_program.c_str(), first_line(e.what()).c_str());
+    return kExitOk;
   } catch (const std::exception& e) {
     say_error(first_line(e.what()));
     return exit_code_for(e);

@@ -182,6 +182,8 @@ std::optional<ElasticGroup::Epoch> ElasticGroup::await_epoch(std::uint64_t e, co
       store_->wait({epoch_key}, kSlice);
       return Epoch::from_json(store_->get(epoch_key));
     } catch (const TimeoutError&) {
+      if (store_->try_get(key("finished")))
+        throw JobOver("run '" + options_.run_id + "' finished before this worker was admitted: nothing to do");
       if (Clock::now() >= deadline)
         throw TimeoutError("elastic: membership " + std::to_string(e) + " of run '" + options_.run_id +
                            "' was not published in time (its leader and every member that could lead are gone, "
@@ -232,6 +234,8 @@ void ElasticGroup::lead_first_epoch() {
 void ElasticGroup::wait_to_be_admitted() {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.join_timeout);
   for (;;) {
+    if (store_->try_get(key("finished")))
+      throw JobOver("run '" + options_.run_id + "' finished before this worker was admitted: nothing to do");
     auto newest = store_->try_get(key("epoch"));
     std::optional<Epoch> next;
     if (!newest) {  // the first epoch is still forming: lead it, or wait for it
@@ -276,8 +280,8 @@ void ElasticGroup::lead_transition(std::uint64_t from, const std::string& reason
       if (!store_->try_get(here + m.id) && alive(m.id)) still.push_back(m);
     waiting = still;
     if (waiting.empty()) break;
-    try {
-      store_->wait({here + waiting.front().id}, kSlice);
+    try {  // short: the member waited on may be the one that is gone
+      store_->wait({here + waiting.front().id}, Seconds(0.02));
     } catch (const TimeoutError&) {
     }
   }
@@ -341,7 +345,7 @@ MembershipChange ElasticGroup::change(const std::string& reason) {
   const auto rebuild = Clock::now();
   enter(*next);
   c.rebuild_seconds = seconds_since(rebuild);
-  LOCKSTEP_LOG(info, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
+  LOCKSTEP_LOG(debug, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
                            << " machines) after " << c.reason << "; left: " << names(c.left)
                            << "; joined: " << names(c.joined);
   return c;
@@ -352,6 +356,10 @@ bool ElasticGroup::joiners_waiting() {
   if (rank_ == 0) waiting = live_candidates(admitted_).empty() ? 0 : 1;
   comm_->allreduce(&waiting, 1, DType::i64, ReduceOp::max)->wait();
   return waiting > 0;
+}
+
+void ElasticGroup::finish() {
+  store_->set(key("finished"), "1");
 }
 
 MembershipChange ElasticGroup::grow() {

@@ -36,6 +36,10 @@ class SignalWatch {
   int fd_ = -1;
 };
 
+// The run's secret: --token, LOCKSTEP_TOKEN, a fresh one on one machine, or (with a warning)
+// one derived from the run id across machines.
+std::string choose_token(const LaunchOptions& o, const std::string& run_id);
+
 class Agent {
  public:
   Agent(const LaunchOptions& options, std::string program_path);
@@ -65,6 +69,12 @@ class Agent {
   // communicators published (nothing when none did, or the store is gone).
   std::vector<std::string> collectives_at_failure();
 
+  // elastic_agent.cc: --nnodes MIN:MAX
+  int run_elastic();
+  void join_elastic();
+  std::size_t start_elastic_worker(WorkerGroup& group, int local, int incarnation);
+  void stop_all(WorkerGroup& group);
+
   // attempt.cc
   int run_attempt();
   OutputPolicy output_policy();
@@ -84,6 +94,7 @@ class Agent {
   std::unique_ptr<comm::StoreClient> store_;
   bool interrupted_ = false, timed_out_ = false, store_lost_ = false;
   bool no_restart_ = false;  // the failure's exit code says a restart cannot help
+  int node_ = 0;             // an elastic agent's machine number, in the order agents joined
 };
 
 }  // namespace lockstep::launch

@@ -36,6 +36,8 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+}  // namespace
+
 // The run's secret: the option, LOCKSTEP_TOKEN, a fresh one on one machine, or (with a
 // warning) one derived from the run id across machines.
 std::string choose_token(const LaunchOptions& o, const std::string& run_id) {
@@ -48,8 +50,6 @@ std::string choose_token(const LaunchOptions& o, const std::string& run_id) {
            "same secret LOCKSTEP_TOKEN on every node to keep other programs out";
   return "lockstep-run:" + run_id;
 }
-
-}  // namespace
 
 std::string Agent::key(const std::string& k) const {
   return "launch/" + placement_.run_id + "/" + k;
@@ -131,13 +131,15 @@ void Agent::announce_and_wait(Seconds timeout) {
 }
 
 // Node 0 keeps the store up until every agent still alive has read its last key (at most 10 s);
-// an agent whose alive key is gone is not waited for.
+// an agent whose alive key is gone is not waited for. Elastic agents are numbered as they came.
 void Agent::leave() {
   try {
-    store_->set(key("bye/" + std::to_string(options_.node_rank)), "1");
+    const int me = elastic(options_) ? node_ : options_.node_rank;
+    store_->set(key("bye/" + std::to_string(me)), "1");
     if (!server_) return;
+    const int nodes = elastic(options_) ? static_cast<int>(store_->add(key("elastic/machines"), 0)) : options_.nnodes;
     const auto deadline = Clock::now() + std::chrono::seconds(10);
-    for (int n = 0; n < options_.nnodes; ++n) {
+    for (int n = 0; n < nodes; ++n) {
       const std::string id = std::to_string(n);
       for (;;) {
         try {

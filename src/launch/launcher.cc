@@ -2,7 +2,11 @@
 #include "lockstep/launch/launcher.h"
 
 #include "agent.h"
+#include <cstdio>
+
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
+#include "lockstep/base/main.h"
 #include "lockstep/comm/backends.h"
 #include "lockstep/error.h"
 
@@ -12,6 +16,11 @@ Agent::Agent(const LaunchOptions& options, std::string program_path)
     : options_(options), program_path_(std::move(program_path)) {}
 
 int Agent::run() {
+  if (elastic(options_)) {
+    const int code = run_elastic();
+    leave();
+    return code;
+  }
   join();
   int code = 0;
   for (placement_.attempt = 0; placement_.attempt <= options_.max_restarts; ++placement_.attempt) {
@@ -37,12 +46,18 @@ void validate(const LaunchOptions& o) {
   if (o.nproc_per_node < 1)
     throw ConfigError("--nproc-per-node must be at least 1 (got " + std::to_string(o.nproc_per_node) + ")");
   if (o.nnodes < 1) throw ConfigError("--nnodes must be at least 1 (got " + std::to_string(o.nnodes) + ")");
+  if (elastic(o) && o.min_nodes > o.nnodes)
+    throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                      ": MIN must not be above MAX");
+  if (elastic(o) && o.rdzv_endpoint.empty() && o.nnodes > 1 && o.master_port == 0)
+    throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                      " needs --master-port (node 0's store) or --rdzv-endpoint HOST:PORT (a `lockstep store`)");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw ConfigError("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                       std::to_string(o.nnodes) + ": use 0.." + std::to_string(o.nnodes - 1));
   if (o.master_port < 0 || o.master_port > 65535)
     throw ConfigError("--master-port " + std::to_string(o.master_port) + " is not a TCP port (0..65535)");
-  if (o.nnodes > 1 && o.master_port == 0)
+  if (!elastic(o) && o.nnodes > 1 && o.master_port == 0)
     throw ConfigError("--nnodes " + std::to_string(o.nnodes) +
                       " needs --master-port (the port of node 0's store, the same on every node)");
   if (o.max_restarts < 0) throw ConfigError("--max-restarts must be >= 0");
@@ -57,6 +72,24 @@ void validate(const LaunchOptions& o) {
     throw ConfigError("program '" + o.program[0] + "' not found" +
                       (o.program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)") +
                       ": check the name, or give a path");
+}
+
+int serve_store(const std::string& host, int port) {
+  const std::string token = knobs::get(knobs::kToken).value_or("");
+  if (token.empty())
+    throw ConfigError("LOCKSTEP_TOKEN is not set: give the store the job's secret (the same LOCKSTEP_TOKEN on "
+                      "every machine)");
+  SignalWatch signals;  // before the server's thread starts: it inherits the blocked signals
+  comm::StoreServer server(comm::StoreServerOptions{host, port, token});
+  std::printf("lockstep store: serving on %s:%d\n", host.c_str(), server.port());
+  std::fflush(stdout);
+  for (;;) {
+    const auto got = signals.wait(std::chrono::milliseconds(1000));
+    if (!got.empty()) {
+      LOCKSTEP_LOG(info, run) << "store: got " << signal_name(got.front()) << ", stopping";
+      return kExitOk;
+    }
+  }
 }
 
 int run_job(const LaunchOptions& options) {

@@ -70,4 +70,26 @@ std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlac
   return specs;
 }
 
+WorkerSpec elastic_worker_spec(const LaunchOptions& options, const JobPlacement& placement, int node, int local,
+                               int incarnation, knobs::Environment env) {
+  add_defaults(env, options.nproc_per_node);
+  add_python_backend(env);
+  for (const knobs::Knob* shape : {&knobs::kRank, &knobs::kWorldSize, &knobs::kMasterAddr, &knobs::kMasterPort})
+    env.erase(shape->name);
+  env[knobs::kElastic.name] = std::to_string(options.min_nodes) + ":" + std::to_string(options.nnodes);
+  env[knobs::kGroupRank.name] = std::to_string(node);
+  env[knobs::kLocalRank.name] = std::to_string(local);
+  env[knobs::kLocalWorldSize.name] = std::to_string(options.nproc_per_node);
+  env["TORCHELASTIC_RUN_ID"] = env[knobs::kRunId.name] = placement.run_id;
+  env[knobs::kStoreAddr.name] = placement.store_address;
+  env[knobs::kToken.name] = placement.token;
+  if (!options.backend.empty()) env[knobs::kBackend.name] = options.backend;
+  WorkerSpec spec;
+  spec.rank = node * options.nproc_per_node + local + incarnation * options.nproc_per_node * options.nnodes;
+  spec.local_rank = local;
+  spec.label = "node " + std::to_string(node) + " local " + std::to_string(local);
+  for (auto& [k, v] : env) spec.env.push_back(k + "=" + v);
+  return spec;
+}
+
 }  // namespace lockstep::launch

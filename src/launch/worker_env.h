@@ -33,4 +33,11 @@ inline constexpr const char* kWorkerMallocTunables =
 std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlacement& placement,
                                      knobs::Environment inherited);
 
+// An elastic worker of machine `node` (its agent's number in the job) at `local` rank: the store,
+// the run, LOCKSTEP_ELASTIC=MIN:MAX, GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE; no RANK or
+// WORLD_SIZE, which change as the membership does. `incarnation` counts the workers started in
+// this slot before (they name the log files apart).
+WorkerSpec elastic_worker_spec(const LaunchOptions& options, const JobPlacement& placement, int node, int local,
+                               int incarnation, knobs::Environment inherited);
+
 }  // namespace lockstep::launch

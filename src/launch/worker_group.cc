@@ -137,7 +137,8 @@ void WorkerGroup::emit_line(Worker& w, bool is_stderr, const std::string& line) 
     (void)ignored;
   }
   if (is_stderr ? output_.console_stderr : output_.console_stdout) {
-    std::string data = "[rank " + std::to_string(w.spec.rank) + "] " + line + "\n";
+    const std::string label = w.spec.label.empty() ? "rank " + std::to_string(w.spec.rank) : w.spec.label;
+    std::string data = "[" + label + "] " + line + "\n";
     ssize_t ignored = ::write(is_stderr ? STDERR_FILENO : STDOUT_FILENO, data.data(), data.size());
     (void)ignored;
   }

@@ -21,8 +21,9 @@ namespace lockstep::launch {
 using Clock = std::chrono::steady_clock;
 
 struct WorkerSpec {
-  int rank = 0;
+  int rank = 0;  // names its log files (rank_N.stdout)
   int local_rank = 0;
+  std::string label;  // the prefix of its console lines; empty: "rank N"
   std::vector<std::string> env;  // "NAME=value", the whole environment
 };
 

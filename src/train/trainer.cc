@@ -325,6 +325,7 @@ void Trainer::Impl::check_replicas() {
 }
 
 TrainResult Trainer::Impl::train() {
+  if (elastic) return train_elastic();
   RunProgress run;
   torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
   data::DistributedSampler sampler(train_set->size(), rank(), world(), /*shuffle=*/true, args.seed);
@@ -365,6 +366,11 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
         impl_->args.early_stopping_threshold));
   if (comm) {
     impl_->comm = comm;
+  } else if (comm::started_elastic()) {  // lockstep run --nnodes MIN:MAX: blocks until admitted
+    comm::CommOptions options;
+    options.backend = impl_->args.backend;
+    impl_->elastic = comm::join_elastic_from_env(options);
+    impl_->comm = &impl_->elastic->comm();
   } else {
     comm::CommOptions options;
     options.backend = impl_->args.backend;

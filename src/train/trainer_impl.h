@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/comm/elastic.h"
+#include "lockstep/data/elastic_sampler.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
@@ -89,7 +91,30 @@ struct Trainer::Impl {
   TrainResult result(const RunProgress& run) const;
 
   // training_step.cc
+  // One step's data on this rank: its samples (split into micro-batches of the per-device batch),
+  // the step's samples over all ranks (the mean is over them), and whether the batch is a stand-in
+  // for a rank that has no sample this step (its loss weighs nothing).
+  struct StepPlan {
+    std::size_t samples = 0;
+    double all_ranks_samples = 0;
+    bool placeholder = false;
+  };
   StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
+  StepTimes train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
+
+  // elastic_training.cc: an elastic job (lockstep run --nnodes MIN:MAX)
+  std::unique_ptr<comm::ElasticGroup> elastic;
+  std::size_t global_batch = 0;  // samples per step over all ranks: fixed when the job started
+  std::int64_t next_membership_check = 1;  // the step after which the members look for joiners
+  TrainResult train_elastic();
+  void prepare_elastic(data::ElasticSampler& sampler);
+  void plan_elastic(const data::ElasticSampler& sampler);
+  void run_elastic(data::ElasticSampler& sampler, RunProgress& run);
+  void elastic_step(data::ElasticSampler& sampler, RunProgress& run);
+  // After a failure (`failure` is its error) or to admit joiners (empty): the new membership, the
+  // state brought to the newest step, the reducer rebuilt, a membership_change record.
+  void change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure);
+  double sync_state(data::ElasticSampler& sampler);  // collective; returns its seconds
 
   // trainer_checkpoints.cc
   std::string resume_target() const;

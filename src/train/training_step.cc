@@ -14,7 +14,8 @@ namespace {
 
 struct MicroBatch {
   int index = 0, count = 1;
-  std::size_t step_samples = 0;
+  double mean_over = 1;      // the step's samples per rank: a sample's loss weighs 1 / mean_over
+  bool placeholder = false;  // a stand-in batch of a rank with no samples this step: weight 0
   bool last() const { return index == count - 1; }
 };
 
@@ -39,10 +40,11 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
     if (trainer.reducer) trainer.reducer->after_forward(&out);
     loss = trainer.loss_fn(out.to(torch::kFloat), batch->target);
   }
-  window.add_loss(loss.item<double>(), targets);
-  // The mean over this micro-batch, weighted to make the mean over the whole step (micro-batches
-  // hold equal targets per sample, so weighting by samples is weighting by targets).
-  auto scaled = loss * (samples / static_cast<double>(micro.step_samples));
+  if (!micro.placeholder) window.add_loss(loss.item<double>(), targets);
+  // The mean over this micro-batch, weighted to make the mean over the whole step once the
+  // ranks' gradients are averaged (micro-batches hold equal targets per sample, so weighting by
+  // samples is weighting by targets).
+  auto scaled = loss * (micro.placeholder ? 0.0 : samples / micro.mean_over);
   const auto forwarded = Clock::now();
   scaled.backward();
   const auto backwarded = Clock::now();
@@ -95,13 +97,19 @@ void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
 
 StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t step_samples,
                                     LogWindow& window) {
+  return train_step(loader, StepPlan{step_samples, static_cast<double>(step_samples) * world(), false}, window);
+}
+
+StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
   const auto begin = Clock::now();
   const std::int64_t tensors_at_start = tensor_bytes();
   reset_peak_tensor_bytes();
   const auto batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
+  const std::size_t step_samples = plan.samples;
   MicroBatch micro;
   micro.count = static_cast<int>((step_samples + batch_size - 1) / batch_size);
-  micro.step_samples = step_samples;
+  micro.mean_over = plan.all_ranks_samples / world();
+  micro.placeholder = plan.placeholder;
   StepTimes t;
   for (micro.index = 0; micro.index < micro.count; ++micro.index)
     forward_backward(*this, loader, micro, t, window);
@@ -110,7 +118,7 @@ StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t
   account_communication(*this, t, bytes, buckets);
   optimizer_step(*this, t, window);
   t.total = seconds_between(begin, Clock::now());
-  window.add_step(t, static_cast<double>(step_samples) * world(), bytes, buckets);
+  window.add_step(t, plan.all_ranks_samples, bytes, buckets);
   window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
   return t;
 }

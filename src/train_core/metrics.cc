@@ -93,6 +93,17 @@ EvalLog EvalLog::from_json(const json& j) {
   return r;
 }
 
+json MembershipChangeLog::to_json() const {
+  json j = {{"event", kMembershipChange}};
+  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_PUT)
+  return j;
+}
+MembershipChangeLog MembershipChangeLog::from_json(const json& j) {
+  MembershipChangeLog r;
+  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_TAKE)
+  return r;
+}
+
 std::vector<Segment> read_metrics(const std::string& path) {
   std::ifstream in(path);
   if (!in)
@@ -118,6 +129,8 @@ std::vector<Segment> read_metrics(const std::string& path) {
       if (segments.empty()) segments.emplace_back();  // lines before any train_begin
       if (event == kLog) segments.back().logs.push_back(StepLog::from_json(j));
       if (event == kEval) segments.back().evals.push_back(EvalLog::from_json(j));
+      if (event == kMembershipChange)
+        segments.back().membership_changes.push_back(MembershipChangeLog::from_json(j));
     } catch (const json::exception& e) {
       throw ConfigError(path + ":" + std::to_string(i + 1) + ": a value has the wrong type (" + e.what() +
                         ")");
@@ -135,6 +148,8 @@ std::string markdown() {
   LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_DOC_ROW)
   out += "\n### `eval`\n\n" + std::string(head);
   LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_DOC_ROW)
+  out += "\n### `membership_change`\n\n" + std::string(head);
+  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_DOC_ROW)
   return out;
 }
 

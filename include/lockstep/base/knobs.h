@@ -72,6 +72,7 @@ inline constexpr Knob kLogSubsystems{"LOCKSTEP_LOG_SUBSYSTEMS", "all", "which su
 // --- the launcher ---
 inline constexpr Knob kPath{"PATH", "/usr/local/bin:/usr/bin:/bin", "where lockstep run finds a PROGRAM given without a '/'", Group::launch};
 // --- the Trainer ---
+inline constexpr Knob kElasticCheck{"LOCKSTEP_ELASTIC_CHECK", "1", "elastic jobs: seconds of training between the members' looks for workers waiting to join (one integer all-reduce each)", Group::train};
 inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt only: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP) or kill-after-step:STEP:RANK", Group::train};
 // --- libraries lockstep runs on ---
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
@@ -115,6 +116,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kLogLevel,
                                        &kLogSubsystems,
                                        &kPath,
+                                       &kElasticCheck,
                                        &kFaultInject,
                                        &kOmpNumThreads,
                                        &kOpenblasCoretype,

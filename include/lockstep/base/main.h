@@ -34,7 +34,7 @@ bool restart_can_help(int code);
 std::string first_line(const std::string& what);
 
 // Runs `body` and returns its code; an exception becomes "PROGRAM: error: MESSAGE" on stderr
-// and exit_code_for(it). PROGRAM is argv[0]'s file name. Also makes an exception that escapes
+// and exit_code_for(it) (JobOver: "PROGRAM: MESSAGE" and 0). PROGRAM is argv[0]'s file name. Also makes an exception that escapes
 // a thread or a destructor (std::terminate) print that one line and exit 1 instead of an abort
 // with a stack trace.
 int run_main(int argc, char** argv, const std::function<int()>& body);

@@ -85,7 +85,7 @@ class ElasticGroup {
  public:
   // Registers as a candidate and blocks until this worker is a member of an epoch (the first, or a
   // later one that admits it) and that epoch's communicator is up. TimeoutError after
-  // join_timeout.
+  // join_timeout; JobOver when the members finished the job (finish()) before admitting it.
   ElasticGroup(std::shared_ptr<StoreClient> store, ElasticOptions options);
   ~ElasticGroup();
   ElasticGroup(const ElasticGroup&) = delete;
@@ -114,6 +114,9 @@ class ElasticGroup {
   // comm() (buckets in its shared memory, pending Works) before calling. ElasticError when this
   // worker was left out; TimeoutError when no epoch was published in time.
   MembershipChange recover(const std::string& why);
+  // The job is done (any member may call it, once its work is over): workers still waiting to be
+  // admitted get JobOver instead of waiting for their timeout.
+  void finish();
 
  private:
   struct Epoch;

@@ -11,6 +11,15 @@
 // the last lines of its stderr. While restarts remain, the whole group starts again with
 // LOCKSTEP_RESTART_COUNT raised. The exit code is the failed worker's (128 + signal).
 //
+// Elastic jobs (min_nodes > 0, from --nnodes MIN:MAX): every agent starts its workers at once;
+// they meet in an elastic membership on the store (lockstep/comm/elastic.h) that forms once MIN
+// machines joined. A worker that dies does not stop the others: the survivors go on without it
+// in the same processes, and its agent starts a new worker in its place (while --max-restarts
+// allows, counted per machine), which joins at a step boundary; an agent started later joins the
+// same way. Each agent ends when its workers have ended. The store lives on node 0 (--node-rank
+// 0 at --master-port), or, so that losing any training machine is survivable, in a process of
+// its own (`lockstep store`) that every agent reaches through --rdzv-endpoint.
+//
 // Threading: run_job runs on the calling thread (an event loop over pipes, a signalfd and the
 // store); the store server, on agent 0, runs its own thread. run_job blocks SIGINT, SIGTERM and
 // SIGCHLD in the calling thread before it starts any thread; call it from the main thread.
@@ -25,6 +34,8 @@ struct LaunchOptions {
   int nproc_per_node = 1;  // resolved: "auto" is the number of CPU cores
   int nnodes = 1;
   int node_rank = 0;
+  int min_nodes = 0;          // > 0: an elastic job of min_nodes..nnodes machines (--nnodes MIN:MAX)
+  std::string rdzv_endpoint;  // host:port of a store of its own (lockstep store); empty: node 0's
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // agent 0's store; 0 on one machine: a free port
   int max_restarts = 0;
@@ -41,6 +52,10 @@ struct LaunchOptions {
   std::vector<std::string> program;  // PROGRAM ARGS...
 };
 
+inline bool elastic(const LaunchOptions& o) {
+  return o.min_nodes > 0;
+}
+
 // Checks the options (throws ConfigError naming the option and the fix).
 void validate(const LaunchOptions& options);
 
@@ -48,5 +63,10 @@ void validate(const LaunchOptions& options);
 // code (128 + signal when killed), 124 when --timeout passed, 128 + signal when interrupted.
 // Configuration errors are thrown as ConfigError before any worker starts.
 int run_job(const LaunchOptions& options);
+
+// `lockstep store`: a store server at host:port with LOCKSTEP_TOKEN as its secret, until SIGINT
+// or SIGTERM (exit 0). Prints "lockstep store: serving on HOST:PORT" once it listens.
+// ConfigError when LOCKSTEP_TOKEN is unset (a store anyone could use is not served).
+int serve_store(const std::string& host, int port);
 
 }  // namespace lockstep::launch

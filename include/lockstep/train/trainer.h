@@ -86,6 +86,7 @@ struct TrainerState {
   std::int64_t steps_per_epoch = 0;
   std::uint64_t epoch = 0;          // the epoch in progress
   std::int64_t steps_in_epoch = 0;  // steps of that epoch done
+  std::int64_t membership = 0;      // an elastic job's membership number (0 until one changes)
   std::optional<double> best_metric;
   std::string best_checkpoint;  // directory name, e.g. "checkpoint-400"
   nlohmann::json log_history = nlohmann::json::array();

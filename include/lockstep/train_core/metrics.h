@@ -7,6 +7,8 @@
 //   {"event":"train_begin", ...}   once per start (a resumed run appends another)
 //   {"event":"log", ...}           every --logging-steps optimiser steps
 //   {"event":"eval", ...}          after every evaluation during training
+//   {"event":"membership_change", ...}  an elastic job lost or gained workers (lockstep run
+//                                  --nnodes MIN:MAX) and went on
 //
 // Each table row is (C++ type, key, meaning); the key is the member's name. Fields of type
 // std::optional are left out of a line when absent. Readers ignore keys they do not know.
@@ -83,6 +85,23 @@
   X(std::optional<std::int64_t>, eval_tokens, "target tokens evaluated (per-token targets only)")        \
   X(std::optional<double>, eval_perplexity, "exp(eval_loss), the language-model figure (per-token targets only)") \
   X(double, eval_seconds, "time the evaluation took")
+
+#define LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(X)                                                            \
+  X(std::int64_t, step, "optimiser steps done when training went on: the step every member resumed from") \
+  X(std::int64_t, membership, "the new membership's number (0 is the first)")                           \
+  X(std::string, reason, "join, or failure: the error that started the change")                        \
+  X(int, world_size_before, "workers before the change")                                                \
+  X(int, world_size, "workers after it")                                                                 \
+  X(int, machines, "machines after it")                                                                  \
+  X(std::string, left, "the workers that left (host, machine, local rank), or none")                    \
+  X(std::string, joined, "the workers that joined, or none")                                             \
+  X(double, agree_seconds, "from noticing to the new membership agreed through the store")              \
+  X(double, rebuild_seconds, "building the new membership's communicator")                               \
+  X(double, state_seconds, "bringing every member to the newest completed step (a broadcast of the model, " \
+                           "the optimizer state and the data position from a member that holds it)")     \
+  X(double, recovery_seconds, "from noticing to training again, everything included")                    \
+  X(std::int64_t, steps_lost, "completed steps taken again (the step in progress when a member failed is " \
+                              "redone: it never completed)")
 // clang-format on
 
 namespace lockstep::train::metrics {
@@ -107,18 +126,26 @@ struct EvalLog {
   static EvalLog from_json(const nlohmann::json& j);
 };
 
+struct MembershipChangeLog {
+  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_METRICS_MEMBER)
+  nlohmann::json to_json() const;
+  static MembershipChangeLog from_json(const nlohmann::json& j);
+};
+
 #undef LOCKSTEP_METRICS_MEMBER
 
 // The event names of the "event" key.
 inline constexpr const char* kTrainBegin = "train_begin";
 inline constexpr const char* kLog = "log";
 inline constexpr const char* kEval = "eval";
+inline constexpr const char* kMembershipChange = "membership_change";
 
 // One start of a run: its train_begin and the lines after it.
 struct Segment {
   std::optional<TrainBegin> begin;
   std::vector<StepLog> logs;
   std::vector<EvalLog> evals;
+  std::vector<MembershipChangeLog> membership_changes;
 };
 
 // Every start recorded in a metrics.jsonl, oldest first. A ConfigError names the file when it

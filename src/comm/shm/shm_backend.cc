@@ -281,6 +281,11 @@ class ShmBackend final : public LocalBackend {
     if (rc.dead.load(std::memory_order_acquire)) throw PeerError(peer_lost(r, c, "died"));
     int status = pthread_mutex_trylock(&rc.alive);
     if (status == EOWNERDEAD || status == ENOTRECOVERABLE) {
+      // EOWNERDEAD hands the dead peer's mutex to this thread: give it back at once. A robust
+      // mutex left locked stays on this thread's robust list, which the kernel and glibc walk
+      // through the segment's memory: once the segment is unmapped (an elastic job goes on with
+      // a new communicator in this process), the next robust lock would fault on it.
+      if (status == EOWNERDEAD) pthread_mutex_unlock(&rc.alive);
       rc.dead.store(1, std::memory_order_release);
       throw PeerError(peer_lost(r, c, "died"));
     }

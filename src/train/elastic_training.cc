@@ -1,0 +1,265 @@
+// The Trainer in an elastic job (lockstep run --nnodes MIN:MAX): it trains through members that
+// fail or join, in the same processes, without reading a checkpoint.
+//
+// The global batch is fixed when the job starts (per-device batch x accumulation x the first
+// membership's workers); the ElasticSampler deals each step's samples over the membership of the
+// moment, so fewer workers take more micro-batches each and the step's mean is over the same
+// samples (each sample's loss weighs W / step_samples before DDP averages over the W ranks).
+//
+// A step counts once its optimiser update ran, after the all-reduce of its gradients, and every
+// rank applies the same update. When a collective fails, a rank catches the error where it was
+// (a step's all-reduce, a log's, an evaluation's), releases what used the old communicator (the
+// reducer and its buckets), and calls ElasticGroup::recover. In the new membership every member
+// says which step it completed; the lowest-ranked member with the newest one broadcasts the
+// model, the optimizer state, the step counters and the sampler's position (a joiner, and a member
+// that missed the last update, take them), then the reducer is rebuilt. The step that was in
+// progress is taken again; no completed step is lost. Admitting joiners works the same way, at
+// a step boundary chosen every ~1 s of steps (joiners_waiting: one integer all-reduce).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "evaluate.h"
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/log.h"
+#include "lockstep/base/main.h"
+#include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train_core/metrics.h"
+#include "trainer_impl.h"
+
+namespace lockstep::train {
+namespace {
+
+// The state a member brings the others up to date with, as bytes (CBOR): the model, the optimizer
+// state, and the trainer's counters.
+std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler) {
+  std::ostringstream model_bytes, optimizer_bytes;
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  t.model.module->save(model_archive);
+  model_archive.save_to(model_bytes);
+  t.optimizer->save(optimizer_archive);
+  optimizer_archive.save_to(optimizer_bytes);
+  const nlohmann::json counters = {{"global_step", t.state.global_step},
+                                   {"epoch", t.state.epoch},
+                                   {"steps_in_epoch", t.state.steps_in_epoch},
+                                   {"sampler_epoch", sampler.state().epoch},
+                                   {"sampler_position", sampler.state().position},
+                                   {"global_batch", t.global_batch},
+                                   {"rng", rng_state_hex()},
+                                   {"best_metric", t.state.best_metric ? nlohmann::json(*t.state.best_metric)
+                                                                       : nlohmann::json()}};
+  auto binary = [](const std::ostringstream& out) {
+    const std::string bytes = out.str();
+    return nlohmann::json::binary_t(std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
+  };
+  const auto cbor = nlohmann::json::to_cbor(
+      nlohmann::json{{"model", binary(model_bytes)}, {"optimizer", binary(optimizer_bytes)}, {"counters", counters}});
+  return std::string(cbor.begin(), cbor.end());
+}
+
+void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, const std::string& bytes, bool take_rng) {
+  const nlohmann::json j = nlohmann::json::from_cbor(bytes);
+  auto archive_of = [&](const char* key, torch::serialize::InputArchive& archive) {
+    const auto& b = j.at(key).get_binary();
+    std::istringstream in(std::string(b.begin(), b.end()));
+    archive.load_from(in);
+  };
+  torch::serialize::InputArchive model_archive, optimizer_archive;
+  archive_of("model", model_archive);
+  t.model.module->load(model_archive);
+  archive_of("optimizer", optimizer_archive);
+  t.optimizer->load(optimizer_archive);
+  const nlohmann::json& c = j.at("counters");
+  t.state.global_step = c.at("global_step").get<std::int64_t>();
+  t.state.epoch = c.at("epoch").get<std::uint64_t>();
+  t.state.steps_in_epoch = c.at("steps_in_epoch").get<std::int64_t>();
+  t.global_batch = c.at("global_batch").get<std::size_t>();
+  if (!c.at("best_metric").is_null()) t.state.best_metric = c.at("best_metric").get<double>();
+  if (take_rng) set_rng_state_hex(c.at("rng").get<std::string>());
+  if (t.global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
+    sampler = data::ElasticSampler(t.train_set->size(), t.global_batch, /*shuffle=*/true, t.args.seed);
+  sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});
+}
+
+// The bytes of `root` on every rank: their length, then the bytes as 32-bit words.
+std::string broadcast_bytes(comm::Communicator& comm, int root, std::string bytes) {
+  std::int64_t n = static_cast<std::int64_t>(bytes.size());
+  comm.broadcast(&n, 1, comm::DType::i64, root)->wait();
+  bytes.resize(static_cast<std::size_t>((n + 3) / 4 * 4));
+  comm.broadcast(bytes.data(), bytes.size() / 4, comm::DType::i32, root)->wait();
+  bytes.resize(static_cast<std::size_t>(n));
+  return bytes;
+}
+
+std::string names_of(const std::vector<comm::Member>& ms) {
+  std::string out;
+  for (const auto& m : ms)
+    out += (out.empty() ? "" : "; ") + m.host + " machine " + std::to_string(m.node) + " local " +
+           std::to_string(m.local_rank);
+  return out.empty() ? "none" : out;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+// Collective on the current membership: every member reaches the newest completed step. Nothing
+// moves when every member already holds it (replicas that completed the same steps are equal).
+double Trainer::Impl::sync_state(data::ElasticSampler& sampler) {
+  const auto begin = Clock::now();
+  const bool fresh = elastic->joined_in_current_epoch() && elastic->epoch() > 0;
+  const std::int64_t mine = fresh ? -1 : state.global_step;
+  std::int64_t newest_and_oldest[2] = {mine, -mine};  // max of both: the newest, and minus the oldest
+  comm->allreduce(newest_and_oldest, 2, comm::DType::i64, comm::ReduceOp::max)->wait();
+  const std::int64_t newest = newest_and_oldest[0];
+  if (-newest_and_oldest[1] == newest) return seconds_since(begin);
+  std::int32_t source = !fresh && state.global_step == newest ? rank() : world();
+  comm->allreduce(&source, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
+  const std::string bytes = broadcast_bytes(*comm, source, rank() == source ? pack_state(*this, sampler) : "");
+  if (rank() != source) unpack_state(*this, sampler, bytes, /*take_rng=*/fresh);
+  return seconds_since(begin);
+}
+
+// The run's length and schedule, from the global batch.
+void Trainer::Impl::plan_elastic(const data::ElasticSampler& sampler) {
+  state.steps_per_epoch = static_cast<std::int64_t>(sampler.steps_per_epoch());
+  state.max_steps = args.max_steps > 0
+                        ? args.max_steps
+                        : static_cast<std::int64_t>(
+                              std::ceil(args.num_train_epochs * static_cast<double>(state.steps_per_epoch)));
+  schedule = Schedule{args.lr_scheduler_type,
+                      warmup_steps_for(args.warmup_steps, args.warmup_ratio, state.max_steps), state.max_steps};
+}
+
+void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
+  plan_elastic(sampler);
+  if (args.zero_stage > 0)
+    throw ConfigError("--zero-stage " + std::to_string(args.zero_stage) +
+                      " in an elastic job: ZeRO's shards would need a copy on another machine to survive a loss, "
+                      "which lockstep does not keep yet; use DDP (--zero-stage 0) with --nnodes MIN:MAX");
+  if (args.gradient_checkpointing && model.set_gradient_checkpointing) model.set_gradient_checkpointing(true);
+  optimizer = make_optimizer(model.module->parameters());
+  outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
+  model.module->train();
+}
+
+// One step: this rank's share of the step's samples, in micro-batches; a rank without a sample
+// this step runs a stand-in batch whose loss weighs nothing, so that its all-reduce still happens.
+void Trainer::Impl::elastic_step(data::ElasticSampler& sampler, RunProgress& run) {
+  data::StepShare share = sampler.share(rank(), world());
+  const bool placeholder = share.indices.empty();
+  if (placeholder) share.indices.push_back(sampler.share(0, world()).indices.front());
+  auto loader = make_loader(train_set, share.indices, args.per_device_train_batch_size, args.dataloader_num_workers);
+  train_step(*loader, StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
+             run.window);
+  sampler.advance();
+  ++state.global_step;
+  ++state.steps_in_epoch;
+  run.samples += static_cast<double>(share.step_samples);
+  after_step(sampler.state().position, sampler.dataset_size(), run);
+}
+
+// Steps until the end, admitting joiners every LOCKSTEP_ELASTIC_CHECK seconds of steps (a count
+// every member derives from the same all-reduced step time, so all check at the same step).
+void Trainer::Impl::run_elastic(data::ElasticSampler& sampler, RunProgress& run) {
+  std::int64_t& next_check = next_membership_check;
+  const double check_seconds = std::stod(knobs::get(knobs::kElasticCheck).value_or("1"));
+  while (state.global_step < state.max_steps && !run.control.should_stop) {
+    if (sampler.epoch_done()) {
+      sampler.set_epoch(state.epoch);
+      state.steps_in_epoch = 0;
+    }
+    const auto begin = Clock::now();
+    elastic_step(sampler, run);
+    if (state.global_step >= next_check) {
+      double step_seconds = seconds_since(begin);
+      comm->allreduce(&step_seconds, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
+      elastic->set_step_seconds(step_seconds);
+      next_check = state.global_step + std::clamp<std::int64_t>(
+                                            static_cast<std::int64_t>(check_seconds / std::max(step_seconds, 1e-6)), 1,
+                                            100000);
+      if (elastic->joiners_waiting()) change_membership(sampler, run, "");
+    }
+  }
+}
+
+void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure) {
+  const auto begin = Clock::now();
+  const int before = world();
+  const std::int64_t completed = state.global_step;
+  reducer.reset();  // its buckets live in the old communicator's shared memory
+  for (auto& p : model.module->parameters()) p.mutable_grad() = torch::Tensor();
+  const comm::MembershipChange change = failure.empty() ? elastic->grow() : elastic->recover(failure);
+  comm = &elastic->comm();
+  state.membership = static_cast<std::int64_t>(change.epoch);
+  const double state_seconds = sync_state(sampler);
+  build_reducer();
+  next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
+  metrics::MembershipChangeLog record;
+  record.step = state.global_step;
+  record.membership = static_cast<std::int64_t>(change.epoch);
+  record.reason = change.reason;
+  record.world_size_before = before;
+  record.world_size = world();
+  record.machines = elastic->nodes();
+  record.left = names_of(change.left);
+  record.joined = names_of(change.joined);
+  record.agree_seconds = change.agree_seconds;
+  record.rebuild_seconds = change.rebuild_seconds;
+  record.state_seconds = state_seconds;
+  record.recovery_seconds = seconds_since(begin);
+  record.steps_lost = std::max<std::int64_t>(0, completed - state.global_step);
+  log(record.to_json());
+  run.window = LogWindow{};
+  run.network_at_window_start = comm->network_stats();
+  if (rank() == 0)
+    LOCKSTEP_LOG(info, train) << "membership " << change.epoch << ": " << before << " -> " << world()
+                              << " workers (" << change.reason << "; left: " << record.left
+                              << "; joined: " << record.joined << "), training again at step " << state.global_step
+                              << " after " << record.recovery_seconds << " s (agree " << change.agree_seconds
+                              << ", rebuild " << change.rebuild_seconds << ", state " << state_seconds << ")";
+}
+
+TrainResult Trainer::Impl::train_elastic() {
+  RunProgress run;
+  torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
+  global_batch = samples_per_step() * static_cast<std::size_t>(world());
+  data::ElasticSampler sampler(train_set->size(), global_batch, /*shuffle=*/true, args.seed);
+  prepare_elastic(sampler);
+  state.membership = static_cast<std::int64_t>(elastic->epoch());
+  if (elastic->joined_in_current_epoch() && elastic->epoch() > 0) {
+    sync_state(sampler);  // the members run the same collective right after admitting this one
+    plan_elastic(sampler);
+  }
+  next_membership_check = state.global_step + 1;
+  build_reducer();
+  announce();
+  for (auto& cb : callbacks) cb->on_train_begin(state);
+  run.first_step = state.global_step;
+  run.network_at_window_start = comm->network_stats();
+  for (;;) {
+    try {
+      run_elastic(sampler, run);
+      break;
+    } catch (const comm::ElasticError&) {
+      throw;
+    } catch (const StoreReplacedError&) {
+      throw;
+    } catch (const PeerError& e) {
+      change_membership(sampler, run, first_line(e.what()));
+    } catch (const TimeoutError& e) {
+      change_membership(sampler, run, first_line(e.what()));
+    }
+  }
+  check_replicas();
+  if (rank() == 0) elastic->finish();  // a worker still waiting to join has nothing left to do
+  for (auto& cb : callbacks) cb->on_train_end(state);
+  return result(run);
+}
+
+}  // namespace lockstep::train
