@@ -71,8 +71,10 @@ std::vector<Member> members_from(const json& a) {
   return out;
 }
 
-// Ranks go machine by machine, local rank by local rank: ranks that share a machine are
-// neighbours, which the hierarchical backend and the locality probe like.
+// The first membership's ranks go machine by machine, local rank by local rank: ranks that share a
+// machine are neighbours. Later ones keep the members that stay in their order, then add the
+// joiners so: rank 0 stays with a member that holds the state (and writes the run's metrics)
+// whenever one is left.
 void sort_by_place(std::vector<Member>& ms) {
   std::sort(ms.begin(), ms.end(), [](const Member& a, const Member& b) {
     return std::tie(a.node, a.local_rank, a.candidate) < std::tie(b.node, b.local_rank, b.candidate);
@@ -131,7 +133,6 @@ ElasticGroup::ElasticGroup(std::shared_ptr<StoreClient> store, ElasticOptions op
   me_.host = options_.host.empty() ? host_name() : options_.host;
   me_.id = "n" + std::to_string(me_.node) + "l" + std::to_string(me_.local_rank) + "p" +
            std::to_string(::getpid()) + "-" + wire::hex(wire::random_bytes(3));
-  store_->set_ephemeral(key("alive/" + me_.id), "1");
   register_candidate();
   wait_to_be_admitted();
 }
@@ -152,7 +153,10 @@ bool ElasticGroup::alive(const std::string& id) {
   return id == me_.id || store_->try_get(key("alive/" + id)).has_value();
 }
 
+// Also (re)asserts this worker's liveness: a worker cut off long enough for the store to drop its
+// connection lost its ephemeral key with it.
 void ElasticGroup::register_candidate() {
+  store_->set_ephemeral(key("alive/" + me_.id), "1");
   me_.candidate = static_cast<std::uint64_t>(store_->add(key("candidates"), 1));
   store_->set(key("candidate/" + std::to_string(me_.candidate)), member_json(me_).dump());
 }
@@ -227,6 +231,7 @@ void ElasticGroup::lead_first_epoch() {
   first.admitted = cands.back().candidate;
   first.reason = "start";
   sort_by_place(first.members);
+  LOCKSTEP_LOG(debug, comm) << "elastic: publishing membership 0: " << first.to_json();
   store_->set(key("epoch/0"), first.to_json());
   store_->set(key("epoch"), "0");
 }
@@ -245,6 +250,11 @@ void ElasticGroup::wait_to_be_admitted() {
     } else {  // wait for the next change; lead it only when every member of the newest is gone
       const std::uint64_t e = std::stoull(*newest);
       const Epoch current = Epoch::from_json(store_->get(key("epoch/" + std::to_string(e))));
+      if (current.includes(me_.id)) {
+        joined_epoch_ = e;  // it formed between this worker's registration and its first look
+        enter(current);
+        return;
+      }
       const std::string leader_key = key("next/" + std::to_string(e) + "/leader");
       const bool orphaned =
           std::none_of(current.members.begin(), current.members.end(), [&](const Member& m) { return alive(m.id); });
@@ -260,6 +270,9 @@ void ElasticGroup::wait_to_be_admitted() {
       enter(*next);
       return;
     }
+    if (next)
+      LOCKSTEP_LOG(debug, comm) << "elastic: " << me_.id << " is not in membership " << next->number << ": "
+                                << next->to_json();
     if (Clock::now() >= deadline)
       throw TimeoutError("elastic: this worker was not admitted into run '" + options_.run_id + "' within " +
                          log::seconds_text(options_.join_timeout.count()));
@@ -294,8 +307,8 @@ void ElasticGroup::lead_transition(std::uint64_t from, const std::string& reason
   }
   next.joined = live_candidates(admitted_);
   next.admitted = next.joined.empty() ? admitted_ : next.joined.back().candidate;
+  sort_by_place(next.joined);
   next.members.insert(next.members.end(), next.joined.begin(), next.joined.end());
-  sort_by_place(next.members);
   store_->set(key("epoch/" + std::to_string(next.number)), next.to_json());
   store_->set(key("epoch"), std::to_string(next.number));
 }
@@ -418,7 +431,9 @@ ElasticSetup elastic_setup_from(const std::map<std::string, std::string>& env, C
   if (comm.peer_check == CommOptions{}.peer_check) comm.peer_check = info.peer_check;
   if (comm.check_every == CommOptions{}.check_every) comm.check_every = info.check_every;
   s.options.comm = comm;
-  s.store = std::make_shared<StoreClient>(StoreClientOptions{info.store_host, info.store_port, info.token, info.timeout});
+  // A store call that does not answer in 30 s means the store is gone, and with it the job.
+  s.store = std::make_shared<StoreClient>(StoreClientOptions{info.store_host, info.store_port, info.token,
+                                                             std::min(info.timeout, Seconds(30))});
   return s;
 }
 

@@ -199,6 +199,7 @@ void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress
   state.membership = static_cast<std::int64_t>(change.epoch);
   const double state_seconds = sync_state(sampler);
   build_reducer();
+  outputs->set_rank(rank());
   next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
   metrics::MembershipChangeLog record;
   record.step = state.global_step;

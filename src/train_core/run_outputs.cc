@@ -14,16 +14,13 @@ namespace fs = std::filesystem;
 
 namespace lockstep::train {
 
-RunOutputs::RunOutputs(const std::string& output_dir, int rank, bool trace) {
+RunOutputs::RunOutputs(const std::string& output_dir, int rank, bool trace)
+    : metrics_path_((fs::path(output_dir) / "metrics.jsonl").string()) {
   std::error_code ec;
   fs::create_directories(output_dir, ec);
   if (ec) throw ConfigError("cannot create --output-dir " + output_dir + ": " + ec.message());
   if (rank == 0) {
-    metrics_path_ = (fs::path(output_dir) / "metrics.jsonl").string();
-    metrics_fd_ = ::open(metrics_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (metrics_fd_ < 0)
-      throw ConfigError("cannot write " + metrics_path_ + ": " + std::strerror(errno) +
-                        "; check --output-dir");
+    set_rank(0);
     // A save killed midway leaves a .tmp- directory behind: nothing else refers to it.
     for (const auto& entry : fs::directory_iterator(output_dir, ec))
       if (entry.path().filename().string().rfind(".tmp-checkpoint-", 0) == 0)
@@ -38,6 +35,18 @@ RunOutputs::RunOutputs(const std::string& output_dir, int rank, bool trace) {
 
 RunOutputs::~RunOutputs() {
   if (metrics_fd_ >= 0) ::close(metrics_fd_);
+}
+
+void RunOutputs::set_rank(int rank) {
+  if (rank != 0) {
+    if (metrics_fd_ >= 0) ::close(metrics_fd_);
+    metrics_fd_ = -1;
+    return;
+  }
+  if (metrics_fd_ >= 0) return;
+  metrics_fd_ = ::open(metrics_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (metrics_fd_ < 0)
+    throw ConfigError("cannot write " + metrics_path_ + ": " + std::strerror(errno) + "; check --output-dir");
 }
 
 void RunOutputs::record(const nlohmann::json& line) {

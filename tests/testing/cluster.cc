@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -179,6 +180,27 @@ void VirtualCluster::kill_all(int machine) {
   shell({"/sbin/ip", "netns", "pids", netns(machine)}, &pids);
   std::istringstream in(pids);
   for (int pid; in >> pid;) ::kill(pid, SIGKILL);
+}
+
+int VirtualCluster::kill_named(int machine, const std::string& name) {
+  std::string pids;
+  shell({"/sbin/ip", "netns", "pids", netns(machine)}, &pids);
+  std::istringstream in(pids);
+  int killed = 0;
+  for (int pid; in >> pid;) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string command;
+    std::getline(comm, command);
+    if (command.rfind(name, 0) == 0 && ::kill(pid, SIGKILL) == 0) ++killed;
+  }
+  return killed;
+}
+
+void VirtualCluster::power_off(int machine) {
+  set_link(machine, false);
+  const std::string ns = netns(machine);
+  delete_netns(ns);
+  made_.erase(std::remove(made_.begin(), made_.end(), ns), made_.end());
 }
 
 VirtualCluster::Counters VirtualCluster::counters(int machine) const {

@@ -47,6 +47,12 @@ class VirtualCluster {
   void set_link(int machine, bool up);
   // SIGKILL to every process in the machine's namespace.
   void kill_all(int machine);
+  // SIGKILL to the machine's processes whose command name (/proc/PID/comm) starts with `name`;
+  // how many there were.
+  int kill_named(int machine, const std::string& name);
+  // As if the machine lost power: its link goes down first (no FIN or RST leaves it), then every
+  // process in it dies and its namespace is deleted. The peers see only silence.
+  void power_off(int machine);
   // Bytes the machine sent and received on its link since the cluster was made.
   struct Counters {
     std::uint64_t tx_bytes = 0, rx_bytes = 0;

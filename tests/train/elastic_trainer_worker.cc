@@ -10,6 +10,8 @@
 // complete up to its death):
 //   get I J K ...          the dataset indices of one batch it loaded
 //   step S membership M    it completed optimiser step S in membership M
+//   change S membership M  the membership changed to M, training going on after step S: the
+//                          batches loaded since the last step were not trained on
 // and, on rank 0 at the end, the final parameters to DIR/final.pt.
 #include <torch/torch.h>
 
@@ -73,6 +75,12 @@ class RecordSteps : public TrainerCallback {
   explicit RecordSteps(std::shared_ptr<Record> record) : record_(std::move(record)) {}
   void on_step_end(const TrainerState& s, TrainerControl&) override {
     record_->line("step " + std::to_string(s.global_step) + " membership " + std::to_string(s.membership));
+  }
+  // A change of membership abandons the step in progress: what it loaded was not trained on.
+  void on_log(const TrainerState&, const nlohmann::json& entry) override {
+    if (entry.value("event", "") == "membership_change")
+      record_->line("change " + std::to_string(entry.at("step").get<std::int64_t>()) + " membership " +
+                    std::to_string(entry.at("membership").get<std::int64_t>()));
   }
 
  private:

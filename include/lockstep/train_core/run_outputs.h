@@ -23,6 +23,8 @@ class RunOutputs {
 
   // Appends one line to metrics.jsonl on rank 0 (other ranks: nothing).
   void record(const nlohmann::json& line);
+  // This process's rank changed (an elastic job's membership did): rank 0 writes metrics.jsonl.
+  void set_rank(int rank);
   // This rank's trace, or nullptr without --trace.
   TraceWriter* trace() { return trace_.get(); }
 
