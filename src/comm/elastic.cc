@@ -383,6 +383,59 @@ MembershipChange ElasticGroup::recover(const std::string& why) {
   return change("failure: " + why);
 }
 
+namespace {
+// The bytes of `root` on every rank: their length, then the bytes as 32-bit words.
+std::string broadcast_bytes(Communicator& comm, int root, std::string bytes) {
+  std::int64_t n = static_cast<std::int64_t>(bytes.size());
+  comm.broadcast(&n, 1, DType::i64, root)->wait();
+  bytes.resize(static_cast<std::size_t>((n + 3) / 4 * 4));
+  comm.broadcast(bytes.data(), bytes.size() / 4, DType::i32, root)->wait();
+  bytes.resize(static_cast<std::size_t>(n));
+  return bytes;
+}
+}  // namespace
+
+double bring_up_to_date(ElasticGroup& group, ElasticState& state) {
+  const auto begin = Clock::now();
+  Communicator& comm = group.comm();
+  const bool fresh = group.joined_in_current_epoch() && group.epoch() > 0;
+  const std::int64_t mine = fresh ? -1 : state.completed_steps();
+  std::int64_t newest_and_oldest[2] = {mine, -mine};  // max of both: the newest, and minus the oldest
+  comm.allreduce(newest_and_oldest, 2, DType::i64, ReduceOp::max)->wait();
+  const std::int64_t newest = newest_and_oldest[0];
+  if (-newest_and_oldest[1] == newest) return seconds_since(begin);
+  std::int32_t source = mine == newest ? comm.rank() : comm.size();
+  comm.allreduce(&source, 1, DType::i32, ReduceOp::min)->wait();
+  const std::string bytes = broadcast_bytes(comm, source, comm.rank() == source ? state.save() : "");
+  if (comm.rank() != source) state.load(bytes);
+  return seconds_since(begin);
+}
+
+void run_elastic(ElasticGroup& group, ElasticState& state, const ElasticLoop& loop) {
+  auto change = [&](const std::function<MembershipChange()>& how) {
+    loop.release();
+    const MembershipChange c = how();
+    bring_up_to_date(group, state);
+    loop.changed(c);
+  };
+  if (group.joined_in_current_epoch() && group.epoch() > 0) bring_up_to_date(group, state);
+  for (;;) {
+    try {
+      if (!loop.step()) return;
+      if (loop.check_every > 0 && state.completed_steps() % loop.check_every == 0 && group.joiners_waiting())
+        change([&] { return group.grow(); });
+    } catch (const ElasticError&) {
+      throw;
+    } catch (const StoreReplacedError&) {
+      throw;
+    } catch (const PeerError& e) {
+      change([&] { return group.recover(e.what()); });
+    } catch (const TimeoutError& e) {
+      change([&] { return group.recover(e.what()); });
+    }
+  }
+}
+
 bool started_elastic(const std::map<std::string, std::string>& env) {
   return knobs::lookup(env, knobs::kElastic).has_value();
 }

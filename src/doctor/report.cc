@@ -164,6 +164,21 @@ void curves(std::ostream& o, const RunData& run) {
   o << svg::chart("exposed communication", {exp}, "optimiser step", "% of the step", true);
 }
 
+// An elastic job's changes: who left or joined, why, and what the recovery cost.
+void membership_table(std::ostream& o, const RunData& run) {
+  if (run.membership_changes.empty()) return;
+  o << "<h2>Membership changes</h2><table id='membership'><tr><th>step</th><th>membership</th><th>workers</th>"
+       "<th>reason</th><th>left</th><th>joined</th><th>recovery s</th><th>agree s</th><th>rebuild s</th>"
+       "<th>state s</th><th>steps lost</th></tr>";
+  for (const auto& c : run.membership_changes)
+    o << "<tr><td>" << c.step << "</td><td>" << c.membership << "</td><td>" << c.world_size_before << " &rarr; "
+      << c.world_size << "</td><td>" << esc(c.reason) << "</td><td>" << esc(c.left) << "</td><td>"
+      << esc(c.joined) << "</td><td>" << num(c.recovery_seconds, "%.3f") << "</td><td>"
+      << num(c.agree_seconds, "%.3f") << "</td><td>" << num(c.rebuild_seconds, "%.3f") << "</td><td>"
+      << num(c.state_seconds, "%.3f") << "</td><td>" << c.steps_lost << "</td></tr>";
+  o << "</table>";
+}
+
 void rank_table(std::ostream& o, const std::map<int, RankTimes>& ranks) {
   o << "<table><tr><th>rank</th><th>steps</th><th>data ms</th><th>forward ms</th><th>backward ms</th>"
        "<th>optimizer ms</th><th>all-reduce busy ms</th></tr>";
@@ -228,6 +243,7 @@ void tables(std::ostream& o, const RunData& run) {
       << "</td></tr>";
   }
   o << "</table>";
+  membership_table(o, run);
   if (run.evals.empty()) return;
   const bool perplexity = run.evals.back().eval_perplexity.has_value();
   o << "<h2>Evaluations</h2><table id='evals'><tr><th>step</th><th>eval loss</th><th>eval accuracy</th>"
@@ -253,6 +269,8 @@ RunData load_run(const std::string& dir, const std::string& doctor_json) {
     if (!run.begin) run.begin = segment.begin;
     run.logs.insert(run.logs.end(), segment.logs.begin(), segment.logs.end());
     run.evals.insert(run.evals.end(), segment.evals.begin(), segment.evals.end());
+    run.membership_changes.insert(run.membership_changes.end(), segment.membership_changes.begin(),
+                                  segment.membership_changes.end());
   }
   run.ranks = read_traces(dir);
   run.doctor = read_doctor(doctor_json.empty() ? (fs::path(dir) / "doctor.json").string() : doctor_json);

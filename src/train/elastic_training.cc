@@ -84,16 +84,6 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, const std::st
   sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});
 }
 
-// The bytes of `root` on every rank: their length, then the bytes as 32-bit words.
-std::string broadcast_bytes(comm::Communicator& comm, int root, std::string bytes) {
-  std::int64_t n = static_cast<std::int64_t>(bytes.size());
-  comm.broadcast(&n, 1, comm::DType::i64, root)->wait();
-  bytes.resize(static_cast<std::size_t>((n + 3) / 4 * 4));
-  comm.broadcast(bytes.data(), bytes.size() / 4, comm::DType::i32, root)->wait();
-  bytes.resize(static_cast<std::size_t>(n));
-  return bytes;
-}
-
 std::string names_of(const std::vector<comm::Member>& ms) {
   std::string out;
   for (const auto& m : ms)
@@ -108,21 +98,30 @@ double seconds_since(Clock::time_point t) {
 
 }  // namespace
 
-// Collective on the current membership: every member reaches the newest completed step. Nothing
-// moves when every member already holds it (replicas that completed the same steps are equal).
+namespace {
+
+// The Trainer's state as the elastic group moves it (comm::bring_up_to_date): a joiner also takes
+// the source's RNG state, a member that missed the last update keeps its own.
+class MovedState : public comm::ElasticState {
+ public:
+  MovedState(Trainer::Impl& t, data::ElasticSampler& sampler) : t_(t), sampler_(sampler) {}
+  std::int64_t completed_steps() const override { return t_.state.global_step; }
+  std::string save() const override { return pack_state(t_, sampler_); }
+  void load(const std::string& bytes) override {
+    unpack_state(t_, sampler_, bytes, /*take_rng=*/t_.elastic->joined_in_current_epoch());
+  }
+
+ private:
+  Trainer::Impl& t_;
+  data::ElasticSampler& sampler_;
+};
+
+}  // namespace
+
+// Collective on the current membership: every member reaches the newest completed step.
 double Trainer::Impl::sync_state(data::ElasticSampler& sampler) {
-  const auto begin = Clock::now();
-  const bool fresh = elastic->joined_in_current_epoch() && elastic->epoch() > 0;
-  const std::int64_t mine = fresh ? -1 : state.global_step;
-  std::int64_t newest_and_oldest[2] = {mine, -mine};  // max of both: the newest, and minus the oldest
-  comm->allreduce(newest_and_oldest, 2, comm::DType::i64, comm::ReduceOp::max)->wait();
-  const std::int64_t newest = newest_and_oldest[0];
-  if (-newest_and_oldest[1] == newest) return seconds_since(begin);
-  std::int32_t source = !fresh && state.global_step == newest ? rank() : world();
-  comm->allreduce(&source, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
-  const std::string bytes = broadcast_bytes(*comm, source, rank() == source ? pack_state(*this, sampler) : "");
-  if (rank() != source) unpack_state(*this, sampler, bytes, /*take_rng=*/fresh);
-  return seconds_since(begin);
+  MovedState moved(*this, sampler);
+  return comm::bring_up_to_date(*elastic, moved);
 }
 
 // The run's length and schedule, from the global batch.

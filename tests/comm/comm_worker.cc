@@ -73,44 +73,53 @@ int check_env(const CommOptions& options, int expected_world) {
   return problems == 0 ? 0 : 1;
 }
 
-// Every member counts the members with an all-reduce each step; after a change the step counter
-// comes from whoever is furthest (a joiner has none). Pacing: 5 ms per step.
+// An elastic loop as a program without the Trainer writes one (comm::run_elastic): every step
+// all-reduces a one and checks it counted every member; the state a member behind takes is the
+// step counter. Pacing: 5 ms per step.
+struct Counter : ElasticState {
+  std::int64_t steps = 0;
+  std::int64_t completed_steps() const override { return steps; }
+  std::string save() const override { return std::to_string(steps); }
+  void load(const std::string& bytes) override { steps = std::stoll(bytes); }
+};
+
 int elastic_member(const CommOptions& options, int steps) {
   auto group = join_elastic_from_env(options);
   std::printf("joined membership %llu as rank %d of %d\n", static_cast<unsigned long long>(group->epoch()),
               group->rank(), group->size());
   std::fflush(stdout);
-  std::int64_t step = 0;
-  auto catch_up = [&] { group->comm().allreduce(&step, 1, DType::i64, ReduceOp::max)->wait(); };
-  catch_up();
-  while (step < steps) {
-    try {
-      std::int64_t one = 1;
-      group->comm().allreduce(&one, 1, DType::i64, ReduceOp::sum)->wait();
-      if (one != group->size()) {
-        std::printf("WRONG: %lld members counted, %d in the membership\n", static_cast<long long>(one),
-                    group->size());
-        return 1;
-      }
-      ++step;
-      std::printf("step %lld of %d workers\n", static_cast<long long>(step), group->size());
-      std::fflush(stdout);
-      if (step % 5 == 0 && group->joiners_waiting()) {
-        const MembershipChange c = group->grow();
-        std::printf("grew to membership %llu: %d workers\n", static_cast<unsigned long long>(c.epoch), group->size());
-        catch_up();
-      }
-      ::usleep(5000);  // pacing the load, not synchronisation
-    } catch (const PeerError& e) {
-      const MembershipChange c = group->recover(e.what());
+  Counter counter;
+  bool wrong = false;
+  ElasticLoop loop;
+  loop.check_every = 5;
+  loop.step = [&] {
+    if (counter.steps >= steps) return false;
+    std::int64_t one = 1;
+    group->comm().allreduce(&one, 1, DType::i64, ReduceOp::sum)->wait();
+    if (one != group->size()) {
+      std::printf("WRONG: %lld members counted, %d in the membership\n", static_cast<long long>(one), group->size());
+      wrong = true;
+      return false;
+    }
+    ++counter.steps;
+    std::printf("step %lld of %d workers\n", static_cast<long long>(counter.steps), group->size());
+    std::fflush(stdout);
+    ::usleep(5000);  // pacing the load, not synchronisation
+    return true;
+  };
+  loop.changed = [&](const MembershipChange& c) {
+    if (c.reason == "join")
+      std::printf("grew to membership %llu: %d workers\n", static_cast<unsigned long long>(c.epoch), group->size());
+    else
       std::printf("recovered into membership %llu: %d workers, %zu left, after %.3f s agreeing and %.3f s rebuilding\n",
                   static_cast<unsigned long long>(c.epoch), group->size(), c.left.size(), c.agree_seconds,
                   c.rebuild_seconds);
-      std::fflush(stdout);
-      catch_up();
-    }
-  }
-  std::printf("done: rank %d of %d after %lld steps\n", group->rank(), group->size(), static_cast<long long>(step));
+    std::fflush(stdout);
+  };
+  run_elastic(*group, counter, loop);
+  if (wrong) return 1;
+  std::printf("done: rank %d of %d after %lld steps\n", group->rank(), group->size(),
+              static_cast<long long>(counter.steps));
   return 0;
 }
 

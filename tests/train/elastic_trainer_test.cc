@@ -91,6 +91,13 @@ TEST(ElasticTrainer, AKilledWorkerIsReplacedAndEverySampleIsTrainedOncePerEpoch)
   EXPECT_EQ(log[1].world_size, 3);
   EXPECT_LT(log[0].recovery_seconds, 3.0);
   EXPECT_EQ(each_sample_once_per_epoch(trained_samples(dir.path()), 20, 5, kSamples), "");
+  // lockstep report lists the changes.
+  Process report({LOCKSTEP_BINARY, "report", dir / "out"});
+  ASSERT_EQ(report.wait(60), 0) << report.output();
+  const std::string page = read_file(dir / "out/report.html");
+  EXPECT_NE(page.find("<h2>Membership changes</h2>"), std::string::npos);
+  EXPECT_NE(page.find("3 &rarr; 2"), std::string::npos);
+  EXPECT_NE(page.find("2 &rarr; 3"), std::string::npos);
 }
 
 // The same training three ways: 3 workers, 2 workers (the same global batch, 48 each), and 3

@@ -20,15 +20,17 @@
 // steady state reads none of them: a member looks for candidates only when joiners_waiting() is
 // called, once per call on rank 0.
 //
-// What the group does not do: the application's state. After every change the caller brings the
-// new members up to date (a broadcast of the parameters and optimiser state from a member that
-// holds the newest step: the Trainer does, and so does ElasticState in lockstep/ddp/elastic.h).
+// The application's state is the caller's: after every change, bring_up_to_date() moves it from
+// the member with the newest completed step to the others (the Trainer does this with the model,
+// the optimizer state and the data position; run_elastic() is the whole loop for programs that
+// write their own).
 //
 // Threading: one thread uses a group. Every blocking call is bounded by join_timeout (joining) or
 // by the agreement deadline (changes).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -142,6 +144,38 @@ class ElasticGroup {
   double step_seconds_ = 0;
   std::unique_ptr<Communicator> comm_;
 };
+
+// What a member of an elastic job holds that a member behind needs (Horovod's hvd.elastic.State):
+// the number of steps it completed, and its state as bytes. Implement it for your loop; the
+// Trainer has its own (the model, the optimizer state, the data position).
+class ElasticState {
+ public:
+  virtual ~ElasticState() = default;
+  virtual std::int64_t completed_steps() const = 0;
+  virtual std::string save() const = 0;
+  virtual void load(const std::string& bytes) = 0;
+};
+
+// Collective on the group's current membership, after every change: the lowest-ranked member
+// that completed the most steps broadcasts its state to the others, which load it (members that
+// joined in this membership count as having none). Nothing moves when every member already
+// completed the same steps (replicas that did are equal). Returns the seconds it took.
+double bring_up_to_date(ElasticGroup& group, ElasticState& state);
+
+// The loop of a program that trains elastically without the Trainer (Horovod's hvd.elastic.run):
+// calls step() until it returns false. When a collective in it fails (PeerError, TimeoutError),
+// the loop calls release() (drop everything that uses the old communicator: its shared buffers,
+// pending Works), recovers the membership, brings every member up to date and goes on with step();
+// the step in progress is taken again, so commit your state's step count only once a step is
+// complete. Every `check_every` completed steps (the same count on every member) it admits
+// workers waiting to join the same way. changed(c) is told of every change.
+struct ElasticLoop {
+  std::function<bool()> step;
+  std::function<void()> release = [] {};
+  std::function<void(const MembershipChange&)> changed = [](const MembershipChange&) {};
+  std::int64_t check_every = 10;
+};
+void run_elastic(ElasticGroup& group, ElasticState& state, const ElasticLoop& loop);
 
 // Whether lockstep run started this process as an elastic worker (LOCKSTEP_ELASTIC is set).
 bool started_elastic();

@@ -33,6 +33,7 @@ struct RunData {
   std::optional<train::metrics::TrainBegin> begin;  // of the first start
   std::vector<train::metrics::StepLog> logs;        // every start's, in order
   std::vector<train::metrics::EvalLog> evals;
+  std::vector<train::metrics::MembershipChangeLog> membership_changes;  // an elastic job's
   std::map<int, RankTimes> ranks;  // from traces
   std::optional<DoctorRecord> doctor;
 };
