@@ -242,8 +242,11 @@ def main():
     ap.add_argument("--churn-every", type=float, default=30)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--overhead-steps", type=int, default=600)
+    ap.add_argument("--parts", default="recovery,churn,overhead",
+                    help="which to run: recovery (with restart), churn, overhead")
     ap.add_argument("--out", default=os.path.join(HERE, "ELASTIC.md"))
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     if os.geteuid() != 0:
         raise SystemExit("compare_elastic.py makes network namespaces: run it as root")
     lines = ["# What a failure costs: elastic membership against restarts", "",
@@ -252,10 +255,29 @@ def main():
              f"worker, one intra-op and one BLAS thread per worker (BLAS: "
              f"{os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}).",
              f"Command: `sudo /usr/bin/python3 bench/compare_elastic.py {' '.join(sys.argv[1:])}`", ""]
-    cluster = Cluster(3, "1gbit")
-    store = Launcher(cluster, 2, [f"{args.build}/tools/lockstep", "store", "--port", str(STORE_PORT)], env())
+    cluster = Cluster(3, "1gbit") if parts & {"recovery", "churn"} else None
+    store = Launcher(cluster, 2, [f"{args.build}/tools/lockstep", "store", "--port", str(STORE_PORT)],
+                     env()) if cluster else None
     try:
-        store.wait_for("serving on")
+        if store:
+            store.wait_for("serving on")
+        lines += cluster_parts(cluster, args, parts)
+    finally:
+        if store:
+            store.stop()
+        if cluster:
+            cluster.close()
+    if "overhead" in parts:
+        lines += overhead_part(args)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+
+
+def cluster_parts(cluster, args, parts):
+    lines = []
+    if "recovery" in parts:
         r = measure_recovery(cluster, args.build, args.kill_at)
         print("recovery", r, flush=True)
         s = measure_restart(cluster, args.build, args.kill_at, args.save_steps)
@@ -272,6 +294,7 @@ def main():
                   f"| ... the step itself (median step before) | {r['step']:.3f} s | |",
                   f"| completed steps lost | {r['steps_lost']} | {s['steps_redone']} (killed after step "
                   f"{s['killed_after']}, resumed from {s['killed_after'] // args.save_steps * args.save_steps}) |", ""]
+    if "churn" in parts:
         c = measure_churn(cluster, args.build, args.churn_seconds, args.churn_every)
         base = c["no failure"][0]
         lines += [f"## Churn: {args.churn_seconds:.0f} s of training, elastic (--nnodes 1:2, --max-restarts 100)", "",
@@ -279,19 +302,17 @@ def main():
         for side, (rate, kills, changes) in c.items():
             lines.append(f"| {side} | {rate:.2f} | {rate / base:.3f} | {kills} | {changes} |")
         lines.append("")
-    finally:
-        store.stop()
-        cluster.close()
+    return lines
+
+
+def overhead_part(args):
     med, all_runs = measure_overhead(args.build, args.repeat, args.overhead_steps)
-    lines += ["## No failure: the cost of being elastic (one machine, 2 workers, shm)", "",
+    lines = ["## No failure: the cost of being elastic (one machine, 2 workers, shm)", "",
               "| job | samples/s (median) | runs | vs fixed |", "|---|---|---|---|"]
     for side in ["fixed", "elastic"]:
         lines.append(f"| {side} | {med[side]:.0f} | {', '.join(f'{v:.0f}' for v in all_runs[side])} | "
                      f"{med[side] / med['fixed']:.3f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(args.out, "w") as f:
-        f.write(text)
+    return lines
 
 
 if __name__ == "__main__":
