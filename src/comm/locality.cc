@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "lockstep/error.h"
+#include "shm/segment.h"
 #include "store/wire.h"
 
 namespace lockstep::comm {
@@ -31,7 +32,7 @@ std::string boot_id() {
 class Probe {
  public:
   Probe() : token_(wire::hex(wire::random_bytes(16))) {
-    name_ = "/lockstep-" + std::to_string(::getpid()) + "-probe-" + wire::hex(wire::random_bytes(8));
+    name_ = shm::segment_name("probe");
     const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
       name_.clear();  // no /dev/shm here: this rank shares memory with nobody

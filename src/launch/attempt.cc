@@ -4,10 +4,8 @@
 // first failure anywhere stops every worker everywhere: SIGTERM, then SIGKILL after the grace
 // period. Then every agent reports the failure that won, and agrees that all workers stopped
 // before anyone restarts.
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +16,7 @@
 #include "agent.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
+#include "lockstep/comm/shm_segments.h"
 #include "lockstep/error.h"
 
 namespace lockstep::launch {
@@ -54,20 +53,11 @@ void make_dirs(const std::string& path) {
   }
 }
 
-// Removes shared-memory segments that workers with these pids created (the shm backend names
-// them lockstep-<pid of rank 0>-...). Normally there are none: the backend unlinks a segment
-// as soon as every rank mapped it; this covers a crash in between.
+// Removes what shared memory these workers created and did not unlink (a crash in between).
 void remove_worker_segments(const std::vector<Worker>& workers) {
-  DIR* d = ::opendir("/dev/shm");
-  if (!d) return;
-  std::vector<std::string> doomed;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    for (const auto& w : workers)
-      if (name.rfind("lockstep-" + std::to_string(w.pid) + "-", 0) == 0) doomed.push_back(name);
-  }
-  ::closedir(d);
-  for (const auto& name : doomed) ::shm_unlink(("/" + name).c_str());
+  std::vector<int> pids;
+  for (const auto& w : workers) pids.push_back(w.pid);
+  comm::remove_shm_segments_of(pids);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -266,6 +267,22 @@ TEST(Launch, AWrongTokenIsRefusedWithAOneLineError) {
   EXPECT_EQ(count_of(node1.output(), "\n"), 1u) << node1.output();
   EXPECT_NE(node0.wait(30), 0);  // node 1 never joined: node 0 gives up after --join-timeout
   EXPECT_NE(node0.output().find("not every node joined"), std::string::npos) << node0.output();
+}
+
+// /dev/shm too small for the shm backend's segment (a 1 MiB tmpfs, in a mount namespace of the
+// test's own): the worker says so and exits 1. Sizing the segment without reserving its pages made
+// the first touch past the tmpfs's end a SIGBUS instead.
+TEST(Launch, AFullDevShmIsAClearErrorNotABusError) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm in a mount namespace";
+  Process run({"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+               "mount -t tmpfs -o size=1m tmpfs /dev/shm && exec \"$@\"", "sh", kLockstep, "run",
+               "--nproc-per-node", "2", kWorker, "conformance", "shm", std::to_string(4 << 20)});
+  const int code = run.wait(60);
+  if (run.output().find("mount: ") != std::string::npos) GTEST_SKIP() << "cannot mount here: " << run.output();
+  EXPECT_EQ(code, 1) << run.output();
+  EXPECT_EQ(run.output().find("SIGBUS"), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("cannot reserve shared memory /lockstep-"), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("/dev/shm has"), std::string::npos) << run.output();
 }
 
 // Successive jobs on one --master-port (the doctor's phases) race: node 1's next launcher can

@@ -66,6 +66,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
 #include "shm/reduce.h"
+#include "shm/segment.h"
 #include "shm/shm_buffers.h"
 #include "store/wire.h"
 
@@ -134,33 +135,19 @@ class ShmBackend final : public LocalBackend {
     total_bytes_ = header_bytes + slot_bytes_ * static_cast<std::size_t>(size_);
     std::string key = ctx.prefix + "segment";
     std::string name;
-    int fd;
-    if (rank_ == 0) {
-      name = "/lockstep-" + std::to_string(getpid()) + "-" + wire::hex(wire::random_bytes(8));
-      fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      if (fd < 0) throw SystemError("shm: cannot create " + name + ": " + std::strerror(errno));
-      if (::ftruncate(fd, static_cast<off_t>(total_bytes_)) != 0) {
-        int e = errno;
-        ::close(fd);
-        ::shm_unlink(name.c_str());
-        throw SystemError("shm: cannot size " + name + " to " + std::to_string(total_bytes_) +
-                          " bytes: " + std::strerror(e) + " (is /dev/shm large enough?)");
-      }
+    shm::Mapping mapped;
+    if (rank_ == 0) {  // reserved, not just sized: a full /dev/shm fails here, not with SIGBUS later
+      name = shm::segment_name("comm");
+      mapped = shm::create_segment(name, total_bytes_);
+      if (!mapped.base) throw SystemError("shm: " + shm::describe_failure(mapped, name, total_bytes_));
     } else {
       name = ctx.store->get(key, options_.timeout);
-      fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-      if (fd < 0)
-        throw SystemError("shm: rank " + std::to_string(rank_) + " cannot open " + name + ": " +
-                          std::strerror(errno));
+      mapped = shm::open_segment(name, total_bytes_);
+      if (!mapped.base)
+        throw SystemError("shm: rank " + std::to_string(rank_) + " " +
+                          shm::describe_failure(mapped, name, total_bytes_));
     }
-    void* base = ::mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (base == MAP_FAILED) {
-      if (rank_ == 0) ::shm_unlink(name.c_str());
-      throw SystemError("shm: mmap of " + std::to_string(total_bytes_) +
-                        " bytes failed: " + std::strerror(errno));
-    }
-    base_ = static_cast<char*>(base);
+    base_ = static_cast<char*>(mapped.base);
     own_.emplace(name, rank_);
     peers_.emplace(name);
     header_ = reinterpret_cast<Header*>(base_);

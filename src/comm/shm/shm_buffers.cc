@@ -1,5 +1,7 @@
 #include "shm/shm_buffers.h"
 
+#include "shm/segment.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -80,18 +82,10 @@ std::shared_ptr<void> OwnBuffers::allocate(std::size_t bytes) {
                             << "; using private memory and staged copies instead (is /dev/shm large enough?)";
     return nullptr;
   };
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return fail("create", errno);
-  // Reserve the pages now: tmpfs would otherwise fail with SIGBUS on first touch when full.
-  int error = ::ftruncate(fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
-  if (!error) error = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
-  void* base = error ? MAP_FAILED : ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (!error && base == MAP_FAILED) error = errno;
-  ::close(fd);
-  if (error) {
-    ::shm_unlink(name.c_str());
-    return fail("reserve", error);
-  }
+  const shm::Mapping m = create_segment(name, total);
+  if (!m.base) return fail(m.what.c_str(), m.error);
+  void* base = m.base;
+  total = m.bytes;
   char* b = static_cast<char*>(base);
   new (header_of(b)) BufferHeader{};
   char* data = b + kHeaderBytes;
@@ -131,20 +125,11 @@ char* PeerBuffers::data(int rank, std::uint64_t id) {
   auto it = maps_.find(key);
   if (it != maps_.end()) return it->second.base + kHeaderBytes;
   std::string name = buffer_name(segment_, rank, id);
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0)
-    throw SystemError("shm: cannot open rank " + std::to_string(rank) + "'s shared buffer " + name + ": " +
-                      std::strerror(errno));
-  struct stat st {};
-  void* base = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) > kHeaderBytes)
-    base = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int error = errno;
-  ::close(fd);
-  if (base == MAP_FAILED)
-    throw SystemError("shm: cannot map rank " + std::to_string(rank) + "'s shared buffer " + name + ": " +
-                      std::strerror(error));
-  maps_[key] = Mapping{static_cast<char*>(base), static_cast<std::size_t>(st.st_size)};
+  const shm::Mapping m = open_segment(name);
+  if (!m.base)
+    throw SystemError("shm: rank " + std::to_string(rank) + "'s shared buffer: " + describe_failure(m, name, 0));
+  void* base = m.base;
+  maps_[key] = Peer{static_cast<char*>(base), m.bytes};
   return static_cast<char*>(base) + kHeaderBytes;
 }
 

@@ -63,12 +63,12 @@ class PeerBuffers {
   void drop_released();
 
  private:
-  struct Mapping {
+  struct Peer {
     char* base;
     std::size_t total;
   };
   std::string segment_;
-  std::map<std::pair<int, std::uint64_t>, Mapping> maps_;
+  std::map<std::pair<int, std::uint64_t>, Peer> maps_;
 };
 
 }  // namespace lockstep::comm::shm
