@@ -397,7 +397,7 @@ std::unique_ptr<Backend> make_backend(const std::string& backend, const BackendC
   if (backend == "shm") {
     if (!ctx.locality.one_machine())
       throw ConfigError("backend 'shm' needs every rank on one machine, but they are on " +
-                        ctx.locality.describe() + ": use --backend hier, gloo or auto");
+                        ctx.locality.describe() + ": use --backend auto, which picks hier across machines");
     return make_shm_backend(ctx);
   }
 #ifdef LOCKSTEP_HAVE_GLOO

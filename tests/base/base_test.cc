@@ -112,6 +112,39 @@ TEST(Knobs, NoSourceReadsTheEnvironmentBehindTheTablesBack) {
     ADD_FAILURE() << "reads the environment directly (use lockstep/base/knobs.h): " << o;
 }
 
+// Help texts and docs that list the backends list them all (comm::kBackendNames is the one list):
+// a line naming three or more backends in a row ("shm | gloo | mpi", "shm, gloo or mpi") must name
+// every one of shm, gloo, hier and mpi.
+TEST(Backends, EveryListOfBackendsInTheDocsAndHelpTextsIsWhole) {
+  const std::regex listing(R"((shm|gloo|hier|mpi|auto)(\s*(\||,|,? or)\s*(shm|gloo|hier|mpi|auto)){2,})");
+  std::vector<std::string> offenders;
+  for (const char* dir : {"src", "tools", "examples", "include", "docs", "python", "README.md"}) {
+    const fs::path root = fs::path(LOCKSTEP_SOURCE_DIR) / dir;
+    std::vector<fs::path> files;
+    if (fs::is_regular_file(root)) files.push_back(root);
+    if (fs::is_directory(root))
+      for (const auto& entry : fs::recursive_directory_iterator(root))
+        if (entry.is_regular_file()) files.push_back(entry.path());
+    for (const auto& file : files) {
+      const std::string ext = file.extension().string();
+      if (ext != ".cc" && ext != ".h" && ext != ".md" && ext != ".py") continue;
+      std::ifstream in(file);
+      int line_no = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        std::smatch m;
+        if (!std::regex_search(line, m, listing)) continue;
+        const std::string list = m.str();
+        for (const char* b : {"shm", "gloo", "hier", "mpi"})
+          if (!std::regex_search(list, std::regex(std::string("\\b") + b + "\\b")))
+            offenders.push_back(fs::relative(file, LOCKSTEP_SOURCE_DIR).string() + ":" + std::to_string(line_no) +
+                                " lists backends without " + b + ": " + list);
+      }
+    }
+  }
+  for (const auto& o : offenders) ADD_FAILURE() << o;
+}
+
 TEST(Knobs, GetFallsBackToTheDefaultAndLookupDoesNot) {
   ::unsetenv(knobs::kRunId.name);
   EXPECT_EQ(knobs::get(knobs::kRunId), "default");

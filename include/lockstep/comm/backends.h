@@ -17,7 +17,7 @@ inline bool is_backend_name(std::string_view name) {
   return false;
 }
 
-// "auto | shm | gloo | mpi", for help texts.
+// "auto | shm | gloo | hier | mpi", for help texts.
 inline std::string backend_choices(const char* separator = " | ") {
   std::string out;
   for (const char* b : kBackendNames) out += (out.empty() ? "" : separator) + std::string(b);
