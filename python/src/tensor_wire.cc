@@ -4,22 +4,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "lockstep/ddp/comm_dtype.h"
+
 namespace lockstep::torch_backend {
 namespace {
 
 constexpr std::int64_t kWordBytes = 4;
-
-std::optional<comm::DType> native_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return comm::DType::f32;
-    case at::kDouble: return comm::DType::f64;
-    case at::kHalf: return comm::DType::f16;
-    case at::kBFloat16: return comm::DType::bf16;
-    case at::kInt: return comm::DType::i32;
-    case at::kLong: return comm::DType::i64;
-    default: return std::nullopt;
-  }
-}
 
 std::int64_t byte_count(const at::Tensor& t) {
   return t.numel() * static_cast<std::int64_t>(t.element_size());
@@ -83,7 +73,7 @@ WireSpec reduce_spec(const at::Tensor& t, const c10d::ReduceOp& op, const char* 
   check_cpu_dense(t, collective);
   const comm::ReduceOp how = comm_op(op, collective);
   const at::ScalarType type = t.scalar_type();
-  if (auto native = native_dtype(type)) return spec_of(WireKind::native, *native, type, t.numel());
+  if (auto native = comm_dtype_of(type)) return spec_of(WireKind::native, *native, type, t.numel());
   switch (type) {
     case at::kByte:
     case at::kChar:
@@ -108,7 +98,7 @@ WireSpec reduce_spec(const at::Tensor& t, const c10d::ReduceOp& op, const char* 
 
 WireSpec move_spec(const at::Tensor& t) {
   const at::ScalarType type = t.scalar_type();
-  if (auto native = native_dtype(type)) return spec_of(WireKind::native, *native, type, t.numel());
+  if (auto native = comm_dtype_of(type)) return spec_of(WireKind::native, *native, type, t.numel());
   return bytes_spec(t);
 }
 

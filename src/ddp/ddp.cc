@@ -24,6 +24,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "lockstep/ddp/bucket_assignment.h"
+#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "signature.h"
 #include "tensor_alias.h"
@@ -52,17 +54,9 @@ double seconds_between(SteadyTime a, SteadyTime b) {
 }
 
 comm::DType comm_dtype(torch::ScalarType t, const std::string& what) {
-  switch (t) {
-    case torch::kFloat: return comm::DType::f32;
-    case torch::kDouble: return comm::DType::f64;
-    case torch::kHalf: return comm::DType::f16;
-    case torch::kBFloat16: return comm::DType::bf16;
-    case torch::kInt: return comm::DType::i32;
-    case torch::kLong: return comm::DType::i64;
-    default:
-      throw ConfigError("DistributedDataParallel: " + what + " has dtype " + dtype_name(t) +
-                        ", which lockstep cannot reduce (float32/64, float16, bfloat16, int32, int64)");
-  }
+  if (const auto d = comm_dtype_of(t)) return *d;
+  throw ConfigError("DistributedDataParallel: " + what + " has dtype " + dtype_name(t) +
+                    ", which lockstep cannot reduce (float32/64, float16, bfloat16, int32, int64)");
 }
 
 bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
@@ -120,7 +114,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     torch::Tensor flat;  // under reduce_scatter: only from its launch until it is reduced
     torch::Tensor wire;  // compressed copy, when a comm hook applies
     torch::Tensor slice;  // this rank's part of the averaged bucket (see Reducer::gradient_slice)
-    std::int64_t numel = 0;  // padded to options.bucket_multiple
+    std::int64_t numel = 0;  // padded to the sharding's slices
     torch::TensorOptions flat_options, wire_options;
     std::vector<int> params;
     int pending = 0;
@@ -129,12 +123,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     bool shared = false;  // the tensor sent lives in the communicator's shared memory
   };
 
-  Impl(std::shared_ptr<torch::nn::Module> m, comm::Communicator& c, DdpOptions o)
-      : module(std::move(m)), comm(c), options(std::move(o)) {}
+  Impl(std::shared_ptr<torch::nn::Module> m, comm::Communicator& c, DdpOptions o, std::optional<BucketSharding> sh)
+      : module(std::move(m)), comm(c), options(std::move(o)), sharding(sh),
+        reduce_scatter(sh && sh->reduce_scatter) {}
 
   std::shared_ptr<torch::nn::Module> module;
   comm::Communicator& comm;
   DdpOptions options;
+  std::optional<BucketSharding> sharding;
+  bool reduce_scatter;  // the sharding's, for short
 
   mutable std::mutex mu;
   std::vector<Param> params;  // trainable ones, registration order
@@ -153,6 +150,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
   void check_and_broadcast();
   void install_hooks();
+  double bucket_cap_mb() const;
   void build_buckets(const std::vector<int>& order);
   torch::Tensor bucket_memory(std::int64_t numel, const torch::TensorOptions& options, bool& shared);
   // Under reduce_scatter the buckets take turns in a few slots of memory (shared when the
@@ -225,39 +223,23 @@ void Reducer::Impl::install_hooks() {
   ready.assign(params.size(), 0);
 }
 
-// Buckets follow `order`, one open bucket per (dtype, device). A bucket closes once it holds at
-// least its cap: the first per dtype has the small cap so the first reduction starts early.
+double Reducer::Impl::bucket_cap_mb() const {
+  const double ceiling = sharding ? sharding->max_bucket_cap_mb : 0;
+  return ceiling > 0 ? std::min(options.bucket_cap_mb, ceiling) : options.bucket_cap_mb;
+}
+
+// Buckets follow `order` (assign_buckets), then get their memory: views of it become the grads.
 void Reducer::Impl::build_buckets(const std::vector<int>& order) {
   std::vector<torch::Tensor> old_grads(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) old_grads[i] = params[i].tensor.grad();
 
-  struct Open {
-    std::vector<int> params;
-    std::int64_t bytes = 0;
-    bool first = true;
-  };
-  std::map<std::pair<int, std::string>, Open> open;
-  std::vector<std::vector<int>> layout;
-  auto cap_bytes = [](double mb) { return std::int64_t(mb * 1024 * 1024); };
-  for (int i : order) {
-    auto& t = params[i].tensor;
-    auto& o = open[{int(t.scalar_type()), t.device().str()}];
-    o.params.push_back(i);
-    o.bytes += t.numel() * std::int64_t(t.element_size());
-    if (o.bytes >= cap_bytes(o.first ? options.first_bucket_cap_mb : options.bucket_cap_mb)) {
-      layout.push_back(std::move(o.params));
-      o = Open{{}, 0, false};
-    }
-  }
-  // Leftover open buckets, in the order their first parameter appeared.
-  std::vector<std::pair<int, std::vector<int>>> rest;
-  for (auto& [key, o] : open) {
-    if (o.params.empty()) continue;
-    auto pos = std::find(order.begin(), order.end(), o.params.front()) - order.begin();
-    rest.emplace_back(int(pos), std::move(o.params));
-  }
-  std::sort(rest.begin(), rest.end());
-  for (auto& r : rest) layout.push_back(std::move(r.second));
+  std::vector<BucketInput> inputs;
+  for (const auto& p : params)
+    inputs.push_back({p.tensor.numel() * std::int64_t(p.tensor.element_size()),
+                      std::string(c10::toString(p.tensor.scalar_type())) + "@" + p.tensor.device().str()});
+  const auto mb = [](double m) { return std::int64_t(m * 1024 * 1024); };
+  const auto layout = assign_buckets(inputs, order, {mb(std::min(options.first_bucket_cap_mb, bucket_cap_mb())),
+                                                     mb(bucket_cap_mb())});
 
   torch::NoGradGuard no_grad;
   buckets.clear();
@@ -271,7 +253,7 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
       params[i].offset = offset;
       offset += params[i].tensor.numel();
     }
-    const std::int64_t multiple = options.bucket_multiple;
+    const std::int64_t multiple = sharding ? sharding->slices : 1;
     bucket.numel = (offset + multiple - 1) / multiple * multiple;
     auto& first = params[bucket.params.front()].tensor;
     bucket.flat_options = first.options().requires_grad(false);
@@ -280,7 +262,7 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     if (compress)
       bucket.wire_options =
           bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
-    if (options.reduce_scatter) {
+    if (reduce_scatter) {
       // Nothing lives between steps but this rank's slice; old grads go in at the next backward.
       bucket.slice = torch::zeros({slice_length(bucket)}, bucket.flat_options);
       continue;
@@ -299,7 +281,7 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
       if (options.gradient_as_bucket_view && old_grads[i].defined()) p.tensor.mutable_grad() = p.view;
     }
   }
-  if (options.reduce_scatter) allocate_slots();
+  if (reduce_scatter) allocate_slots();
 }
 
 // Two slots (one while the other's bucket is reduced) of the largest bucket's size. Collective:
@@ -374,7 +356,7 @@ void Reducer::Impl::materialize(int b) {
 
 // Under reduce_scatter, once the bucket is reduced: this rank's slice is kept, the slot let go.
 void Reducer::Impl::keep_slice(Bucket& bucket) {
-  if (!options.reduce_scatter || !bucket.flat.defined()) return;
+  if (!reduce_scatter || !bucket.flat.defined()) return;
   const auto& reduced = bucket.wire.defined() ? bucket.wire : bucket.flat;
   bucket.slice.copy_(reduced.narrow(0, comm.rank() * slice_length(bucket), slice_length(bucket)));
   bucket.flat = torch::Tensor();
@@ -433,7 +415,7 @@ void Reducer::Impl::on_ready(int index) {
   last_ready = now;
   torch::NoGradGuard no_grad;
   auto& grad = p.tensor.mutable_grad();
-  if (options.reduce_scatter) {
+  if (reduce_scatter) {
     // The gradient stays where autograd put it until its bucket launches.
   } else if (options.gradient_as_bucket_view) {
     if (!same_memory(grad, p.view)) {
@@ -453,7 +435,7 @@ void Reducer::Impl::launch_ready() {
 void Reducer::Impl::launch(int b) {
   auto& bucket = buckets[b];
   torch::NoGradGuard no_grad;
-  if (options.reduce_scatter) materialize(b);
+  if (reduce_scatter) materialize(b);
   auto& send = bucket.wire.defined() ? bucket.wire : bucket.flat;
   if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
   bucket.queued = Clock::now();
@@ -472,7 +454,7 @@ void Reducer::Impl::launch(int b) {
 // (in place, at the rank's offset).
 comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat) {
   const auto dtype = comm_dtype(flat.scalar_type(), "a bucket");
-  if (!options.reduce_scatter)
+  if (!reduce_scatter)
     return comm.allreduce(flat.data_ptr(), flat.numel(), dtype, comm::ReduceOp::avg);
   const std::int64_t n = flat.numel() / comm.size();
   void* mine = static_cast<char*>(flat.data_ptr()) + comm.rank() * n * flat.element_size();
@@ -487,8 +469,9 @@ std::vector<int> Reducer::Impl::fill_missing() {
     if (ready[i]) continue;
     missing.push_back(int(i));
     auto& p = params[i];
-    if (!options.reduce_scatter) p.view.zero_();  // else: zeros when the bucket launches
-    if (options.gradient_as_bucket_view && options.find_unused_parameters) p.tensor.mutable_grad() = p.view;
+    if (!reduce_scatter) p.view.zero_();  // else: zeros when the bucket launches
+    if (!reduce_scatter && options.gradient_as_bucket_view && options.find_unused_parameters)
+      p.tensor.mutable_grad() = p.view;
     ready[i] = 1;
     --buckets[p.bucket].pending;
   }
@@ -513,7 +496,7 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
         bs.finished = bucket.work->finished();
         s.comm_seconds += bucket.work->seconds();
       }
-      if (options.reduce_scatter)
+      if (reduce_scatter)
         keep_slice(bucket);
       else if (bucket.wire.defined())
         bucket.flat.copy_(bucket.wire);
@@ -531,7 +514,7 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
 
 // Without gradient_as_bucket_view the averaged values go back into each parameter's own grad.
 void Reducer::Impl::copy_out_of_buckets() {
-  if (options.gradient_as_bucket_view || options.reduce_scatter) return;
+  if (options.gradient_as_bucket_view || reduce_scatter) return;
   for (auto& p : params) {
     auto& grad = p.tensor.mutable_grad();
     if (grad.defined()) {
@@ -588,10 +571,13 @@ void Reducer::Impl::finish_backward() {
   if (!missing.empty() && !options.find_unused_parameters) throw unused_parameters_error(missing);
 }
 
-Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options)
-    : impl_(std::make_shared<Impl>(std::move(module), comm, std::move(options))) {
-  if (impl_->options.bucket_multiple < 1)
-    throw ConfigError("DistributedDataParallel: bucket_multiple must be at least 1");
+Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options,
+                 std::optional<BucketSharding> sharding)
+    : impl_(std::make_shared<Impl>(std::move(module), comm, std::move(options), sharding)) {
+  if (sharding && sharding->slices != comm.size())
+    throw ConfigError("DistributedDataParallel: a bucket sharding needs as many slices as ranks (" +
+                      std::to_string(sharding->slices) + " for " + std::to_string(comm.size()) +
+                      "): build it with zero_bucket_sharding(zero, comm.size())");
   if (impl_->options.bucket_cap_mb <= 0 || impl_->options.first_bucket_cap_mb <= 0) {
     throw ConfigError("DistributedDataParallel: bucket caps must be positive (bucket_cap_mb = " +
                       std::to_string(impl_->options.bucket_cap_mb) +
@@ -628,7 +614,7 @@ void Reducer::before_forward() {
         "longer agree. Stop this worker and restart the job");
   }
   bool training = s.module->is_training() && torch::GradMode::is_enabled();
-  if (training && s.stats.step > 0 && !s.rebuilt && s.options.rebuild_buckets) s.rebuild_from_arrival();
+  if (training && s.stats.step > 0 && !s.rebuilt && !s.sharding) s.rebuild_from_arrival();
   if (training && s.options.broadcast_buffers && s.comm.size() > 1) {
     auto buffers = s.module->buffers();
     if (!buffers.empty()) broadcast_flat(s.comm, buffers, "a buffer");
@@ -669,6 +655,15 @@ const DdpStats& Reducer::stats() const {
 }
 const DdpOptions& Reducer::options() const {
   return impl_->options;
+}
+const std::optional<BucketSharding>& Reducer::sharding() const {
+  return impl_->sharding;
+}
+double Reducer::bucket_cap_mb() const {
+  return impl_->bucket_cap_mb();
+}
+double Reducer::first_bucket_cap_mb() const {
+  return std::min(impl_->options.first_bucket_cap_mb, impl_->bucket_cap_mb());
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_layout() const {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lockstep/comm/machine_memory.h"
+#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "tensor_alias.h"
 
@@ -18,14 +19,12 @@ namespace {
 using ddp_detail::alias_into;
 using ddp_detail::alias_range;
 
-comm::DType comm_dtype_of(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat: return comm::DType::f32;
-    case torch::kDouble: return comm::DType::f64;
-    case torch::kHalf: return comm::DType::f16;
-    case torch::kBFloat16: return comm::DType::bf16;
-    default: throw ConfigError("ZeRO shards floating-point parameters only (float32/64, float16, bfloat16)");
-  }
+// ZeRO's slices are floating point: the optimizers it divides hold no integer state.
+comm::DType float_dtype_of(const torch::Tensor& t) {
+  const auto d = comm_dtype_of(t.scalar_type());
+  if (!d || *d == comm::DType::i32 || *d == comm::DType::i64)
+    throw ConfigError("ZeRO shards floating-point parameters only (float32/64, float16, bfloat16)");
+  return *d;
 }
 
 // ----- the optimizers whose state can be cut into slices and put back together ----------------
@@ -100,15 +99,12 @@ std::string key_of(const torch::Tensor& t) {
 
 }  // namespace
 
-DdpOptions zero_ddp_options(DdpOptions base, const ZeroOptions& zero, int world) {
-  base.rebuild_buckets = false;
-  base.bucket_multiple = world;
-  base.reduce_scatter = zero.stage == 2;
-  base.gradient_as_bucket_view = zero.stage != 2;
-  // Stage 2 keeps two buckets' worth of gradients besides the slices: small buckets keep that
-  // small (and start reducing sooner).
-  if (zero.stage == 2) base.bucket_cap_mb = std::min(base.bucket_cap_mb, 4.0);
-  return base;
+BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world) {
+  BucketSharding sharding;
+  sharding.slices = world;
+  sharding.reduce_scatter = zero.stage == 2;
+  if (zero.stage == 2) sharding.max_bucket_cap_mb = 4;
+  return sharding;
 }
 
 struct ZeroOptimizer::Impl {
@@ -135,11 +131,11 @@ struct ZeroOptimizer::Impl {
 };
 
 void ZeroOptimizer::Impl::check_reducer() const {
-  const DdpOptions& o = reducer.options();
   if (options.stage != 1 && options.stage != 2)
     throw ConfigError("ZeRO stage " + std::to_string(options.stage) + " is not one lockstep has: use 1 or 2");
-  if (o.rebuild_buckets || o.bucket_multiple != comm.size() || o.reduce_scatter != (options.stage == 2))
-    throw ConfigError("ZeroOptimizer: build its Reducer with zero_ddp_options(options, zero, world size)");
+  const auto& sharding = reducer.sharding();
+  if (!sharding || sharding->slices != comm.size() || sharding->reduce_scatter != (options.stage == 2))
+    throw ConfigError("ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
 }
 
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),
@@ -191,7 +187,7 @@ void ZeroOptimizer::Impl::gather_parameters() {
   std::vector<comm::WorkPtr> works;
   for (std::size_t b = 0; b < buckets.size(); ++b)
     works.push_back(comm.allgather(shards[b].data_ptr(), flat[b].data_ptr(), std::size_t(slice_length(b)),
-                                   comm_dtype_of(flat[b])));
+                                   float_dtype_of(flat[b])));
   for (auto& w : works) w->wait();
 }
 
@@ -258,7 +254,7 @@ std::unique_ptr<torch::optim::Optimizer> ZeroOptimizer::consolidated(const Facto
     const ParamState mine = s.shard_state(b);
     for (const auto& [name, slice] : mine.tensors) {
       auto all = torch::empty({s.buckets[b].numel}, slice.options());
-      s.comm.allgather(slice.data_ptr(), all.data_ptr(), std::size_t(slice.numel()), comm_dtype_of(slice))->wait();
+      s.comm.allgather(slice.data_ptr(), all.data_ptr(), std::size_t(slice.numel()), float_dtype_of(slice))->wait();
       if (s.comm.rank() != 0) continue;
       for (std::size_t k = 0; k < s.buckets[b].params.size(); ++k) {
         const auto& p = s.buckets[b].params[k];

@@ -14,6 +14,7 @@
 #include "evaluate.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
+#include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/tensor_memory.h"
@@ -50,15 +51,20 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vect
                                                            .weight_decay(args.weight_decay));
 }
 
-// One worker has nothing to average: no reducer, no copies into buckets.
+// One worker has nothing to average: no reducer, no copies into buckets. (SyncBatchNorm layers
+// follow the communicator in any case: an elastic job builds a new one at each change.)
 void Trainer::Impl::build_reducer() {
+  if (args.sync_batchnorm && lockstep::sync_batchnorm(*model.module, *comm) == 0)
+    throw ConfigError("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer (declare the layers "
+                      "whose statistics should span the ranks as lockstep::SyncBatchNorm, ddp/sync_batchnorm.h)");
   if (world() == 1) return;
   DdpOptions ddp;
   ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
   ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
-  if (args.zero_stage > 0) ddp = zero_ddp_options(ddp, {args.zero_stage, args.zero_shared_parameters}, world());
-  reducer = std::make_unique<Reducer>(model.module, *comm, ddp);
+  std::optional<BucketSharding> sharding;
+  if (args.zero_stage > 0) sharding = zero_bucket_sharding({args.zero_stage, args.zero_shared_parameters}, world());
+  reducer = std::make_unique<Reducer>(model.module, *comm, ddp, sharding);
 }
 
 void Trainer::Impl::build_optimizer() {
@@ -137,7 +143,8 @@ void Trainer::Impl::announce() {
   begin.cores = static_cast<int>(std::thread::hardware_concurrency());
   begin.backend = comm->backend_name();
   begin.machines = comm->network_stats().machines;
-  begin.ddp_bucket_cap_mb = args.ddp_bucket_cap_mb;
+  begin.ddp_bucket_cap_mb = reducer ? reducer->bucket_cap_mb() : args.ddp_bucket_cap_mb;
+  begin.ddp_bucket_cap_mb_asked = args.ddp_bucket_cap_mb;
   begin.ddp_comm_hook = args.ddp_comm_hook;
   for (const auto& p : model.module->parameters()) {
     begin.parameters += p.numel();

@@ -110,8 +110,9 @@ std::vector<std::vector<torch::Tensor>> train(const Case& c, const std::function
     ddp.bucket_cap_mb = 0.002;  // several buckets, so slices cut through tensors
     ddp.first_bucket_cap_mb = 0.001;
     const ZeroOptions zo{c.stage, c.shared};
-    if (c.stage > 0) ddp = zero_ddp_options(ddp, zo, comm.size());
-    Reducer reducer(net.module, comm, ddp);
+    std::optional<BucketSharding> sharding;
+    if (c.stage > 0) sharding = zero_bucket_sharding(zo, comm.size());
+    Reducer reducer(net.module, comm, ddp, sharding);
     std::unique_ptr<ZeroOptimizer> zero;
     std::unique_ptr<torch::optim::Optimizer> plain;
     if (c.stage > 0)
@@ -228,7 +229,7 @@ TEST(ZeroMemory, StageTwoReleasesTheParametersGradients) {
   lockstep::testing::run_ranks_as_threads(2, comm::CommOptions{"shm"}, [&](comm::Communicator& comm) {
     Net net = make_net("mlp");
     const ZeroOptions zo{2, false};
-    Reducer reducer(net.module, comm, zero_ddp_options(DdpOptions{}, zo, comm.size()));
+    Reducer reducer(net.module, comm, DdpOptions{}, zero_bucket_sharding(zo, comm.size()));
     ZeroOptimizer zero(*net.module, reducer, comm, zo, adamw);
     auto [x, y] = net.batch(comm.rank(), 0);
     reducer.before_forward();
@@ -294,7 +295,7 @@ TEST(ZeroCheckpoint, TheConsolidatedStateIsDdpsAndLoadsAtAnotherWorldSize) {
   lockstep::testing::run_ranks_as_threads(3, comm::CommOptions{"shm"}, [&](comm::Communicator& comm) {
     Net net = make_net("mlp");
     const ZeroOptions zo{1, false};
-    Reducer reducer(net.module, comm, zero_ddp_options(DdpOptions{}, zo, comm.size()));
+    Reducer reducer(net.module, comm, DdpOptions{}, zero_bucket_sharding(zo, comm.size()));
     ZeroOptimizer zero(*net.module, reducer, comm, zo, adamw);
     auto full = adamw(net.module->parameters());
     torch::serialize::InputArchive in;

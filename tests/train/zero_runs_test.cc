@@ -1,10 +1,13 @@
 // --zero-stage in whole runs of examples/fashion_mnist under the launcher: a killed and restarted
 // ZeRO job ends bitwise equal to an uninterrupted one; a kill during the consolidated save
 // leaves the previous checkpoint; a ZeRO checkpoint resumes under DDP and with 1 or 3 workers;
-// train_begin records what each worker holds. Torch-free: it reads what the runs print and write
+// train_begin records what each worker holds; and --sync-batchnorm, which makes 2 workers train
+// as 1 with their two batches together. Torch-free: it reads what the runs print and write
 // (the Trainer prints a hash of the final parameters, equal exactly when they are bitwise equal).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -123,7 +126,8 @@ TEST(ZeroRuns, ACheckpointResumesUnderDdpAndWithOneOrThreeWorkers) {
 }
 
 // train_begin says what each worker holds: under stage 1 half of DDP's optimizer state, under
-// stage 2 half its gradients too, and with shared parameters half the parameters.
+// stage 2 half its gradients too, and with shared parameters half the parameters; and the bucket
+// cap in effect (stage 2 lowers the default 25 MB to 4 MB).
 TEST(ZeroRuns, TrainBeginRecordsWhatEachWorkerHolds) {
   std::map<std::string, nlohmann::json> begin;
   for (const auto& [name, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
@@ -147,6 +151,11 @@ TEST(ZeroRuns, TrainBeginRecordsWhatEachWorkerHolds) {
   EXPECT_NEAR(held("stage2", "worker_parameter_bytes"), 1.0, 0.01);
   EXPECT_NEAR(held("shared", "worker_parameter_bytes"), 0.5, 0.01);
   EXPECT_TRUE(begin["shared"]["zero_shared_parameters"].get<bool>());
+  for (const char* run : {"ddp", "stage1", "stage2"})
+    EXPECT_EQ(begin[run]["ddp_bucket_cap_mb_asked"].get<double>(), 25) << run;
+  EXPECT_EQ(begin["ddp"]["ddp_bucket_cap_mb"].get<double>(), 25);
+  EXPECT_EQ(begin["stage1"]["ddp_bucket_cap_mb"].get<double>(), 25);
+  EXPECT_EQ(begin["stage2"]["ddp_bucket_cap_mb"].get<double>(), 4);
 }
 
 // Accumulation (all but the last micro-batch under no_sync), bf16 autocast and evaluation under
@@ -172,6 +181,43 @@ TEST(ZeroRuns, SharedParametersWithoutAStageAreOneLine) {
   EXPECT_NE(p.wait(60), 0);
   EXPECT_NE(p.output().find("--zero-shared-parameters"), std::string::npos) << p.output();
   EXPECT_NE(p.output().find("add --zero-stage 1 or 2"), std::string::npos) << p.output();
+}
+
+// The CNN's norm layers are lockstep::SyncBatchNorm. With --sync-batchnorm, 2 workers x 16
+// train as 1 worker x 32 does (the sampler deals the same 32 samples per step, and the statistics
+// are over the 32): the logged losses agree to float rounding. Without it each worker normalises
+// over its 16, and they do not.
+TEST(SyncBatchNormRuns, TwoWorkersTrainAsOneWithTheirBatchesTogether) {
+  auto losses = [](int workers, int per_device, const std::vector<std::string>& extra) {
+    TempDir out("sync-bn");
+    run_ok(launch(workers, with(with(kShortRun, {"--model", "cnn", "--per-device-train-batch-size",
+                                                 std::to_string(per_device), "--max-steps", "12", "--logging-steps",
+                                                 "4", "--save-strategy", "no", "--output-dir", out.path()}),
+                                extra)));
+    std::vector<double> out_losses;
+    for (const auto& j : events(out / "metrics.jsonl", "log")) out_losses.push_back(j["loss"].get<double>());
+    return out_losses;
+  };
+  const auto one = losses(1, 32, {});
+  const auto synced = losses(2, 16, {"--sync-batchnorm"});
+  const auto apart = losses(2, 16, {});
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(synced.size(), one.size());
+  ASSERT_EQ(apart.size(), one.size());
+  double synced_gap = 0, apart_gap = 0;
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    synced_gap = std::max(synced_gap, std::abs(synced[i] - one[i]) / one[i]);
+    apart_gap = std::max(apart_gap, std::abs(apart[i] - one[i]) / one[i]);
+  }
+  EXPECT_LT(synced_gap, 1e-4);
+  EXPECT_GT(apart_gap, 10 * synced_gap);
+}
+
+TEST(SyncBatchNormRuns, AModelWithoutSyncBatchNormIsOneClearError) {
+  Process p(launch(2, with(kShortRun, {"--model", "mlp", "--sync-batchnorm"})));
+  EXPECT_NE(p.wait(60), 0);
+  EXPECT_NE(p.output().find("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer"), std::string::npos)
+      << p.output();
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -64,15 +65,19 @@ struct DdpOptions {
   // some (shm backend, CPU tensors): the all-reduce then reads peers' buckets in place
   // instead of copying through staging slots. Falls back to private memory on every rank.
   bool shared_buckets = true;
+};
 
-  // What ZeRO (ddp/zero.h) sets; plain DDP keeps the defaults.
-  bool rebuild_buckets = true;  // re-pack the buckets once, in the order gradients first arrived
-  int bucket_multiple = 1;      // pad every bucket to a multiple of this many elements (the world size)
+// How ZeRO (ddp/zero.h: zero_bucket_sharding) has the reducer cut its buckets; plain DDP has
+// none. With a sharding the buckets are fixed from the start (registration order reversed, not
+// re-packed in the order gradients first arrive), since the shards are laid out over them.
+struct BucketSharding {
+  int slices = 1;  // the world size: every bucket padded to a multiple of it, rank r owning slice r
   // Each rank receives only its slice of every averaged bucket (ZeRO stage 2): buckets are
   // reduce-scattered instead of all-reduced, taking turns in two slots of memory as they
   // launch, and leave behind this rank's slices (gradient_slice); the parameters' own grads are
   // released when their bucket launches.
   bool reduce_scatter = false;
+  double max_bucket_cap_mb = 0;  // a ceiling on DdpOptions::bucket_cap_mb (0: none)
 };
 
 using SteadyTime = std::chrono::steady_clock::time_point;
@@ -102,7 +107,8 @@ struct DdpStats {
 // forward the caller runs itself: call before_forward() before it and after_forward() after.
 class Reducer {
  public:
-  Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options);
+  Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& comm, DdpOptions options,
+          std::optional<BucketSharding> sharding = std::nullopt);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -115,11 +121,15 @@ class Reducer {
   bool sync() const;
   const DdpStats& stats() const;
   const DdpOptions& options() const;
+  const std::optional<BucketSharding>& sharding() const;
+  // The caps the buckets were built with: options()' own, under a sharding's ceiling.
+  double bucket_cap_mb() const;
+  double first_bucket_cap_mb() const;
   // Parameter names per bucket, in the order buckets are reduced.
   std::vector<std::vector<std::string>> bucket_layout() const;
 
   // The buckets as flat arrays, for sharding them: each bucket's parameters and where each
-  // starts, and its length padded to options().bucket_multiple. Fixed once rebuild_buckets is off.
+  // starts, and its length padded to the sharding's slices. Fixed from the start under a sharding.
   struct FlatBucket {
     std::vector<torch::Tensor> params;
     std::vector<std::int64_t> offsets;

@@ -1,8 +1,7 @@
 // Sharded data parallelism: ZeRO stages 1 and 2 (Rajbhandari et al., SC'20), and a one-copy
 // mode that keeps the parameters once per machine.
 //
-//   DdpOptions ddp = zero_ddp_options(DdpOptions{}, zero, comm.size());
-//   Reducer reducer(model, comm, ddp);
+//   Reducer reducer(model, comm, DdpOptions{}, zero_bucket_sharding(zero, comm.size()));
 //   ZeroOptimizer opt(*model, reducer, comm, zero, [](std::vector<torch::Tensor> shard) {
 //     return std::make_unique<torch::optim::AdamW>(shard, torch::optim::AdamWOptions(1e-3));
 //   });
@@ -50,9 +49,11 @@ struct ZeroOptions {
   bool shared_parameters = false;  // one copy of the parameters per machine (all ranks on one)
 };
 
-// The reducer options sharding needs: buckets fixed from the start, padded to a multiple of the
-// world size, reduce-scattered under stage 2.
-DdpOptions zero_ddp_options(DdpOptions base, const ZeroOptions& zero, int world);
+// What sharding needs of the reducer's buckets: fixed from the start, padded to a multiple of the
+// world size, and under stage 2 reduce-scattered and no larger than 4 MB (stage 2 keeps two
+// buckets' worth of gradients besides the slices: small buckets keep that small and start
+// reducing sooner). Reducer::bucket_cap_mb() says what the cap came to.
+BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world);
 
 // What one worker holds, in bytes.
 struct ZeroMemory {
@@ -69,7 +70,7 @@ class ZeroOptimizer {
 
   // Collective. Moves the module's trainable parameters into flat arrays laid out like the
   // reducer's buckets (the values are kept) and builds `make` over this rank's slices.
-  // ConfigError when the reducer was not built with zero_ddp_options, or the optimizer `make`
+  // ConfigError when the reducer was not built with zero_bucket_sharding, or the optimizer `make`
   // builds is not one this can consolidate (SGD, Adam, AdamW).
   ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::Communicator& comm, ZeroOptions options,
                 Factory make);

@@ -104,6 +104,8 @@ inline Rule backend_rule() {
   X(double, ddp_bucket_cap_mb, 25, "gradient bucket size", above(0))                                  \
   X(std::string, ddp_comm_hook, "none", "gradients on the wire", one_of({"none", "fp16", "bf16"}))             \
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
+  X(bool, sync_batchnorm, false,                                                                               \
+    "normalise over the global batch: the model's lockstep::SyncBatchNorm layers all-reduce their statistics", any()) \
   X(int, zero_stage, 0, "ZeRO: 1 shards the optimizer state across workers, 2 also the gradients; 0: DDP",      \
     within(0, 2))                                                                                              \
   X(bool, zero_shared_parameters, false,                                                                       \
