@@ -132,6 +132,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   DdpOptions options;
   std::optional<BucketSharding> sharding;
   bool reduce_scatter;  // the sharding's, for short
+  int contributors = 0;  // ranks with real gradients (0: all of them)
 
   mutable std::mutex mu;
   std::vector<Param> params;  // trainable ones, registration order
@@ -164,6 +165,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void allocate_slots();
   void materialize(int b);
   void keep_slice(Bucket& bucket);
+  void rescale(Bucket& bucket);
+  void mark_ready_with_zeros();
   std::int64_t slice_length(const Bucket& bucket) const { return bucket.numel / comm.size(); }
   void rebuild_from_arrival();
   void on_ready(int index);
@@ -364,6 +367,41 @@ void Reducer::Impl::keep_slice(Bucket& bucket) {
   for (int i : bucket.params) params[i].view = torch::Tensor();
 }
 
+// The buckets were averaged over every rank, `contributors` of which had real gradients: their
+// average is W / contributors times that.
+void Reducer::Impl::rescale(Bucket& bucket) {
+  if (contributors == 0 || contributors == comm.size()) return;
+  const double scale = double(comm.size()) / contributors;
+  if (reduce_scatter)
+    bucket.slice.mul_(scale);
+  else
+    bucket.flat.mul_(scale);
+}
+
+// Every parameter ready with a zero gradient, as a backward that computed none would leave it;
+// then every bucket launches, in order, as on the ranks that computed theirs.
+void Reducer::Impl::mark_ready_with_zeros() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!armed)
+    throw Error("DistributedDataParallel: reduce_zeros() needs before_forward() first, in training mode "
+                "and with synchronisation on, as on the ranks that train this step");
+  torch::NoGradGuard no_grad;
+  backward_begin = last_ready = Clock::now();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    auto& grad = p.tensor.mutable_grad();
+    if (reduce_scatter) {
+      grad = torch::Tensor();  // the bucket's launch fills in zeros
+    } else {
+      p.view.zero_();
+      grad = options.gradient_as_bucket_view ? p.view : torch::zeros_like(p.tensor);
+    }
+    ready[i] = 1;
+  }
+  for (auto& b : buckets) b.pending = 0;
+  launch_ready();
+}
+
 // All ranks take rank 0's order, so their buckets match.
 void Reducer::Impl::rebuild_from_arrival() {
   rebuilt = true;
@@ -500,6 +538,7 @@ void Reducer::Impl::wait_for_buckets(DdpStats& s, std::exception_ptr& error) {
         keep_slice(bucket);
       else if (bucket.wire.defined())
         bucket.flat.copy_(bucket.wire);
+      rescale(bucket);
     } catch (...) {
       if (!error) error = std::current_exception();
     }
@@ -664,6 +703,19 @@ double Reducer::bucket_cap_mb() const {
 }
 double Reducer::first_bucket_cap_mb() const {
   return std::min(impl_->options.first_bucket_cap_mb, impl_->bucket_cap_mb());
+}
+
+void Reducer::set_contributors(int ranks) {
+  if (ranks < 1 || ranks > impl_->comm.size())
+    throw ConfigError("DistributedDataParallel: set_contributors(" + std::to_string(ranks) +
+                      ") must be between 1 and the world size, " + std::to_string(impl_->comm.size()));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->contributors = ranks;
+}
+
+void Reducer::reduce_zeros() {
+  impl_->mark_ready_with_zeros();
+  impl_->finish_backward();
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_layout() const {

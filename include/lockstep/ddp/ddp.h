@@ -119,6 +119,15 @@ class Reducer {
 
   void set_sync(bool enabled);
   bool sync() const;
+
+  // Uneven inputs (ddp/join.h drives these). How many ranks contribute real gradients to the
+  // coming reductions: the average divides by that many instead of the world size, since the
+  // other ranks reduce zeros. Collective in effect: every rank must set the same number.
+  void set_contributors(int ranks);
+  // On a rank without a batch this step, after before_forward() and in place of forward and
+  // backward: the reductions a backward would issue, with zeros for every gradient. Leaves the
+  // averaged gradients where a backward would, so the optimizer steps as on the other ranks.
+  void reduce_zeros();
   const DdpStats& stats() const;
   const DdpOptions& options() const;
   const std::optional<BucketSharding>& sharding() const;
