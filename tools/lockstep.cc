@@ -213,7 +213,7 @@ struct BenchCommand : Command {
     allreduce->add_option("--backend", options.backend, comm::backend_choices())->capture_default_str();
     allreduce->add_option("--dtype", options.dtype, "f32 | f64 | f16 | bf16 | i32 | i64")
         ->capture_default_str();
-    allreduce->add_option("--op", options.op, "sum | avg | min | max")->capture_default_str();
+    allreduce->add_option("--op", options.op, "sum | avg | min | max | product | band | bor | bxor")->capture_default_str();
     allreduce->add_option("--min-bytes", options.min_bytes, "smallest message")->capture_default_str();
     allreduce->add_option("--max-bytes", options.max_bytes, "largest message")->capture_default_str();
     allreduce->add_option("--warmup", options.warmup, "untimed iterations per size")->capture_default_str();

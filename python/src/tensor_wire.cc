@@ -62,10 +62,15 @@ comm::ReduceOp comm_op(const c10d::ReduceOp& op, const char* collective) {
     case c10d::ReduceOp::AVG: return comm::ReduceOp::avg;
     case c10d::ReduceOp::MIN: return comm::ReduceOp::min;
     case c10d::ReduceOp::MAX: return comm::ReduceOp::max;
+    case c10d::ReduceOp::PRODUCT: return comm::ReduceOp::product;
+    case c10d::ReduceOp::BAND: return comm::ReduceOp::band;
+    case c10d::ReduceOp::BOR: return comm::ReduceOp::bor;
+    case c10d::ReduceOp::BXOR: return comm::ReduceOp::bxor;
     default:
       throw std::runtime_error(std::string("lockstep: ") + collective + " with ReduceOp." + reduce_op_name(op) +
-                                  " is not supported: lockstep reduces with SUM, AVG, MIN and MAX. Use one of "
-                                  "those, or run this call on a gloo group (dist.new_group(backend=\"gloo\"))");
+                                  " is not supported: lockstep reduces with SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR "
+                                  "and BXOR. Use one of those, or run this call on a gloo group "
+                                  "(dist.new_group(backend=\"gloo\"))");
   }
 }
 
@@ -73,6 +78,10 @@ WireSpec reduce_spec(const at::Tensor& t, const c10d::ReduceOp& op, const char* 
   check_cpu_dense(t, collective);
   const comm::ReduceOp how = comm_op(op, collective);
   const at::ScalarType type = t.scalar_type();
+  const bool floating = at::isFloatingType(type) || at::isComplexType(type);
+  if (comm::is_bitwise(how) && floating)
+    throw std::runtime_error(std::string("lockstep: ") + collective + " with ReduceOp." + reduce_op_name(op) + " on a " +
+                             std::string(c10::toString(type)) + " tensor: bitwise reductions apply to integer and bool tensors");
   if (auto native = comm_dtype_of(type)) return spec_of(WireKind::native, *native, type, t.numel());
   switch (type) {
     case at::kByte:
@@ -81,9 +90,10 @@ WireSpec reduce_spec(const at::Tensor& t, const c10d::ReduceOp& op, const char* 
     case at::kBool: return spec_of(WireKind::widened, comm::DType::i32, at::kInt, t.numel());
     case at::kComplexFloat:
     case at::kComplexDouble: {
-      if (how == comm::ReduceOp::min || how == comm::ReduceOp::max)
+      if (how != comm::ReduceOp::sum && how != comm::ReduceOp::avg)
         throw std::runtime_error(std::string("lockstep: ") + collective + " with ReduceOp." + reduce_op_name(op) +
-                                    " on a complex tensor: complex numbers have no order; use SUM or AVG");
+                                    " on a complex tensor: complex tensors reduce with SUM or AVG only (no order, "
+                                    "no bits, and their product is not elementwise on the real and imaginary parts)");
       const bool single = type == at::kComplexFloat;
       return spec_of(WireKind::complex_pairs, single ? comm::DType::f32 : comm::DType::f64,
                      single ? at::kFloat : at::kDouble, 2 * t.numel());

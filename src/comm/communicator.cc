@@ -253,11 +253,18 @@ void require_buffer(const void* p, std::size_t count, const char* what, const ch
     throw ConfigError(std::string(collective) + ": " + what + " is null but count is " +
                       std::to_string(count));
 }
+
+void require_reduction(ReduceOp op, DType dtype, const char* collective) {
+  if (!is_valid_reduction(op, dtype))
+    throw ConfigError(std::string(collective) + ": " + reduce_op_name(op) + " is bitwise and applies to i32 and i64, not " +
+                      dtype_name(dtype));
+}
 }  // namespace
 
 WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   require_buffer(send, count, "send buffer", "allreduce");
   require_buffer(recv, count, "recv buffer", "allreduce");
+  require_reduction(op, dtype, "allreduce");
   Collective c;
   c.kind = CollectiveKind::allreduce;
   c.send = send;
@@ -299,6 +306,7 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t c
                                      ReduceOp op) {
   require_buffer(send, count, "send buffer", "reduce_scatter");
   require_buffer(recv, count, "recv buffer", "reduce_scatter");
+  require_reduction(op, dtype, "reduce_scatter");
   Collective c;
   c.kind = CollectiveKind::reduce_scatter;
   c.send = send;

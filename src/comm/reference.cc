@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace lockstep::comm::reference {
 
@@ -17,7 +18,18 @@ double reduced(ReduceOp op, DType dtype, int world, std::size_t i) {
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
+  double product = 1;
+  std::int64_t band = static_cast<std::int64_t>(input(0, i)), bor = band, bxor = 0;
+  for (int r = 0; r < world; ++r) {
+    const auto v = static_cast<std::int64_t>(input(r, i));
+    product *= static_cast<double>(v);
+    band &= v, bor |= v, bxor ^= v;
+  }
   switch (op) {
+    case ReduceOp::product: return product;
+    case ReduceOp::band: return static_cast<double>(band);
+    case ReduceOp::bor: return static_cast<double>(bor);
+    case ReduceOp::bxor: return static_cast<double>(bxor);
     case ReduceOp::sum: return sum;
     case ReduceOp::min: return lo;
     case ReduceOp::max: return hi;

@@ -26,6 +26,10 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::avg: return "avg";
     case ReduceOp::min: return "min";
     case ReduceOp::max: return "max";
+    case ReduceOp::product: return "product";
+    case ReduceOp::band: return "band";
+    case ReduceOp::bor: return "bor";
+    case ReduceOp::bxor: return "bxor";
   }
   return "?";
 }
@@ -43,7 +47,7 @@ DType parse_dtype(const std::string& name) {
 ReduceOp parse_reduce_op(const std::string& name) {
   for (ReduceOp op : kAllReduceOps)
     if (name == reduce_op_name(op)) return op;
-  throw ConfigError("unknown reduce op '" + name + "': use sum, avg, min or max");
+  throw ConfigError("unknown reduce op '" + name + "': use sum, avg, min, max, product, band, bor or bxor");
 }
 
 float f16_to_f32(std::uint16_t h) {
@@ -160,15 +164,15 @@ std::uint64_t Collective::signature() const {
   std::uint64_t s = static_cast<std::uint64_t>(count) & ((1ull << kCountBits) - 1);
   s |= static_cast<std::uint64_t>(kind) << 40;
   s |= static_cast<std::uint64_t>(dtype) << 43;
-  s |= static_cast<std::uint64_t>(reduces ? static_cast<int>(op) : 0) << 46;
-  s |= static_cast<std::uint64_t>(kind == CollectiveKind::broadcast ? root : 0) << 48;
+  s |= static_cast<std::uint64_t>(reduces ? static_cast<int>(op) : 0) << 46;  // 3 bits
+  s |= static_cast<std::uint64_t>(kind == CollectiveKind::broadcast ? root : 0) << 49;
   return s;
 }
 
 std::string describe_signature(std::uint64_t s) {
   return describe_fields(static_cast<CollectiveKind>((s >> 40) & 7),
                          static_cast<std::size_t>(s & ((1ull << kCountBits) - 1)), static_cast<DType>((s >> 43) & 7),
-                         static_cast<ReduceOp>((s >> 46) & 3), static_cast<int>(s >> 48));
+                         static_cast<ReduceOp>((s >> 46) & 7), static_cast<int>(s >> 49));
 }
 
 void check_signatures(const Collective& c, const std::uint64_t* signatures, int size, int rank) {

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "lockstep/error.h"
 #include "testing.h"
 
 namespace lockstep::testing {
@@ -79,6 +80,27 @@ INSTANTIATE_TEST_SUITE_P(Hier, ThreadRanks,
 #endif
 
 // Large messages on the default slot: the chunked two-phase path with several rounds.
+// The bitwise operators apply to integers only: anything else is refused before it is issued,
+// naming the operator and the type, on every backend alike (the communicator checks).
+TEST(BitwiseOps, OnFloatsAreAConfigErrorNamingOperatorAndType) {
+  run_ranks_as_threads(2, CommOptions{"gloo"}, [](comm::Communicator& comm) {
+    float x[4] = {1, 2, 3, 4};
+    for (auto op : {comm::ReduceOp::band, comm::ReduceOp::bor, comm::ReduceOp::bxor}) {
+      try {
+        comm.allreduce(x, 4, comm::DType::f32, op)->wait();
+        ADD_FAILURE() << "no error";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(comm::reduce_op_name(op)) + " is bitwise"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("not f32"), std::string::npos) << e.what();
+      }
+    }
+    std::int32_t bits = comm.rank() == 0 ? 0b1100 : 0b1010;  // and still works on integers after
+    comm.allreduce(&bits, 1, comm::DType::i32, comm::ReduceOp::bxor)->wait();
+    EXPECT_EQ(bits, 0b0110);
+  });
+}
+
 TEST(ShmLarge, ChunkedAllreduceAcrossRoundsIsExact) {
   const std::size_t n = 3 * (1 << 20) / 4 + 13;  // ~3 MiB of f32, not a multiple of anything
   run_ranks_as_threads(3, CommOptions{"shm"}, [&](comm::Communicator& comm) {

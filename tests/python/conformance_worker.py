@@ -23,7 +23,10 @@ import torch.distributed as dist
 NATIVE = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
           "i32": torch.int32, "i64": torch.int64}
 EXTRA = {"u8": torch.uint8, "i8": torch.int8, "i16": torch.int16, "bool": torch.bool, "c64": torch.complex64}
-OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+       "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
+       "bxor": dist.ReduceOp.BXOR}
+BITWISE = ("band", "bor", "bxor")
 # 1, odd, below the shm one-shot limit (64 KiB), above it, and above one shm slot (1 MiB) in f32.
 SIZES = [1, 7, 1000, 70001]
 LARGE = 400_003
@@ -101,8 +104,22 @@ def laid_out(t, layout):
     return holder[:, 1]
 
 
+def integer_reduced(op, inputs, dtype):
+    """PRODUCT and the bitwise operators on integer and bool tensors, in int64: exact, and an
+    integer product wraps to `dtype` as torch's does."""
+    wide = torch.stack([x.to(torch.int64) for x in inputs])
+    out = wide[0].clone()
+    for x in wide[1:]:
+        out = {"product": out * x, "band": out & x, "bor": out | x, "bxor": out ^ x}[op]
+    return out != 0 if dtype is torch.bool else out.to(dtype)
+
+
 def reduced(op, inputs, dtype):
     """The exact reduction of every rank's input, in `dtype` (integer AVG truncates toward zero)."""
+    if op in BITWISE or (op == "product" and not (dtype.is_floating_point or dtype.is_complex)):
+        return integer_reduced(op, inputs, dtype)
+    if op == "product":
+        return torch.stack([x.to(torch.float64) for x in inputs]).prod(0).to(dtype)
     wide = torch.stack([x.to(torch.complex128 if dtype.is_complex else torch.float64) for x in inputs])
     if op == "sum":
         out = wide.sum(0)
@@ -121,7 +138,9 @@ def reduced(op, inputs, dtype):
 
 def check_all_reduce(c):
     for dname, dtype in {**NATIVE, **EXTRA}.items():
-        ops = ["sum", "avg"] if dtype.is_complex else ["sum", "avg", "min", "max"]
+        ops = ["sum", "avg"] if dtype.is_complex else ["sum", "avg", "min", "max", "product"]
+        if not (dtype.is_floating_point or dtype.is_complex):
+            ops += list(BITWISE)
         for op in ops:
             for n in SIZES:
                 for layout in ("contiguous", "strided"):
@@ -131,8 +150,12 @@ def check_all_reduce(c):
                     def run(case=case, inputs=inputs, op=op, layout=layout, dtype=dtype):
                         t = laid_out(inputs[c.rank], layout)
                         dist.all_reduce(t, op=OPS[op])
-                        c.expect(case, t.contiguous(), reduced(op, inputs, dtype), exact=op != "avg")
-                        if op != "avg":
+                        # A 16-bit product is rounded at each of the W - 1 multiplications on gloo
+                        # (shm rounds once): up to W ulp from the exact product rounded once.
+                        half_product = op == "product" and dtype in (torch.float16, torch.bfloat16)
+                        c.expect(case, t.contiguous(), reduced(op, inputs, dtype), exact=op != "avg" and not half_product,
+                                 rtol=tolerance(dtype) * c.world if half_product else None)
+                        if op != "avg" and not half_product:
                             def on_gloo():  # contiguous: torch 1.13's gloo misreads strided tensors
                                 g = inputs[c.rank].clone()
                                 dist.all_reduce(g, op=OPS[op], group=c.gloo)
@@ -390,11 +413,11 @@ def check_objects_and_barrier(c):
 
 def check_errors(c):
     t = torch.ones(4)
-    for name in ("PRODUCT", "BAND", "BOR", "BXOR"):
+    for name in ("BAND", "BOR", "BXOR"):  # bitwise on a float tensor
         c.checks += 1
         try:
-            dist.all_reduce(t.int() if name != "PRODUCT" else t, op=getattr(dist.ReduceOp, name))
-            c.failures.append(f"all_reduce {name} did not raise")
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+            c.failures.append(f"all_reduce {name} on float32 did not raise")
         except RuntimeError as e:
             if name not in str(e) or "lockstep" not in str(e):
                 c.failures.append(f"all_reduce {name}: the error does not name the operator: {e}")

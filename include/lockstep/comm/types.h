@@ -16,11 +16,19 @@ using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
-enum class ReduceOp : std::uint8_t { sum, avg, min, max };
+// product multiplies (half types in f32, rounded once, as the others); band, bor and bxor are
+// bitwise and apply to the integer types only (is_valid_reduction).
+enum class ReduceOp : std::uint8_t { sum, avg, min, max, product, band, bor, bxor };
 
 inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16,
                                        DType::bf16, DType::i32, DType::i64};
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum,     ReduceOp::avg,  ReduceOp::min, ReduceOp::max,
+                                             ReduceOp::product, ReduceOp::band, ReduceOp::bor, ReduceOp::bxor};
+
+constexpr bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+constexpr bool is_bitwise(ReduceOp op) { return op == ReduceOp::band || op == ReduceOp::bor || op == ReduceOp::bxor; }
+// Whether `op` applies to `dtype`: everything but the bitwise ops applies to every type.
+constexpr bool is_valid_reduction(ReduceOp op, DType dtype) { return !is_bitwise(op) || is_integer(dtype); }
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {

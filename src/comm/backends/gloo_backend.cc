@@ -88,6 +88,17 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   Seconds timeout_;
 };
 
+// Applies `f` elementwise: c[i] = f(a[i], b[i]).
+template <typename T, typename F>
+gloo::AllreduceOptions::Func elementwise(F f) {
+  return [f](void* c, const void* a, const void* b, size_t n) {
+    auto* out = static_cast<T*>(c);
+    auto* x = static_cast<const T*>(a);
+    auto* y = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) out[i] = f(x[i], y[i]);
+  };
+}
+
 template <typename T>
 gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
   switch (op) {
@@ -95,6 +106,23 @@ gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
       return [](void* c, const void* a, const void* b, size_t n) { gloo::min<T>(c, a, b, n); };
     case ReduceOp::max:
       return [](void* c, const void* a, const void* b, size_t n) { gloo::max<T>(c, a, b, n); };
+    case ReduceOp::product:
+      if constexpr (std::is_integral_v<T>)  // wraps on overflow, as torch's integer product does
+        return elementwise<T>([](T x, T y) {
+          using U = std::make_unsigned_t<T>;
+          return static_cast<T>(static_cast<U>(x) * static_cast<U>(y));
+        });
+      else
+        return [](void* c, const void* a, const void* b, size_t n) { gloo::product<T>(c, a, b, n); };
+    case ReduceOp::band:
+    case ReduceOp::bor:
+    case ReduceOp::bxor:
+      if constexpr (std::is_integral_v<T>) {  // the communicator refuses them for other types
+        if (op == ReduceOp::band) return elementwise<T>([](T x, T y) { return T(x & y); });
+        if (op == ReduceOp::bor) return elementwise<T>([](T x, T y) { return T(x | y); });
+        return elementwise<T>([](T x, T y) { return T(x ^ y); });
+      }
+      [[fallthrough]];
     default: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<T>(c, a, b, n); };
   }
 }
@@ -108,7 +136,12 @@ gloo::AllreduceOptions::Func half_reduce_fn(ReduceOp op) {
     auto* y = static_cast<const std::uint16_t*>(b);
     for (size_t i = 0; i < n; ++i) {
       const float u = Widen(x[i]), v = Widen(y[i]);
-      out[i] = Narrow(op == ReduceOp::min ? std::min(u, v) : op == ReduceOp::max ? std::max(u, v) : u + v);
+      switch (op) {
+        case ReduceOp::min: out[i] = Narrow(std::min(u, v)); break;
+        case ReduceOp::max: out[i] = Narrow(std::max(u, v)); break;
+        case ReduceOp::product: out[i] = Narrow(u * v); break;
+        default: out[i] = Narrow(u + v); break;
+      }
     }
   };
 }

@@ -53,6 +53,10 @@ MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::min: return MPI_MIN;
     case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::product: return MPI_PROD;
+    case ReduceOp::band: return MPI_BAND;
+    case ReduceOp::bor: return MPI_BOR;
+    case ReduceOp::bxor: return MPI_BXOR;
     default: return MPI_SUM;
   }
 }

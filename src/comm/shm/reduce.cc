@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace lockstep::comm {
 namespace {
@@ -29,6 +30,33 @@ struct Max {
   template <typename A>
   static A apply(A a, A b) {
     return a < b ? b : a;
+  }
+};
+struct Product {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>)  // wraps on overflow, as torch's integer product does
+      return static_cast<A>(static_cast<std::make_unsigned_t<A>>(a) * static_cast<std::make_unsigned_t<A>>(b));
+    else
+      return a * b;
+  }
+};
+struct BitAnd {
+  template <typename A>
+  static A apply(A a, A b) {
+    return a & b;
+  }
+};
+struct BitOr {
+  template <typename A>
+  static A apply(A a, A b) {
+    return a | b;
+  }
+};
+struct BitXor {
+  template <typename A>
+  static A apply(A a, A b) {
+    return a ^ b;
   }
 };
 
@@ -62,6 +90,17 @@ inline __attribute__((always_inline)) void reduce_op(ReduceOp op, void* out, con
     case ReduceOp::avg: return reduce_blocks<T, A, Sum, true>(out, in, n, count, load, store);
     case ReduceOp::min: return reduce_blocks<T, A, Min, false>(out, in, n, count, load, store);
     case ReduceOp::max: return reduce_blocks<T, A, Max, false>(out, in, n, count, load, store);
+    case ReduceOp::product: return reduce_blocks<T, A, Product, false>(out, in, n, count, load, store);
+    case ReduceOp::band:
+    case ReduceOp::bor:
+    case ReduceOp::bxor:
+      // Integers only (the communicator refuses them for other types before they get here).
+      if constexpr (std::is_integral_v<A>) {
+        if (op == ReduceOp::band) return reduce_blocks<T, A, BitAnd, false>(out, in, n, count, load, store);
+        if (op == ReduceOp::bor) return reduce_blocks<T, A, BitOr, false>(out, in, n, count, load, store);
+        return reduce_blocks<T, A, BitXor, false>(out, in, n, count, load, store);
+      }
+      return;
   }
 }
 
