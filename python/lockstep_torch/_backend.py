@@ -1,5 +1,6 @@
 """The creator torch.distributed calls for a group on the lockstep backend, and its registration."""
 import atexit
+import functools
 
 import torch.distributed as dist
 
@@ -28,6 +29,23 @@ def _create_process_group(options, pg_options=None):
                                    list(options.global_ranks_in_group))
 
 
+def _let_monitored_barrier_reach_lockstep():
+    """torch.distributed.monitored_barrier refuses every backend but gloo in Python, before the
+    group's own monitored_barrier (which lockstep implements) is asked. On a lockstep group this
+    wrapper asks the group; on any other it is torch's function, unchanged."""
+    original = dist.monitored_barrier
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        if dist.distributed_c10d._rank_not_in_group(group) or dist.get_backend(group) != BACKEND_NAME:
+            return original(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        return pg.monitored_barrier(timeout if timeout is not None else dist.distributed_c10d.default_pg_timeout,
+                                    wait_all_ranks=wait_all_ranks)
+
+    dist.monitored_barrier = monitored_barrier
+
+
 def register():
     """Registers "lockstep" with torch.distributed; a second call does nothing."""
     if not dist.is_available():
@@ -35,6 +53,7 @@ def register():
     if hasattr(dist.Backend, BACKEND_NAME.upper()):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True)
+    _let_monitored_barrier_reach_lockstep()
     # Before the interpreter finalizes, let every group finish completing its collectives: a
     # completion thread that drops a Python callback afterwards would abort the process.
     atexit.register(_C.quiesce)

@@ -38,6 +38,7 @@ ProcessGroupLockstep::ProcessGroupLockstep(const Settings& settings, const Group
                                            std::unique_ptr<GroupStore> store)
     : c10d::ProcessGroup(place.rank, place.size),
       group_id_(place.group_id),
+      timeout_(place.timeout),
       store_(std::move(store)),
       comm_(create_communicator(settings, place, *store_)),
       completer_(std::make_unique<CompletionPool>()) {

@@ -63,6 +63,9 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // monitored_barrier.cc: rank 0 hears from every other rank through the store within the
+  // timeout, or raises naming the first (wait_all_ranks: every) rank that did not arrive.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   // process_group_gather.cc
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -121,6 +124,8 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
   static constexpr int kMaxRefusals = 8;
 
   std::string group_id_;
+  comm::Seconds timeout_;  // the group's: what a monitored barrier without its own timeout gets
+  std::uint64_t monitored_barriers_ = 0;  // issued so far (each one's keys are its own)
   std::unique_ptr<GroupStore> store_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<CompletionPool> completer_;

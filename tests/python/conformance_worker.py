@@ -12,6 +12,7 @@ string "lockstep" alone) and checked twice:
     case), small integers whose sums are exact in every dtype.
 Prints one JSON line {"rank", "checks", "gloo_checks", "failures"} and exits 1 on any failure.
 """
+import datetime
 import json
 import sys
 import traceback
@@ -448,13 +449,32 @@ def check_subgroup(c):
         c.failures.append(f"subgroup backend is {dist.get_backend(sub)}")
 
 
+def check_monitored_barrier(c):
+    """Passes when every rank comes; when the last rank stays away, every other rank raises
+    naming it (last of the checks: the absent rank's count of monitored barriers falls behind)."""
+    for wait_all in (False, True):
+        c.checks += 1
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60), wait_all_ranks=wait_all)
+    if c.world < 2:
+        return
+    if c.rank == c.world - 1:
+        return  # stays away
+    c.checks += 1
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+        c.failures.append("monitored_barrier without the last rank did not raise")
+    except RuntimeError as e:
+        if f"Rank {c.world - 1} failed to pass monitoredBarrier in 1000 ms" not in str(e):
+            c.failures.append(f"monitored_barrier: the error does not name rank {c.world - 1}: {e}")
+
+
 def main():
     dist.init_process_group("lockstep")  # nothing imported for it: the build tree's hook registers it
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     c = Checker(rank, world, gloo)
     for check in (check_all_reduce, check_all_reduce_forms, check_broadcast_and_reduce, check_gathers,
-                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_errors, check_subgroup):
+                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_errors, check_subgroup, check_monitored_barrier):
         c.guard(check.__name__, lambda: check(c))
     backend = dist.distributed_c10d._get_default_group().comm_backend
     print(json.dumps({"rank": rank, "world": world, "comm_backend": backend, "checks": c.checks,
