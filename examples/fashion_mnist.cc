@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/main.h"
 #include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/error.h"
@@ -107,7 +108,7 @@ class SlowDataset : public Dataset {
 static int train(int argc, const char* const* argv) {
   std::string model_name = "cnn", data_dir = lockstep::data::kFashionMnistDir;
   std::size_t train_limit = 0, eval_limit = 0;
-  int data_delay_ms = 0;
+  int data_delay_ms = 0, data_delay_rank = -1;
   TrainingArguments defaults;  // what works for this job; every flag overrides
   defaults.output_dir = "runs/fashion_mnist";
   defaults.num_train_epochs = 5;
@@ -123,6 +124,8 @@ static int train(int argc, const char* const* argv) {
         app.add_option("--model", model_name, "mlp | cnn | wide")->capture_default_str();
         app.add_option("--data-delay-ms", data_delay_ms,
                        "make every training batch this much slower to load (demo)");
+        app.add_option("--data-delay-rank", data_delay_rank,
+                       "slow only this rank's batches (-1: every rank's): a straggler (demo)");
         app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")
             ->capture_default_str();
         app.add_option("--train-limit", train_limit, "use only the first N training images (0: all)");
@@ -133,7 +136,9 @@ static int train(int argc, const char* const* argv) {
   Model model = make_model(model_name);
   std::shared_ptr<const Dataset> train_set =
       std::make_shared<FashionMnistDataset>(FashionMnist::Split::train, data_dir, train_limit);
-  if (data_delay_ms > 0) train_set = std::make_shared<SlowDataset>(train_set, data_delay_ms);
+  const int rank = std::stoi(lockstep::knobs::get(lockstep::knobs::kRank).value_or("0"));
+  if (data_delay_ms > 0 && (data_delay_rank < 0 || data_delay_rank == rank))
+    train_set = std::make_shared<SlowDataset>(train_set, data_delay_ms);
   auto test_set = std::make_shared<FashionMnistDataset>(FashionMnist::Split::test, data_dir, eval_limit);
   Trainer trainer(model, train_set, test_set, args);
   TrainResult result = trainer.train();

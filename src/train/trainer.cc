@@ -210,6 +210,13 @@ void Trainer::Impl::log_window(RunProgress& run) {
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
+  if (entry.straggler_rank != run.straggler && rank() == 0) {
+    if (entry.straggler)
+      LOCKSTEP_LOG(warn, train) << *entry.straggler;
+    else
+      LOCKSTEP_LOG(info, train) << "no straggler any more: rank " << *run.straggler << " keeps up again";
+  }
+  run.straggler = entry.straggler_rank;
   log(entry.to_json());
   show_progress(entry.loss, rate_text(entry.samples_per_second, entry.tokens_per_second.value_or(0)),
                 entry.exposed_comm_fraction, run);

@@ -44,6 +44,7 @@ struct RunProgress {
   LogWindow window;
   double loss_sum = 0, loss_count = 0, samples = 0;  // the whole run, all ranks
   comm::NetworkStats network_at_window_start;        // this rank's, to log each window's share
+  std::optional<int> straggler;                      // named in the last window, if any
 };
 
 struct Trainer::Impl {

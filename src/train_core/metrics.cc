@@ -32,15 +32,20 @@ void take(const json& j, const char* key, std::optional<T>& value) {
 }
 
 template <class T>
-const char* type_name() {
-  if constexpr (std::is_same_v<T, std::string>)
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
+std::string type_name() {
+  if constexpr (is_optional<T>::value)
+    return type_name<typename T::value_type>() + ", optional";
+  else if constexpr (std::is_same_v<T, std::string>)
     return "string";
   else if constexpr (std::is_same_v<T, bool>)
     return "boolean";
   else if constexpr (std::is_integral_v<T>)
     return "integer";
-  else if constexpr (std::is_same_v<T, std::optional<double>>)
-    return "number, optional";
   else
     return "number";
 }

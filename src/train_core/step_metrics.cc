@@ -1,6 +1,9 @@
 #include "lockstep/train_core/step_metrics.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "lockstep/train_core/straggler.h"
 
 namespace lockstep::train {
 
@@ -35,6 +38,22 @@ double LogWindow::local_tokens_per_second(int world) const {
   return local_.tokens * world / std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
 }
 
+namespace {
+
+// Collective: every rank's data and compute seconds per step, gathered, and the straggler if
+// one stands out.
+std::optional<Straggler> straggler_among(comm::Communicator& comm, const WindowSums& mine, double steps) {
+  if (comm.size() < 2) return std::nullopt;
+  const double local[2] = {mine.data / steps, (mine.forward + mine.backward + mine.optimizer) / steps};
+  std::vector<double> all(2 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(local, all.data(), 2, comm::DType::f64)->wait();
+  std::vector<RankBusy> ranks;
+  for (std::size_t r = 0; r < all.size(); r += 2) ranks.push_back({all[r], all[r + 1]});
+  return find_straggler(ranks);
+}
+
+}  // namespace
+
 metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
   global_ = local_;
   comm.allreduce(&global_, sizeof(WindowSums) / sizeof(double), comm::DType::f64, comm::ReduceOp::sum)
@@ -57,6 +76,10 @@ metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
   r.allreduce_bytes_per_step = bytes_ / steps;
   r.buckets_per_step = buckets_ / steps;
   if (grad_norm_ >= 0) r.grad_norm = grad_norm_;
+  if (auto s = straggler_among(comm, local_, steps)) {
+    r.straggler_rank = s->rank;
+    r.straggler = s->describe();
+  }
   if (global_.tokens > 0) {
     const double wall = std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
     r.tokens_per_second = global_.tokens / wall;

@@ -75,7 +75,9 @@
     "the most rank 0's CPU tensors grew by within one step of the window, from its start to its peak "         \
     "(activations kept for backward, gradients, temporaries)")                                                 \
   X(std::optional<double>, job_pss_bytes,                                                                      \
-    "all workers' proportional set size summed at the window's end: the job's memory, shared pages once")
+    "all workers' proportional set size summed at the window's end: the job's memory, shared pages once") \
+  X(std::optional<int>, straggler_rank, "the rank the others waited for over the window, when one stood out") \
+  X(std::optional<std::string>, straggler, "... why: its data loading or its compute, and by how much")
 
 #define LOCKSTEP_EVAL_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done when it ran")                                             \
