@@ -10,10 +10,35 @@
 #include "lockstep/base/log.h"
 
 namespace lockstep::torch_backend {
+namespace {
+
+// The name the profiler shows for a collective, as ProcessGroupGloo's "gloo:all_reduce". Static:
+// the profiler keeps the pointer.
+const char* profiling_title(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "lockstep:broadcast";
+    case c10d::OpType::ALLREDUCE: return "lockstep:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "lockstep:all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "lockstep:reduce";
+    case c10d::OpType::ALLGATHER: return "lockstep:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "lockstep:_allgather_base";
+    case c10d::OpType::ALLGATHER_COALESCED: return "lockstep:all_gather_coalesced";
+    case c10d::OpType::GATHER: return "lockstep:gather";
+    case c10d::OpType::SCATTER: return "lockstep:scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "lockstep:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "lockstep:_reduce_scatter_base";
+    case c10d::OpType::ALLTOALL_BASE: return "lockstep:all_to_all_base";
+    case c10d::OpType::ALLTOALL: return "lockstep:all_to_all";
+    case c10d::OpType::BARRIER: return "lockstep:barrier";
+    default: return "lockstep:collective";
+  }
+}
+
+}  // namespace
 
 LockstepWork::LockstepWork(int rank, c10d::OpType type, std::vector<comm::WorkPtr> steps, Finish finish,
                            std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type),
+    : c10d::Work(rank, type, profiling_title(type), outputs),
       steps_(std::move(steps)),
       finish_(std::move(finish)),
       outputs_(std::move(outputs)),

@@ -449,6 +449,20 @@ def check_subgroup(c):
         c.failures.append(f"subgroup backend is {dist.get_backend(sub)}")
 
 
+def check_profiler(c):
+    """Each collective shows in torch.profiler under its own name, as gloo's do ("gloo:all_reduce")."""
+    t = torch.ones(1000)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        dist.all_gather([torch.empty(1000) for _ in range(c.world)], t)
+    names = {e.name for e in prof.events()}
+    for wanted in ("lockstep:all_reduce", "lockstep:broadcast", "lockstep:all_gather"):
+        c.checks += 1
+        if wanted not in names:
+            c.failures.append(f"profiler: no '{wanted}' event among {sorted(n for n in names if ':' in n)}")
+
+
 def check_monitored_barrier(c):
     """Passes when every rank comes; when the last rank stays away, every other rank raises
     naming it (last of the checks: the absent rank's count of monitored barriers falls behind)."""
@@ -474,7 +488,7 @@ def main():
     gloo = dist.new_group(backend="gloo")
     c = Checker(rank, world, gloo)
     for check in (check_all_reduce, check_all_reduce_forms, check_broadcast_and_reduce, check_gathers,
-                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_errors, check_subgroup, check_monitored_barrier):
+                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_errors, check_subgroup, check_profiler, check_monitored_barrier):
         c.guard(check.__name__, lambda: check(c))
     backend = dist.distributed_c10d._get_default_group().comm_backend
     print(json.dumps({"rank": rank, "world": world, "comm_backend": backend, "checks": c.checks,
