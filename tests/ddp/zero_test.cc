@@ -161,15 +161,19 @@ class ZeroTrains : public ::testing::TestWithParam<Case> {};
 // The same training as DDP. Not bitwise: the clipping norm is summed over slices in float64 where
 // DDP sums per-tensor float32 norms, and AdamW runs its vectorised and scalar paths over other
 // element ranges when a tensor is cut; both move results by float32 ulps (about 1e-7
-// relative), which five clipped steps at lr 1e-2 keep far below 1e-5. Every rank ends bitwise
-// equal to the others: the parameters they hold are the same bytes, gathered or shared.
+// relative). AdamW's step m / (sqrt(v) + eps) does not scale with the gradient, so where an
+// element's gradient is near zero those ulps move its step by more: after five clipped steps at
+// lr 1e-2 the GPT's parameters differ by less than 1e-5 with OpenBLAS's Zen kernels and by 1.1e-5
+// with its SkylakeX ones (OPENBLAS_CORETYPE, same machine). 1e-4 bounds both and stays 10x below how
+// far training moved them (checked below). Every rank ends bitwise equal to the others: the
+// parameters they hold are the same bytes, gathered or shared.
 TEST_P(ZeroTrains, LikeDdpWithEveryRankBitwiseEqual) {
   const Case c = GetParam();
   const auto ddp = train({c.model, c.world, 0});
   const auto zero = train(c);
   for (int r = 0; r < c.world; ++r) {
     const auto& mine = zero[static_cast<std::size_t>(r)];
-    EXPECT_LT(max_difference(mine, ddp[static_cast<std::size_t>(r)]), 1e-5) << "rank " << r;
+    EXPECT_LT(max_difference(mine, ddp[static_cast<std::size_t>(r)]), 1e-4) << "rank " << r;
     EXPECT_TRUE(bitwise_equal(mine, zero[0])) << "rank " << r << " differs from rank 0";
   }
   // ...and not by accident: training moved the parameters far beyond that tolerance.
