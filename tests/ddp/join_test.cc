@@ -11,6 +11,7 @@
 
 #include "lockstep/ddp/zero.h"
 #include "lockstep/error.h"
+#include "stage_optimizer.h"
 #include "testing.h"
 
 namespace lockstep {
@@ -71,12 +72,7 @@ std::vector<std::vector<torch::Tensor>> train_joined(const std::vector<int>& bat
     ddp.first_bucket_cap_mb = 0.001;
     if (zero_stage > 0) sharding = zero_bucket_sharding({zero_stage, false}, comm.size());
     Reducer reducer(net.ptr(), comm, ddp, sharding);
-    std::unique_ptr<ZeroOptimizer> zero;
-    std::unique_ptr<torch::optim::Optimizer> plain;
-    if (zero_stage > 0)
-      zero = std::make_unique<ZeroOptimizer>(*net, reducer, comm, ZeroOptions{zero_stage, false}, sgd);
-    else
-      plain = sgd(net->parameters());
+    testing::StageOptimizer opt(*net, reducer, comm, zero_stage, sgd);
     Join join(reducer, comm);
     int done = 0;
     while (join.next(done < batches_per_rank[std::size_t(comm.rank())])) {
@@ -89,10 +85,7 @@ std::vector<std::vector<torch::Tensor>> train_joined(const std::vector<int>& bat
       } else {
         reducer.reduce_zeros();
       }
-      if (zero)
-        zero->step(), zero->zero_grad();
-      else
-        plain->step(), plain->zero_grad();
+      opt.step_and_zero_grad();
     }
     out[std::size_t(comm.rank())] = parameters_of(*net);
   });

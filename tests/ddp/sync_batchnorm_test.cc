@@ -10,6 +10,7 @@
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/zero.h"
 #include "lockstep/error.h"
+#include "stage_optimizer.h"
 #include "testing.h"
 
 namespace lockstep {
@@ -88,12 +89,7 @@ std::vector<Trained> train_synced(int world, int zero_stage, const char* backend
     auto sgd = [](std::vector<torch::Tensor> p) {
       return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.2).momentum(0.9));
     };
-    std::unique_ptr<ZeroOptimizer> zero;
-    std::unique_ptr<torch::optim::Optimizer> plain;
-    if (zero_stage > 0)
-      zero = std::make_unique<ZeroOptimizer>(*net, reducer, comm, ZeroOptions{zero_stage, false}, sgd);
-    else
-      plain = sgd(net->parameters());
+    testing::StageOptimizer opt(*net, reducer, comm, zero_stage, sgd);
     for (int step = 0; step < kSteps; ++step) {
       auto [x, y] = global_batch(world, step);
       x = x.narrow(0, comm.rank() * kPerRank, kPerRank), y = y.narrow(0, comm.rank() * kPerRank, kPerRank);
@@ -101,8 +97,7 @@ std::vector<Trained> train_synced(int world, int zero_stage, const char* backend
       auto logits = net->forward(x);
       reducer.after_forward(&logits);
       torch::nn::functional::cross_entropy(logits, y).backward();
-      if (zero) zero->step(), zero->zero_grad();
-      else plain->step(), plain->zero_grad();
+      opt.step_and_zero_grad();
     }
     out[std::size_t(comm.rank())] = snapshot(*net, net->norm->running_mean, net->norm->running_var);
   });
