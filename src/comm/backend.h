@@ -95,6 +95,8 @@ std::unique_ptr<LocalBackend> make_local_shm_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when built with MPI
+// Every rank's `mine` (at most 255 bytes) in rank order, over MPI_COMM_WORLD; when built with MPI.
+std::vector<std::string> mpi_allgather_text(const std::string& mine);
 
 // Compares every rank's signature of collective `c` (gathered by the caller) and throws
 // MismatchError naming the first rank that differs from rank 0 and both descriptions.

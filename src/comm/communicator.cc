@@ -21,49 +21,16 @@
 
 #include "backend.h"
 #include "flight_ring.h"
+#include "work_queue.h"
 #include "locality.h"
+#include "p2p/mailbox.h"
 #include "watchdog.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/backends.h"
+#include "lockstep/comm/net_address.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
-
-// All work state of one communicator is guarded by its queue's mutex: completions are rare
-// enough (one per collective) that one lock is simpler than one per Work, and it lets a waiting
-// caller take over a collective the progress thread has not started (see Work::wait).
-struct Communicator::Queue {
-  std::mutex mu;
-  std::condition_variable work_cv;  // the progress thread sleeps here
-  std::condition_variable done_cv;  // callers of Work::wait sleep here
-  std::deque<std::shared_ptr<WorkState>> pending;
-  bool running = false;  // a collective is on the backend (by either thread)
-  bool stopping = false;
-  std::uint64_t next_sequence = 0;
-  std::exception_ptr broken;  // the first error; later collectives fail with it
-  std::string broken_text;
-  Backend* backend = nullptr;
-  Seconds collective_timeout{300};
-  std::thread thread;
-  // What the watchdog looks at.
-  FlightRing ring;
-  std::optional<Collective> in_flight;
-  Clock::time_point state_since = Clock::now();
-  std::uint64_t events = 0;
-  std::function<void()> on_broken;  // wakes the watchdog
-
-  // Runs the front collective with `lock` released; the caller set running = true.
-  void run(std::unique_lock<std::mutex>& lock, WorkState& w);
-};
-
-struct WorkState {
-  Communicator::Queue* queue;
-  bool done = false;
-  std::exception_ptr error;
-  double seconds = 0;
-  Clock::time_point started{}, finished{};
-  Collective collective;
-};
 
 void Communicator::Queue::run(std::unique_lock<std::mutex>& lock, WorkState& w) {
   std::exception_ptr error = broken;
@@ -127,7 +94,7 @@ void Work::wait(Seconds timeout) {
       continue;
     }
     if (q.done_cv.wait_until(lock, deadline) == std::cv_status::timeout && !state_->done)
-      throw TimeoutError(state_->collective.describe() + " did not finish within " +
+      throw TimeoutError(state_->describe() + " did not finish within " +
                          log::seconds_text(timeout.count()) + " of waiting");
   }
   if (state_->error) std::rethrow_exception(state_->error);
@@ -150,6 +117,11 @@ std::chrono::steady_clock::time_point Work::finished() const {
 
 std::uint64_t Work::sequence() const {
   return state_->collective.sequence;
+}
+
+int Work::source_rank() const {
+  std::lock_guard<std::mutex> lock(state_->queue->mu);
+  return state_->source;
 }
 
 Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options,
@@ -210,6 +182,7 @@ Communicator::~Communicator() {
   }
   queue_->work_cv.notify_all();
   queue_->thread.join();  // runs what was issued (peers expect it), watched as ever
+  mailbox_.reset();       // sends what was issued, fails the recvs still waiting
   if (watchdog_) {
     {
       std::lock_guard<std::mutex> lock(queue_->mu);
@@ -226,6 +199,16 @@ const std::string& Communicator::backend_name() const {
 
 NetworkStats Communicator::network_stats() const {
   return backend_->network_stats();
+}
+
+WorkPtr Communicator::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag) {
+  if (!mailbox_) throw ConfigError("send: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  return mailbox_->send(buffer, count, dtype, dst, tag);
+}
+
+WorkPtr Communicator::recv(void* buffer, std::size_t count, DType dtype, int src, int tag) {
+  if (!mailbox_) throw ConfigError("recv: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  return mailbox_->recv(buffer, count, dtype, src, tag);
 }
 
 std::uint64_t Communicator::issued() const {
@@ -425,6 +408,25 @@ std::unique_ptr<Backend> make_backend(const std::string& backend, const BackendC
   throw ConfigError("unknown backend '" + backend + "': use " + backend_choices(", "));
 }
 
+// The point-to-point mailbox, its address published on the store before the backend's own
+// rendezvous, so that every peer's is there by the time any rank can send. A network that
+// offers no port leaves the communicator without point-to-point (said on use), not broken.
+std::unique_ptr<Mailbox> open_mailbox(const std::shared_ptr<StoreClient>& store, const std::string& prefix, int rank,
+                                      int size, const CommOptions& options, std::string& error) {
+  try {
+    auto mailbox = std::make_unique<Mailbox>(rank, size, choose_bind_address(store->options().host).address, options);
+    store->set(prefix + "p2p/" + std::to_string(rank), mailbox->address());
+    mailbox->set_lookup([store, prefix, timeout = options.timeout](int r) {
+      return store->get(prefix + "p2p/" + std::to_string(r), timeout);
+    });
+    return mailbox;
+  } catch (const ConfigError& e) {
+    error = e.what();
+    LOCKSTEP_LOG(debug, comm) << "no point-to-point: " << error;
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> store, int rank, int size,
@@ -437,14 +439,23 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
 #ifdef LOCKSTEP_HAVE_MPI
     if (options.backend == "mpi") {
       BackendContext ctx{nullptr, "", rank, size, options, {}};
-      return std::unique_ptr<Communicator>(
-          new Communicator(rank, size, make_mpi_backend(ctx), std::move(options), nullptr));
+      auto backend = make_mpi_backend(ctx);
+      // No store: the ranks tell each other where they listen with one MPI allgather, made here
+      // before any collective can be on the progress thread.
+      auto mailbox = std::make_unique<Mailbox>(rank, size, choose_bind_address_without_master().address, options);
+      auto where = mpi_allgather_text(mailbox->address());
+      mailbox->set_lookup([where](int r) { return where[static_cast<std::size_t>(r)]; });
+      std::unique_ptr<Communicator> comm(new Communicator(rank, size, std::move(backend), std::move(options), nullptr));
+      comm->mailbox_ = std::move(mailbox);
+      return comm;
     }
 #endif
     throw ConfigError("Communicator::create needs a store client (only the mpi backend runs without one)");
   }
   const std::string prefix = generation_prefix(*store, options, size);
   agree_on_size(*store, prefix, rank, size, options.timeout);
+  std::string mailbox_error;
+  auto mailbox = open_mailbox(store, prefix, rank, size, options, mailbox_error);
   const Locality where = options.machine_of.empty()
                              ? probe_locality(*store, prefix, rank, size, options.timeout)
                              : declared_locality(options.machine_of, size);
@@ -453,8 +464,10 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   auto impl = make_backend(backend, ctx);
   LOCKSTEP_LOG(debug, comm) << "communicator '" << options.name << "' up: rank " << rank << " of " << size
                             << " on " << backend << " (" << where.describe() << ")";
-  return std::unique_ptr<Communicator>(
-      new Communicator(rank, size, std::move(impl), std::move(options), std::move(store)));
+  std::unique_ptr<Communicator> comm(new Communicator(rank, size, std::move(impl), std::move(options), std::move(store)));
+  comm->mailbox_ = std::move(mailbox);
+  comm->mailbox_error_ = mailbox_error;
+  return comm;
 }
 
 }  // namespace lockstep::comm

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -139,6 +140,21 @@ BindAddress choose_bind_address(const std::string& master_host) {
   b.address = route_source(master_host);
   b.iface = interface_of(b.address);
   b.why = "the interface that routes to " + master_host;
+  return b;
+}
+
+BindAddress choose_bind_address_without_master() {
+  if (knobs::is_set(knobs::kGlooIface) || knobs::is_set(knobs::kGlooSocketIfname)) return choose_bind_address("127.0.0.1");
+  BindAddress b{"127.0.0.1", "lo", "no other interface has an IPv4 address"};
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return b;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP))
+      continue;
+    b = {numeric(i->ifa_addr), i->ifa_name, "the first interface with an IPv4 address; there is no master to route to"};
+    break;
+  }
+  ::freeifaddrs(list);
   return b;
 }
 

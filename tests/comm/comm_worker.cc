@@ -7,6 +7,8 @@
 //   comm_worker elastic BACKEND STEPS               an elastic member (LOCKSTEP_ELASTIC): all-reduces
 //                                                   a one STEPS times (5 ms apart), admits joiners
 //                                                   every 5 steps, recovers from failures
+//   comm_worker p2p BACKEND                         run the point-to-point table; exit 0 if all match
+//   comm_worker p2p_die BACKEND                     rank 0 waits to receive from rank 1, which is killed
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "conformance.h"
+#include "p2p_exchange.h"
 #include "lockstep/comm/elastic.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
@@ -144,6 +147,23 @@ int main(int argc, char** argv) {
       for (const auto& f : failures) std::printf("WRONG %s\n", f.c_str());
       std::printf("rank %d: %zu failures on %s\n", comm.rank(), failures.size(), comm.backend_name().c_str());
       return failures.empty() ? 0 : 1;
+    }
+    if (mode == "p2p") {
+      auto failures = testing::run_p2p_exchange(comm);
+      for (const auto& f : failures) std::printf("WRONG %s\n", f.c_str());
+      std::printf("rank %d: %zu point-to-point failures on %s\n", comm.rank(), failures.size(),
+                  comm.backend_name().c_str());
+      return failures.empty() ? 0 : 1;
+    }
+    if (mode == "p2p_die") {
+      std::int32_t x = 0;
+      WorkPtr pending;
+      if (comm.rank() == 0) pending = comm.recv(&x, 1, DType::i32, 1, 0);
+      comm.barrier()->wait();  // rank 0's recv is posted
+      if (comm.rank() == 1) raise(SIGKILL);
+      pending->wait();
+      std::printf("rank 0 received %d from a rank that was killed\n", x);
+      return 0;
     }
     if (mode == "die") {
       std::vector<float> data(1 << 16, 1.0f);

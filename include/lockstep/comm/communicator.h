@@ -39,6 +39,7 @@
 namespace lockstep::comm {
 
 class Backend;
+class Mailbox;
 class Watchdog;
 struct WorkState;
 
@@ -57,7 +58,9 @@ class Work {
   // A trace or an overlap check reads these instead of timing the caller.
   std::chrono::steady_clock::time_point started() const;
   std::chrono::steady_clock::time_point finished() const;
-  std::uint64_t sequence() const;
+  std::uint64_t sequence() const;  // collectives only (0 for send and recv)
+  // A recv's source once it is done (the one it matched for kAnySource); -1 before, and for others.
+  int source_rank() const;
 
  private:
   std::shared_ptr<WorkState> state_;
@@ -89,6 +92,19 @@ class Communicator {
   WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   WorkPtr barrier();
 
+  // Point-to-point, outside the collective order: a send and a recv are matched by (source,
+  // tag), in the order each source sent them (MPI's rule), whatever collectives run meanwhile.
+  // They travel over TCP between every pair of ranks, connected on first use (loopback on one
+  // machine), on every backend alike. A send is done once its bytes are handed to the kernel
+  // (the receiver may not have posted its recv yet); the buffer is then free. A recv names its
+  // source, or kAnySource to take the first message with its tag from any rank
+  // (Work::source_rank says whose). count and dtype must match the send's, else MismatchError.
+  // A peer that exits or dies fails the recvs waiting for it with PeerError; a recv that gets
+  // nothing within options.timeout is a TimeoutError naming the source and tag.
+  static constexpr int kAnySource = -1;
+  WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag = 0);
+  WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag = 0);
+
   // Collective: memory that every rank's backend can read and write directly, or nullptr on
   // every rank when there is none (gloo, mpi, a single rank, or /dev/shm too small on any
   // rank). All ranks call it in the same order with the same size. An in-place allreduce on
@@ -115,6 +131,8 @@ class Communicator {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Queue> queue_;
   std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<Mailbox> mailbox_;  // point-to-point; null when it could not open (then p2p throws why)
+  std::string mailbox_error_;
 };
 
 // Names of the backends built into this binary, e.g. {"shm", "gloo", "mpi"}.

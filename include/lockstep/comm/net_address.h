@@ -23,6 +23,10 @@ struct BindAddress {
 // ConfigError naming the interface or host tried, and what exists, when there is none.
 BindAddress choose_bind_address(const std::string& master_host);
 
+// For a job with no master to route to (an mpi communicator made without a store): the named
+// interface as above, else the first non-loopback interface with an IPv4 address, else loopback.
+BindAddress choose_bind_address_without_master();
+
 // The numeric address of interface `iface`, preferring `family` (AF_INET or AF_INET6); "" when
 // it has none. For tests and messages.
 std::string interface_address(const std::string& iface, int family);

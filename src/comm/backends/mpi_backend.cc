@@ -179,4 +179,23 @@ std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx) {
   return std::make_unique<MpiBackend>(ctx);
 }
 
+std::vector<std::string> mpi_allgather_text(const std::string& mine) {
+  constexpr int kRecord = 256;  // a length byte, then the text
+  if (mine.size() >= kRecord) throw ConfigError("mpi: '" + mine + "' is too long to exchange");
+  ensure_mpi_initialised();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> record(kRecord, 0), all(static_cast<std::size_t>(kRecord) * static_cast<std::size_t>(size));
+  record[0] = static_cast<char>(mine.size());
+  std::memcpy(record.data() + 1, mine.data(), mine.size());
+  if (MPI_Allgather(record.data(), kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, MPI_COMM_WORLD) != MPI_SUCCESS)
+    throw PeerError("mpi: the allgather of the point-to-point addresses failed");
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) {
+    const char* p = all.data() + static_cast<std::size_t>(r) * kRecord;
+    out.emplace_back(p + 1, static_cast<std::size_t>(static_cast<unsigned char>(p[0])));
+  }
+  return out;
+}
+
 }  // namespace lockstep::comm

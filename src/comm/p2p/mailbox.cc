@@ -1,0 +1,582 @@
+// Point-to-point mailbox: listener, reader (matching), sender. See mailbox.h.
+#include "mailbox.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <sstream>
+#include <vector>
+
+#include "../keepalive.h"
+#include "../store/wire.h"
+#include "../work_queue.h"
+#include "lockstep/base/log.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+constexpr std::uint64_t kHelloMagic = 0x4c53503250303031ull;  // "LSP2P001"
+constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 40;
+
+// Both in host byte order: every rank of a job runs on the same architecture.
+struct Hello {
+  std::uint64_t magic;
+  std::uint64_t token;
+  std::int32_t src;
+  std::int32_t unused;
+};
+struct Header {
+  std::int64_t tag;
+  std::uint64_t count;
+  std::uint32_t dtype;
+  std::uint32_t unused;
+};
+
+bool write_all(int fd, const void* p, std::size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+// false on an error or an end of stream before n bytes; `clean_eof` tells an end of stream
+// before the first byte (a peer that closed between messages).
+bool read_all(int fd, void* p, std::size_t n, bool* clean_eof = nullptr) {
+  char* c = static_cast<char*>(p);
+  const std::size_t want = n;
+  if (clean_eof) *clean_eof = false;
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, c, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0 && clean_eof && n == want) *clean_eof = true;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+void set_timeouts(int fd, Seconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(std::max(1.0, timeout.count()));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+std::string what_of(const char* dtype, std::size_t count) {
+  return std::string(dtype) + " x " + std::to_string(count);
+}
+
+struct PostedRecv {
+  std::shared_ptr<WorkState> work;
+  void* buffer;
+  std::size_t count;
+  DType dtype;
+  int src;  // or Communicator::kAnySource
+  int tag;
+  Clock::time_point deadline;
+  bool takes(int from, int t) const { return tag == t && (src == Communicator::kAnySource || src == from); }
+};
+
+struct Message {
+  int src;
+  int tag;
+  DType dtype;
+  std::size_t count;
+  std::vector<std::uint8_t> bytes;
+};
+
+struct SendJob {
+  std::shared_ptr<WorkState> work;  // null: only open the connection (a recv watches it)
+  const void* buffer;
+  std::size_t count;
+  DType dtype;
+  int dst;
+  int tag;
+};
+
+struct Inbound {
+  int fd;
+  int src;  // -1 until its hello was read
+};
+
+}  // namespace
+
+struct Mailbox::State {
+  int rank, size;
+  CommOptions options;
+  Communicator::Queue sync;  // its mutex guards everything below that is not thread-local
+  std::string address;
+  std::uint64_t token = 0;
+  int listener = -1;
+  int wake[2] = {-1, -1};
+  Lookup lookup;
+
+  std::list<PostedRecv> posted;
+  std::list<Message> unexpected;
+  std::vector<std::string> gone;  // per peer: why it can no longer send to us ("" while it can)
+
+  std::deque<SendJob> sends;
+  std::condition_variable send_cv;
+  bool stop_sending = false, stop_reading = false;
+  std::vector<int> outbound;             // per peer, -1 until connected; closed only at the end
+  std::vector<std::string> send_error;   // per peer: why sends to it fail ("" while they work)
+  std::vector<bool> connecting;          // a connect job is queued for the peer
+
+  std::vector<Inbound> inbound;  // the reader's own
+  std::thread reader, sender;
+
+  // --- completion (sync.mu held) ---
+  void complete(WorkState& w, std::exception_ptr error, int source) {
+    w.source = error ? -1 : source;
+    w.error = std::move(error);
+    w.finished = Clock::now();
+    w.seconds = Seconds(w.finished - w.started).count();
+    w.done = true;
+    sync.done_cv.notify_all();
+  }
+  template <class E>
+  void fail(WorkState& w, const std::string& why) {
+    complete(w, std::make_exception_ptr(E(why)), -1);
+  }
+  void wake_reader() const {
+    const char c = 1;
+    [[maybe_unused]] ssize_t k = ::write(wake[1], &c, 1);
+  }
+
+  // --- matching ---
+  std::string mismatch(const PostedRecv& p, int from, DType dtype, std::size_t count) const {
+    return "rank " + std::to_string(from) + " sent " + what_of(dtype_name(dtype), count) + " with tag " +
+           std::to_string(p.tag) + " but rank " + std::to_string(rank) + "'s " + p.work->label + " expects " +
+           what_of(dtype_name(p.dtype), p.count) + ": post a recv of the same size and dtype";
+  }
+  // Hands one arriving message to the first recv that takes it, or keeps it. `fill` copies the
+  // payload into the memory it is given and returns false when the payload could not be read.
+  bool deliver(int from, const Header& h, const std::function<bool(void*)>& fill);
+  void lost_peer(int peer, const std::string& why);
+  void expire(Clock::time_point now);
+
+  // --- reader ---
+  void read_loop();
+  void accept_peer();
+  bool read_message(Inbound& in);
+  int poll_timeout_ms();
+
+  // --- sender ---
+  void send_loop();
+  int connection(int dst);  // the fd, or -1 with send_error[dst] set
+  int connect_to(int dst, std::string& error);
+  void send_one(const SendJob& job);
+};
+
+bool Mailbox::State::deliver(int from, const Header& h, const std::function<bool(void*)>& fill) {
+  const DType dtype = static_cast<DType>(h.dtype);
+  const std::size_t count = static_cast<std::size_t>(h.count);
+  std::unique_lock<std::mutex> lock(sync.mu);
+  auto it = std::find_if(posted.begin(), posted.end(), [&](const PostedRecv& p) { return p.takes(from, static_cast<int>(h.tag)); });
+  if (it != posted.end() && it->dtype == dtype && it->count == count) {
+    PostedRecv p = *it;
+    posted.erase(it);
+    lock.unlock();
+    const bool ok = fill(p.buffer);
+    lock.lock();
+    if (ok)
+      complete(*p.work, nullptr, from);
+    else
+      fail<PeerError>(*p.work, "rank " + std::to_string(from) + " broke off while sending the message of " +
+                                   p.work->label + ": it exited or died");
+    return ok;
+  }
+  Message m{from, static_cast<int>(h.tag), dtype, count, std::vector<std::uint8_t>(count * dtype_size(dtype))};
+  lock.unlock();
+  if (!fill(m.bytes.data())) return false;
+  lock.lock();
+  it = std::find_if(posted.begin(), posted.end(), [&](const PostedRecv& p) { return p.takes(from, m.tag); });
+  if (it == posted.end()) {
+    unexpected.push_back(std::move(m));
+    return true;
+  }
+  if (it->dtype == dtype && it->count == count) {
+    if (!m.bytes.empty()) std::memcpy(it->buffer, m.bytes.data(), m.bytes.size());
+    complete(*it->work, nullptr, from);
+  } else {
+    fail<MismatchError>(*it->work, mismatch(*it, from, dtype, count));
+  }
+  posted.erase(it);
+  return true;
+}
+
+void Mailbox::State::lost_peer(int peer, const std::string& why) {
+  std::lock_guard<std::mutex> lock(sync.mu);
+  if (!gone[static_cast<std::size_t>(peer)].empty()) return;
+  gone[static_cast<std::size_t>(peer)] = why;
+  for (auto it = posted.begin(); it != posted.end();) {
+    if (it->src != peer) {
+      ++it;
+      continue;
+    }
+    fail<PeerError>(*it->work, it->work->label + " cannot finish: " + why);
+    it = posted.erase(it);
+  }
+}
+
+void Mailbox::State::expire(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(sync.mu);
+  for (auto it = posted.begin(); it != posted.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    fail<TimeoutError>(*it->work, it->work->label + " got no message within " +
+                                      log::seconds_text(options.timeout.count()) +
+                                      " (CommOptions::timeout): did the sender post the send, with this tag?");
+    it = posted.erase(it);
+  }
+}
+
+int Mailbox::State::poll_timeout_ms() {
+  std::lock_guard<std::mutex> lock(sync.mu);
+  auto next = Clock::now() + std::chrono::seconds(1);
+  for (const auto& p : posted) next = std::min(next, p.deadline);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms + 1, 0, 1000));
+}
+
+void Mailbox::State::read_loop() {
+  for (;;) {
+    std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {listener, POLLIN, 0}};
+    for (const auto& in : inbound) fds.push_back({in.fd, POLLIN, 0});
+    std::vector<int> watched;  // outbound connections: readable means the peer closed
+    {
+      std::lock_guard<std::mutex> lock(sync.mu);
+      if (stop_reading) return;
+      for (int peer = 0; peer < size; ++peer)
+        if (outbound[static_cast<std::size_t>(peer)] >= 0 && send_error[static_cast<std::size_t>(peer)].empty()) {
+          fds.push_back({outbound[static_cast<std::size_t>(peer)], POLLIN, 0});
+          watched.push_back(peer);
+        }
+    }
+    const int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
+    if (n < 0 && errno != EINTR) {
+      LOCKSTEP_LOG(warn, comm) << "point-to-point: poll failed: " << std::strerror(errno);
+      return;
+    }
+    if (n > 0) {
+      if (fds[0].revents) {
+        char drain[64];
+        [[maybe_unused]] ssize_t k = ::read(wake[0], drain, sizeof drain);
+      }
+      std::size_t i = 2;
+      std::vector<Inbound> kept;
+      for (auto& in : inbound) {
+        if (fds[i++].revents == 0 || read_message(in)) {
+          kept.push_back(in);
+          continue;
+        }
+        ::close(in.fd);
+      }
+      inbound.swap(kept);
+      for (int peer : watched) {
+        char byte;
+        if (fds[i++].revents == 0 || ::recv(fds[i - 1].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) continue;
+        const std::string why = "rank " + std::to_string(peer) + " closed its connection (it exited or died)";
+        {
+          std::lock_guard<std::mutex> lock(sync.mu);
+          send_error[static_cast<std::size_t>(peer)] = why;
+          ::shutdown(outbound[static_cast<std::size_t>(peer)], SHUT_RDWR);
+        }
+        lost_peer(peer, why);
+      }
+      if (fds[1].revents & POLLIN) accept_peer();  // last: it adds to `inbound`, which fds mirrors
+    }
+    expire(Clock::now());
+  }
+}
+
+void Mailbox::State::accept_peer() {
+  const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  set_timeouts(fd, std::min(options.timeout, Seconds(10)));
+  Hello hello{};
+  if (!read_all(fd, &hello, sizeof hello) || hello.magic != kHelloMagic || hello.token != token ||
+      hello.src < 0 || hello.src >= size) {
+    LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " refused a connection that did not say it came "
+                             << "from a rank of this communicator";
+    ::close(fd);
+    return;
+  }
+  set_timeouts(fd, options.timeout);
+  keep_alive(fd, static_cast<int>(options.peer_check.count()));
+  inbound.push_back({fd, hello.src});
+}
+
+// false when the connection ended (cleanly between messages, or not).
+bool Mailbox::State::read_message(Inbound& in) {
+  Header h{};
+  bool clean_eof = false;
+  std::string why;
+  if (!read_all(in.fd, &h, sizeof h, &clean_eof)) {
+    why = clean_eof ? "rank " + std::to_string(in.src) + " closed its connection (it exited or died)"
+                    : "rank " + std::to_string(in.src) + "'s connection failed: " + std::strerror(errno);
+  } else if (h.dtype > static_cast<std::uint32_t>(DType::i64) ||
+             h.count * dtype_size(static_cast<DType>(h.dtype)) > kMaxMessageBytes) {
+    why = "rank " + std::to_string(in.src) + " sent a malformed message header";
+  } else if (deliver(in.src, h, [&](void* into) {
+               return read_all(in.fd, into, h.count * dtype_size(static_cast<DType>(h.dtype)));
+             })) {
+    return true;
+  } else {
+    why = "rank " + std::to_string(in.src) + " broke off in the middle of a message (it exited or died)";
+  }
+  lost_peer(in.src, why);
+  return false;
+}
+
+int Mailbox::State::connect_to(int dst, std::string& error) {
+  std::string where;
+  try {
+    where = lookup(dst);
+  } catch (const std::exception& e) {
+    error = "cannot find where rank " + std::to_string(dst) + " listens: " + e.what();
+    return -1;
+  }
+  std::istringstream in(where);
+  std::string host, port;
+  std::uint64_t peer_token = 0;
+  in >> host >> port >> std::hex >> peer_token;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    error = "rank " + std::to_string(dst) + " published an unusable address '" + where + "'";
+    return -1;
+  }
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  set_timeouts(fd, options.timeout);
+  const bool connected = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  ::freeaddrinfo(res);
+  const Hello hello{kHelloMagic, peer_token, rank, 0};
+  if (!connected || !write_all(fd, &hello, sizeof hello)) {
+    error = "cannot connect to rank " + std::to_string(dst) + " at " + host + ":" + port + ": " + std::strerror(errno) +
+            " (it exited or died, or a firewall is in the way)";
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  keep_alive(fd, static_cast<int>(options.peer_check.count()));
+  return fd;
+}
+
+int Mailbox::State::connection(int dst) {
+  {
+    std::lock_guard<std::mutex> lock(sync.mu);
+    const auto d = static_cast<std::size_t>(dst);
+    if (!send_error[d].empty()) return -1;
+    if (outbound[d] >= 0) return outbound[d];
+  }
+  std::string error;
+  const int fd = connect_to(dst, error);
+  {
+    std::lock_guard<std::mutex> lock(sync.mu);
+    outbound[static_cast<std::size_t>(dst)] = fd;
+    send_error[static_cast<std::size_t>(dst)] = error;
+  }
+  if (fd < 0) lost_peer(dst, error);
+  wake_reader();  // to watch the new connection
+  return fd;
+}
+
+void Mailbox::State::send_one(const SendJob& job) {
+  const Header h{job.tag, job.count, static_cast<std::uint32_t>(job.dtype), 0};
+  const std::size_t bytes = job.count * dtype_size(job.dtype);
+  if (job.dst == rank) {  // to itself: no socket
+    deliver(rank, h, [&](void* into) {
+      if (bytes > 0) std::memcpy(into, job.buffer, bytes);
+      return true;
+    });
+    std::lock_guard<std::mutex> lock(sync.mu);
+    complete(*job.work, nullptr, -1);
+    return;
+  }
+  const int fd = connection(job.dst);
+  const bool sent = fd >= 0 && write_all(fd, &h, sizeof h) && write_all(fd, job.buffer, bytes);
+  std::lock_guard<std::mutex> lock(sync.mu);
+  const auto d = static_cast<std::size_t>(job.dst);
+  if (!sent && send_error[d].empty())
+    send_error[d] = "writing to rank " + std::to_string(job.dst) + " failed: " + std::strerror(errno) + " (it exited or died)";
+  if (sent)
+    complete(*job.work, nullptr, -1);
+  else
+    fail<PeerError>(*job.work, job.work->label + " failed: " + send_error[d]);
+}
+
+void Mailbox::State::send_loop() {
+  for (;;) {
+    SendJob job;
+    {
+      std::unique_lock<std::mutex> lock(sync.mu);
+      send_cv.wait(lock, [&] { return stop_sending || !sends.empty(); });
+      if (sends.empty()) return;  // stopping, and everything issued was sent
+      job = sends.front();
+      sends.pop_front();
+    }
+    if (job.work)
+      send_one(job);
+    else
+      connection(job.dst);
+  }
+}
+
+Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const CommOptions& options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.rank = rank;
+  s.size = size;
+  s.options = options;
+  s.gone.assign(static_cast<std::size_t>(size), "");
+  s.outbound.assign(static_cast<std::size_t>(size), -1);
+  s.send_error.assign(static_cast<std::size_t>(size), "");
+  s.connecting.assign(static_cast<std::size_t>(size), false);
+  const std::string r = wire::random_bytes(sizeof s.token);
+  std::memcpy(&s.token, r.data(), sizeof s.token);
+
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  if (::getaddrinfo(bind_address.c_str(), "0", &hints, &res) != 0 || res == nullptr)
+    throw ConfigError("point-to-point: cannot use address '" + bind_address + "' to listen on");
+  s.listener = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool ok = s.listener >= 0 && ::bind(s.listener, res->ai_addr, res->ai_addrlen) == 0 &&
+                  ::listen(s.listener, 256) == 0;
+  ::freeaddrinfo(res);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  if (!ok || ::getsockname(s.listener, reinterpret_cast<sockaddr*>(&bound), &len) != 0 || ::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const std::string why = std::strerror(errno);
+    if (s.listener >= 0) ::close(s.listener);
+    throw ConfigError("point-to-point: cannot listen on " + bind_address + ": " + why);
+  }
+  const int port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                     : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::ostringstream address;
+  address << bind_address << " " << port << " " << std::hex << s.token;
+  s.address = address.str();
+  s.reader = std::thread([&s] { s.read_loop(); });
+  s.sender = std::thread([&s] { s.send_loop(); });
+}
+
+Mailbox::~Mailbox() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.sync.mu);
+    s.stop_sending = true;  // what was issued is still sent: the peers expect it
+  }
+  s.send_cv.notify_all();
+  s.sender.join();
+  {
+    std::lock_guard<std::mutex> lock(s.sync.mu);
+    s.stop_reading = true;
+  }
+  s.wake_reader();
+  s.reader.join();
+  {
+    std::lock_guard<std::mutex> lock(s.sync.mu);
+    for (auto& p : s.posted) s.fail<Error>(*p.work, p.work->label + " cannot finish: its communicator was destroyed");
+    s.posted.clear();
+  }
+  for (const auto& in : s.inbound) ::close(in.fd);
+  for (int fd : s.outbound)
+    if (fd >= 0) ::close(fd);
+  ::close(s.listener);
+  ::close(s.wake[0]);
+  ::close(s.wake[1]);
+}
+
+const std::string& Mailbox::address() const {
+  return state_->address;
+}
+
+void Mailbox::set_lookup(Lookup lookup) {
+  std::lock_guard<std::mutex> lock(state_->sync.mu);
+  state_->lookup = std::move(lookup);
+}
+
+namespace {
+void check_peer(int peer, int size, bool any_allowed, const char* call) {
+  if ((any_allowed && peer == Communicator::kAnySource) || (peer >= 0 && peer < size)) return;
+  throw ConfigError(std::string(call) + ": rank " + std::to_string(peer) + " is outside 0.." + std::to_string(size - 1) +
+                    (any_allowed ? " (or Communicator::kAnySource)" : ""));
+}
+}  // namespace
+
+WorkPtr Mailbox::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag) {
+  State& s = *state_;
+  check_peer(dst, s.size, false, "send");
+  if (buffer == nullptr && count > 0) throw ConfigError("send: buffer is null but count is " + std::to_string(count));
+  auto w = std::make_shared<WorkState>();
+  w->queue = &s.sync;
+  w->label = "send of " + what_of(dtype_name(dtype), count) + " to rank " + std::to_string(dst) + " (tag " +
+             std::to_string(tag) + ")";
+  w->started = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(s.sync.mu);
+    s.sends.push_back({w, buffer, count, dtype, dst, tag});
+  }
+  s.send_cv.notify_one();
+  return std::make_shared<Work>(w);
+}
+
+WorkPtr Mailbox::recv(void* buffer, std::size_t count, DType dtype, int src, int tag) {
+  State& s = *state_;
+  check_peer(src, s.size, true, "recv");
+  if (buffer == nullptr && count > 0) throw ConfigError("recv: buffer is null but count is " + std::to_string(count));
+  auto w = std::make_shared<WorkState>();
+  w->queue = &s.sync;
+  w->label = "recv of " + what_of(dtype_name(dtype), count) + " from " +
+             (src == Communicator::kAnySource ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
+             std::to_string(tag) + ")";
+  w->started = Clock::now();
+  PostedRecv p{w, buffer, count, dtype, src, tag, Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout)};
+  std::unique_lock<std::mutex> lock(s.sync.mu);
+  auto it = std::find_if(s.unexpected.begin(), s.unexpected.end(), [&](const Message& m) { return p.takes(m.src, m.tag); });
+  if (it != s.unexpected.end()) {
+    if (it->dtype == dtype && it->count == count) {
+      if (!it->bytes.empty()) std::memcpy(buffer, it->bytes.data(), it->bytes.size());
+      s.complete(*w, nullptr, it->src);
+    } else {
+      s.fail<MismatchError>(*w, s.mismatch(p, it->src, it->dtype, it->count));
+    }
+    s.unexpected.erase(it);
+  } else if (src != Communicator::kAnySource && !s.gone[static_cast<std::size_t>(src)].empty()) {
+    s.fail<PeerError>(*w, w->label + " cannot finish: " + s.gone[static_cast<std::size_t>(src)]);
+  } else {
+    s.posted.push_back(p);
+    // Open the connection to a named source that never sent to us, so that its death shows.
+    const auto d = static_cast<std::size_t>(src);
+    if (src != Communicator::kAnySource && src != s.rank && s.outbound[d] < 0 && !s.connecting[d]) {
+      s.connecting[d] = true;
+      s.sends.push_back({nullptr, nullptr, 0, dtype, src, tag});
+      lock.unlock();
+      s.send_cv.notify_one();
+    }
+  }
+  return std::make_shared<Work>(w);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,51 @@
+// Point-to-point messages between the ranks of one communicator (Communicator::send/recv).
+//
+// Every rank listens on a TCP port from creation and publishes "address port token"; a rank
+// connects to a peer the first time it sends to it and presents the token (so a stray
+// connection cannot inject messages). One reader thread per rank polls the listener and every
+// inbound connection and matches each arriving message to the first posted recv with its
+// (source, tag), in post order, reading the payload straight into that recv's buffer; a
+// message nobody waits for yet is kept in arrival order until a recv takes it. Because the
+// reader always drains its sockets, two ranks sending large messages to each other never
+// deadlock. One sender thread per rank writes the queued sends in order.
+//
+// Independent of the backend: collectives and point-to-point never share a socket or a
+// sequence number, so a recv waiting for a peer does not hold up the collective queue.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "lockstep/comm/communicator.h"
+
+namespace lockstep::comm {
+
+class Mailbox {
+ public:
+  // Where rank r listens ("address port token"): called on the sender thread, at most once per
+  // peer, on the first send to it; may block (a store wait) and throws when it cannot tell.
+  using Lookup = std::function<std::string(int rank)>;
+
+  // Binds a port on `bind_address` (numeric) and starts the reader. Throws ConfigError when
+  // the port cannot be opened.
+  Mailbox(int rank, int size, const std::string& bind_address, const CommOptions& options);
+  ~Mailbox();  // fails what is still pending with "communicator closed"
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  // What peers need to reach this rank, for Lookup.
+  const std::string& address() const;
+  void set_lookup(Lookup lookup);
+
+  WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag);
+  WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag);
+
+  struct State;  // internal
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep::comm

@@ -1,0 +1,140 @@
+// Point-to-point send and recv (Communicator::send/recv): the exchange table on every backend,
+// ranks as threads and as real processes (under mpirun too), and what goes wrong said plainly:
+// a peer that dies, a recv nobody answers, a rank that does not exist.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include "lockstep/error.h"
+#include "p2p_exchange.h"
+#include "testing.h"
+
+namespace lockstep::testing {
+namespace {
+
+using comm::CommOptions;
+using comm::Communicator;
+using comm::DType;
+
+struct Case {
+  std::string backend;
+  int world;
+  std::vector<int> machines{};  // hier: which machine each rank is on
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string layout;
+  for (int m : info.param.machines) layout += std::to_string(m);
+  return info.param.backend + "_world" + std::to_string(info.param.world) + (layout.empty() ? "" : "_machines" + layout);
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(::testing::TestParamInfo<Case>(c, 0));
+}
+
+class PointToPoint : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PointToPoint, ExchangeTableHolds) {
+  const Case& c = GetParam();
+  CommOptions options;
+  options.backend = c.backend;
+  options.timeout = comm::Seconds(60);
+  options.machine_of = c.machines;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  run_ranks_as_threads(c.world, options, [&](Communicator& comm) {
+    auto f = run_p2p_exchange(comm);
+    std::lock_guard<std::mutex> lock(mu);
+    failures.insert(failures.end(), f.begin(), f.end());
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, PointToPoint,
+                         ::testing::Values(Case{"shm", 1}, Case{"shm", 2}, Case{"shm", 3}, Case{"shm", 4}), case_name);
+#ifdef LOCKSTEP_HAVE_GLOO
+INSTANTIATE_TEST_SUITE_P(Gloo, PointToPoint, ::testing::Values(Case{"gloo", 2}, Case{"gloo", 3}), case_name);
+INSTANTIATE_TEST_SUITE_P(Hier, PointToPoint, ::testing::Values(Case{"hier", 4, {0, 0, 1, 1}}), case_name);
+#endif
+
+class PointToPointProcesses : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PointToPointProcesses, ExchangeTableHolds) {
+  LocalStore store;
+  auto children = spawn_ranks(3, {helper_path("comm_worker"), "p2p", GetParam()}, store);
+  for (std::size_t r = 0; r < children.size(); ++r)
+    EXPECT_EQ(wait_child(children[r], 120), 0) << "rank " << r << ":\n" << read_file(children[r].stdout_path);
+}
+
+std::vector<std::string> process_backends() {
+  std::vector<std::string> b{"shm"};
+#ifdef LOCKSTEP_HAVE_GLOO
+  b.push_back("gloo");
+#endif
+  return b;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, PointToPointProcesses, ::testing::ValuesIn(process_backends()));
+
+#ifdef LOCKSTEP_HAVE_MPI
+// Under a real mpirun with no store: the ranks exchange their addresses with one MPI allgather.
+TEST(PointToPointMpi, ExchangeTableHoldsUnderMpirun) {
+  if (std::system("command -v mpirun > /dev/null") != 0) GTEST_SKIP() << "mpirun is not installed";
+  TempDir dir("mpi");
+  const std::string log = dir / "p2p.log";
+  const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 3 env -u RANK -u WORLD_SIZE " +
+                          helper_path("comm_worker") + " p2p mpi > " + log + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+}
+#endif
+
+// Rank 1 is killed while rank 0 waits to receive from it: rank 0's recv is a PeerError naming
+// rank 1 (the worker exits 3 on a PeerError), not a wait until the timeout (here 300 s).
+TEST(PointToPointFaults, ARecvFromAPeerThatDiesIsAPeerError) {
+  LocalStore store;
+  auto children = spawn_ranks(2, {helper_path("comm_worker"), "p2p_die", "shm"}, store);
+  EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
+  EXPECT_NE(read_file(children[0].stdout_path).find("rank 1"), std::string::npos) << read_file(children[0].stdout_path);
+  EXPECT_EQ(wait_child(children[1], 60), 128 + 9);
+}
+
+// A recv nobody sends to fails after CommOptions::timeout, naming its source and tag; rank 1
+// stays up (held on a condition, not a sleep) until rank 0 has seen the error.
+TEST(PointToPointFaults, ARecvNobodyAnswersTimesOutNamingSourceAndTag) {
+  CommOptions options{"gloo"};
+  options.timeout = comm::Seconds(1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool seen = false;
+  std::string what;
+  run_ranks_as_threads(2, options, [&](Communicator& comm) {
+    if (comm.rank() == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return seen; });
+      return;
+    }
+    std::int32_t x = 0;
+    try {
+      comm.recv(&x, 1, DType::i32, 1, 9)->wait();
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    seen = true;
+    cv.notify_all();
+  });
+  EXPECT_NE(what.find("recv of i32 x 1 from rank 1 (tag 9)"), std::string::npos) << what;
+}
+
+TEST(PointToPointFaults, ARankOutsideTheCommunicatorIsAConfigError) {
+  run_ranks_as_threads(2, CommOptions{"shm"}, [](Communicator& comm) {
+    float x = 0;
+    EXPECT_THROW(comm.send(&x, 1, DType::f32, 2, 0), ConfigError);
+    EXPECT_THROW(comm.recv(&x, 1, DType::f32, -2, 0), ConfigError);
+    EXPECT_THROW(comm.send(nullptr, 3, DType::f32, 0, 0), ConfigError);
+  });
+}
+
+}  // namespace
+}  // namespace lockstep::testing
