@@ -41,7 +41,8 @@ ProcessGroupLockstep::ProcessGroupLockstep(const Settings& settings, const Group
       timeout_(place.timeout),
       store_(std::move(store)),
       comm_(create_communicator(settings, place, *store_)),
-      completer_(std::make_unique<CompletionPool>()) {
+      completer_(std::make_unique<CompletionPool>()),
+      p2p_completer_(std::make_unique<CompletionPool>()) {
   init();
   sharing_ = size_ > 1 && comm_->backend_name() == "shm";
   cpu_deleter_ = at::empty({1}, at::kByte).storage().data_ptr().get_deleter();
@@ -55,6 +56,7 @@ ProcessGroupLockstep::ProcessGroupLockstep(const Settings& settings, const Group
 ProcessGroupLockstep::~ProcessGroupLockstep() {
   without_gil([this] {
     completer_.reset();
+    p2p_completer_.reset();
     comm_.reset();
     store_.reset();
   });
@@ -212,24 +214,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::broadcast(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::barrier(const c10d::BarrierOptions& /*opts*/) {
   return launch(
       c10d::OpType::BARRIER, [](comm::Communicator& c) { return one(c.barrier()); }, nullptr, {});
-}
-
-namespace {
-[[noreturn]] void no_point_to_point(const char* what) {
-  throw std::runtime_error(std::string("lockstep: ") + what +
-                           " is not supported: lockstep runs collectives only. For point-to-point messages use a "
-                           "gloo group: g = dist.new_group(backend=\"gloo\"); dist.send(t, dst, group=g)");
-}
-}  // namespace
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::send(std::vector<at::Tensor>&, int, int) {
-  no_point_to_point("send");
-}
-c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::recv(std::vector<at::Tensor>&, int, int) {
-  no_point_to_point("recv");
-}
-c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::recvAnysource(std::vector<at::Tensor>&, int) {
-  no_point_to_point("recv from any source");
 }
 
 }  // namespace lockstep::torch_backend

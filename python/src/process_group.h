@@ -115,6 +115,8 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
                                                  const std::vector<at::Tensor>& receive,
                                                  std::vector<at::Tensor> outputs);
   void check_root(std::int64_t root, const char* collective) const;
+  // One send or recv of `tensors` (a list of one, as c10d passes it): process_group_p2p.cc.
+  c10::intrusive_ptr<c10d::Work> point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors, int peer, int tag);
   // The shared-memory move described above, for an all_reduce of `t` (contiguous or not) of
   // `bytes` bytes of a dtype that travels as it is; may move t's storage. True when t's memory
   // is shared on every rank: the all_reduce may then run in place on it.
@@ -129,6 +131,9 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
   std::unique_ptr<GroupStore> store_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<CompletionPool> completer_;
+  // Completes sends and recvs apart from the collectives: the pool takes works in issue order,
+  // and a recv may wait on its peer for as long as the program likes (process_group_p2p.cc).
+  std::unique_ptr<CompletionPool> p2p_completer_;
   std::mutex issue_mu_;
   // share_for_allreduce's state; touched by the issuing thread only (collectives are issued in
   // one order, and these follow it).

@@ -30,6 +30,9 @@ const char* profiling_title(c10d::OpType type) {
     case c10d::OpType::ALLTOALL_BASE: return "lockstep:all_to_all_base";
     case c10d::OpType::ALLTOALL: return "lockstep:all_to_all";
     case c10d::OpType::BARRIER: return "lockstep:barrier";
+    case c10d::OpType::SEND: return "lockstep:send";
+    case c10d::OpType::RECV: return "lockstep:recv";
+    case c10d::OpType::RECVANYSOURCE: return "lockstep:recv_anysource";
     default: return "lockstep:collective";
   }
 }

@@ -422,31 +422,106 @@ def check_errors(c):
         except RuntimeError as e:
             if name not in str(e) or "lockstep" not in str(e):
                 c.failures.append(f"all_reduce {name}: the error does not name the operator: {e}")
-    if c.world > 1:
+
+
+def ring_exchange(c, dtype, case, group=None, layout="strided"):
+    """Each rank sends two tensors to the next with tags 1 and 2 (isend); the next posts the
+    recv of tag 2 first, into a strided tensor (gloo takes contiguous ones only). Returns what
+    arrived (tag 1, tag 2)."""
+    W = c.world
+    nxt, prv = (c.rank + 1) % W, (c.rank - 1) % W
+    got1, got2 = torch.zeros(1001, dtype=dtype), laid_out(torch.zeros(33, dtype=dtype), layout)
+    sends = [dist.isend(values(c.rank, case + " 1", 1001, dtype), nxt, group=group, tag=1),
+             dist.isend(values(c.rank, case + " 2", 33, dtype), nxt, group=group, tag=2)]
+    recvs = [dist.irecv(got2, prv, group=group, tag=2), dist.irecv(got1, prv, group=group, tag=1)]
+    for w in sends + recvs:
+        w.wait()
+    return got1, got2.contiguous()
+
+
+def check_point_to_point(c):
+    """isend/irecv with tags on every dtype (checked against the sender's values, and against
+    gloo's results where gloo takes the dtype), blocking send/recv, and recv from any source,
+    which returns the sender."""
+    W = c.world
+    if W < 2:
+        return
+    prv = (c.rank - 1) % W
+    for dname, dtype in {**NATIVE, **EXTRA}.items():
+        case = f"send/recv {dname}"
+        got1, got2 = ring_exchange(c, dtype, case)
+        c.expect(case + " tag 1", got1, values(prv, case + " 1", 1001, dtype))
+        c.expect(case + " tag 2", got2, values(prv, case + " 2", 33, dtype))
+        c.against_gloo(case + " tag 1", got1, lambda: ring_exchange(c, dtype, case, c.gloo, "contiguous")[0])
+    case = "recv from any source"
+    if c.rank == 0:
+        sources = []
+        for _ in range(W - 1):
+            t = torch.zeros(5, dtype=torch.int64)
+            src = dist.recv(t)
+            sources.append(src)
+            c.expect(f"{case} {src}", t, torch.full((5,), src, dtype=torch.int64))
         c.checks += 1
-        try:
-            dist.send(t, dst=(c.rank + 1) % c.world)
-            c.failures.append("send did not raise")
-        except RuntimeError as e:
-            if "send" not in str(e):
-                c.failures.append(f"send: unclear error: {e}")
+        if sorted(sources) != list(range(1, W)):
+            c.failures.append(f"{case}: the sources were {sources}")
+    else:
+        dist.send(torch.full((5,), c.rank, dtype=torch.int64), 0)
+    c.checks += 1
+    try:
+        dist.send(torch.ones(3), dst=W)
+        c.failures.append(f"send to rank {W} of a {W}-rank group did not raise")
+    except (RuntimeError, ValueError) as e:
+        if str(W) not in str(e):
+            c.failures.append(f"send to rank {W}: the error does not name it: {e}")
 
 
 def check_subgroup(c):
-    """A group of all ranks but the last, on lockstep too (new_group takes the default backend)."""
+    """A group of every rank but rank 0, on lockstep too (new_group takes the default backend):
+    each collective and a send/recv on it. Group ranks differ from global ones here (global rank
+    r is group rank r - 1), and torch's calls take global ranks: the translation is tested too."""
     if c.world < 3:
         return
-    members = list(range(c.world - 1))
+    members = list(range(1, c.world))
     sub = dist.new_group(members)
     if c.rank not in members:
         return
-    case = "subgroup all_reduce"
-    t = values(c.rank, case, 1001, torch.float32)
-    dist.all_reduce(t, group=sub)
-    c.expect(case, t, reduced("sum", [values(r, case, 1001, torch.float32) for r in members], torch.float32))
+    n, k = 1001, len(members)
     c.checks += 1
     if dist.get_backend(sub) != "lockstep":
         c.failures.append(f"subgroup backend is {dist.get_backend(sub)}")
+    case = "subgroup all_reduce"
+    t = values(c.rank, case, n, torch.float32)
+    dist.all_reduce(t, group=sub)
+    c.expect(case, t, reduced("sum", [values(r, case, n, torch.float32) for r in members], torch.float32))
+    case = "subgroup broadcast"
+    root = members[-1]
+    t = values(c.rank, case, n, torch.int64)
+    dist.broadcast(t, src=root, group=sub)
+    c.expect(case, t, values(root, case, n, torch.int64))
+    case = "subgroup all_gather"
+    outs = [torch.zeros(n, dtype=torch.float64) for _ in members]
+    dist.all_gather(outs, values(c.rank, case, n, torch.float64), group=sub)
+    for r, o in zip(members, outs):
+        c.expect(f"{case} from {r}", o, values(r, case, n, torch.float64))
+    case = "subgroup reduce_scatter"
+    out = torch.zeros(n, dtype=torch.int32)
+    dist.reduce_scatter(out, [values(c.rank, f"{case} {j}", n, torch.int32) for j in range(k)], group=sub)
+    me = members.index(c.rank)
+    c.expect(case, out, reduced("sum", [values(r, f"{case} {me}", n, torch.int32) for r in members], torch.int32))
+    case = "subgroup all_to_all"
+    got = torch.zeros(k * 3, dtype=torch.float32)
+    dist.all_to_all_single(got, values(c.rank, case, k * 3, torch.float32), group=sub)
+    want = torch.cat([values(r, case, k * 3, torch.float32)[me * 3:(me + 1) * 3] for r in members])
+    c.expect(case, got, want)
+    dist.barrier(group=sub)
+    case = "subgroup send/recv"
+    first, last = members[0], members[-1]
+    t = torch.full((3,), float(c.rank))
+    if c.rank == first:
+        dist.send(t, last, group=sub, tag=4)
+    elif c.rank == last:
+        dist.recv(t, first, group=sub, tag=4)
+        c.expect(case, t, torch.full((3,), float(first)))
 
 
 def check_profiler(c):
@@ -488,7 +563,7 @@ def main():
     gloo = dist.new_group(backend="gloo")
     c = Checker(rank, world, gloo)
     for check in (check_all_reduce, check_all_reduce_forms, check_broadcast_and_reduce, check_gathers,
-                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_errors, check_subgroup, check_profiler, check_monitored_barrier):
+                  check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_point_to_point, check_errors, check_subgroup, check_profiler, check_monitored_barrier):
         c.guard(check.__name__, lambda: check(c))
     backend = dist.distributed_c10d._get_default_group().comm_backend
     print(json.dumps({"rank": rank, "world": world, "comm_backend": backend, "checks": c.checks,
