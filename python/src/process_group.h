@@ -131,8 +131,9 @@ class ProcessGroupLockstep : public c10d::ProcessGroup {
   std::unique_ptr<GroupStore> store_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<CompletionPool> completer_;
-  // Completes sends and recvs apart from the collectives: the pool takes works in issue order,
-  // and a recv may wait on its peer for as long as the program likes (process_group_p2p.cc).
+  // Completes the sends and recvs whose Future a program took, apart from the collectives: the
+  // pool takes works in issue order, and a recv may wait on its peer for as long as the program
+  // likes (process_group_p2p.cc).
   std::unique_ptr<CompletionPool> p2p_completer_;
   std::mutex issue_mu_;
   // share_for_allreduce's state; touched by the issuing thread only (collectives are issued in

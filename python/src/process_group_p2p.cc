@@ -1,5 +1,6 @@
 // ProcessGroupLockstep: send, recv and recv from any source, on the communicator's
 // point-to-point (Communicator::send/recv), any dtype (moved as it is, or as raw bytes).
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -9,11 +10,38 @@
 namespace lockstep::torch_backend {
 namespace {
 
+// A send's or recv's Work. Unlike a collective's, it is not handed to a completion thread when
+// issued: dist.send and dist.recv wait at once, and a hand-off to a thread that then hands the
+// result back costs ~70 us a message (measured, bench/compare_p2p.py). It completes on the
+// thread that waits for it or asks whether it is done; only a program that takes its Future gets
+// it completed by the group's pool, which then fires the Future's callbacks. A Work does not
+// outlive its group (as with c10d's own).
 // A recv's Work also tells which rank the message came from (dist.recv(t) with no src returns it).
 class PointToPointWork final : public LockstepWork {
  public:
-  PointToPointWork(int rank, c10d::OpType type, comm::WorkPtr step, Finish finish, std::vector<at::Tensor> outputs)
-      : LockstepWork(rank, type, {step}, std::move(finish), std::move(outputs)), step_(std::move(step)) {}
+  PointToPointWork(int rank, c10d::OpType type, comm::WorkPtr step, Finish finish, std::vector<at::Tensor> outputs,
+                   CompletionPool* pool)
+      : LockstepWork(rank, type, {step}, std::move(finish), std::move(outputs)), step_(std::move(step)), pool_(pool) {}
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
+    if (timeout != kNoTimeout) {
+      try {
+        step_->wait(comm::Seconds(static_cast<double>(timeout.count()) / 1000));
+      } catch (const std::exception& e) {
+        if (!step_->done())
+          throw std::runtime_error(std::string("lockstep: ") + e.what() + " (it stays posted; wait again, or exit)");
+      }  // a step that failed is done: complete() below raises its error
+    }
+    return LockstepWork::wait(kNoTimeout);
+  }
+  bool isCompleted() override {
+    if (!step_->done()) return false;
+    complete();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (!pooled_.exchange(true)) pool_->push(c10::intrusive_ptr<LockstepWork>::reclaim_copy(this));
+    return LockstepWork::getFuture();
+  }
   int sourceRank() const override {
     const int source = step_->source_rank();
     if (source < 0) throw std::runtime_error("lockstep: the recv has not received anything yet: wait() for it first");
@@ -22,6 +50,8 @@ class PointToPointWork final : public LockstepWork {
 
  private:
   comm::WorkPtr step_;
+  CompletionPool* pool_;
+  std::atomic<bool> pooled_{false};
 };
 
 const char* op_name(c10d::OpType type) {
@@ -54,10 +84,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::point_to_point(c10d::OpType
     };
   else
     finish = [wire] {};  // holds the packed copy until the send is done
-  auto work = c10::make_intrusive<PointToPointWork>(rank_, type, std::move(step), std::move(finish),
-                                                    std::vector<at::Tensor>{t});
-  p2p_completer_->push(work);
-  return work;
+  return c10::make_intrusive<PointToPointWork>(rank_, type, std::move(step), std::move(finish),
+                                               std::vector<at::Tensor>{t}, p2p_completer_.get());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

@@ -15,6 +15,7 @@ Prints one JSON line {"rank", "checks", "gloo_checks", "failures"} and exits 1 o
 import datetime
 import json
 import sys
+import time
 import traceback
 import zlib
 
@@ -466,6 +467,20 @@ def check_point_to_point(c):
             c.failures.append(f"{case}: the sources were {sources}")
     else:
         dist.send(torch.full((5,), c.rank, dtype=torch.int64), 0)
+    case = "irecv completion"  # seen by polling is_completed(), and through a Future
+    if c.rank == 0:
+        a, b = torch.zeros(4), torch.zeros(4)
+        polled, by_future = dist.irecv(a, 1, tag=8), dist.irecv(b, 1, tag=9)
+        future = by_future.get_future()
+        deadline = time.monotonic() + 60
+        while not polled.is_completed() and time.monotonic() < deadline:
+            pass
+        c.expect(case + " polled", a, torch.full((4,), 8.0))
+        future.wait()
+        c.expect(case + " future", b, torch.full((4,), 9.0))
+    elif c.rank == 1:
+        dist.send(torch.full((4,), 8.0), 0, tag=8)
+        dist.send(torch.full((4,), 9.0), 0, tag=9)
     c.checks += 1
     try:
         dist.send(torch.ones(3), dst=W)

@@ -7,7 +7,8 @@
 // (source, tag), in post order, reading the payload straight into that recv's buffer; a
 // message nobody waits for yet is kept in arrival order until a recv takes it. Because the
 // reader always drains its sockets, two ranks sending large messages to each other never
-// deadlock. One sender thread per rank writes the queued sends in order.
+// deadlock. One sender thread per rank writes the queued sends in order; a small send to a
+// connected peer with nothing queued is written on the caller's thread instead.
 //
 // Independent of the backend: collectives and point-to-point never share a socket or a
 // sequence number, so a recv waiting for a peer does not hold up the collective queue.
