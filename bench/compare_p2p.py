@@ -10,19 +10,14 @@ median round trip over the rounds. Prints a markdown table and the ratio gloo / 
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from compare_allreduce import free_port, human
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sizes(max_bytes):
@@ -64,13 +59,6 @@ def worker(max_bytes, rounds):
             print("ROW", nbytes, statistics.median(times["lockstep"]), statistics.median(times["gloo"]), flush=True)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def human(n):
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def main():

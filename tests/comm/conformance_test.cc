@@ -9,6 +9,7 @@
 
 #include "lockstep/error.h"
 #include "testing.h"
+#include "worker_runs.h"
 
 namespace lockstep::testing {
 namespace {
@@ -117,32 +118,15 @@ TEST(ShmLarge, ChunkedAllreduceAcrossRoundsIsExact) {
 class ProcessRanks : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ProcessRanks, MatchesReference) {
-  LocalStore store;
-  auto children = spawn_ranks(3, {helper_path("comm_worker"), "conformance", GetParam(), "8192"}, store);
-  for (std::size_t r = 0; r < children.size(); ++r) {
-    int code = wait_child(children[r], 120);
-    EXPECT_EQ(code, 0) << "rank " << r << ":\n" << read_file(children[r].stdout_path);
-  }
+  expect_worker_ranks_pass(3, {"conformance", GetParam(), "8192"});
 }
 
-std::vector<std::string> process_backends() {
-  std::vector<std::string> b{"shm"};
-#ifdef LOCKSTEP_HAVE_GLOO
-  b.push_back("gloo");
-#endif
-  return b;
-}
 INSTANTIATE_TEST_SUITE_P(Backends, ProcessRanks, ::testing::ValuesIn(process_backends()));
 
 #ifdef LOCKSTEP_HAVE_MPI
 // Under a real mpirun: ranks come from OMPI_COMM_WORLD_*, no store at all.
 TEST(MpiRanks, MatchesReferenceUnderMpirun) {
-  if (std::system("command -v mpirun > /dev/null") != 0) GTEST_SKIP() << "mpirun is not installed";
-  TempDir dir("mpi");
-  const std::string log = dir / "conformance.log";
-  const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 3 env -u RANK -u WORLD_SIZE " +
-                          helper_path("comm_worker") + " conformance mpi > " + log + " 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+  expect_worker_passes_under_mpirun(3, "conformance mpi");
 }
 #endif
 

@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 
 #include "lockstep/error.h"
 #include "p2p_exchange.h"
 #include "testing.h"
+#include "worker_runs.h"
 
 namespace lockstep::testing {
 namespace {
@@ -62,30 +62,15 @@ INSTANTIATE_TEST_SUITE_P(Hier, PointToPoint, ::testing::Values(Case{"hier", 4, {
 class PointToPointProcesses : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PointToPointProcesses, ExchangeTableHolds) {
-  LocalStore store;
-  auto children = spawn_ranks(3, {helper_path("comm_worker"), "p2p", GetParam()}, store);
-  for (std::size_t r = 0; r < children.size(); ++r)
-    EXPECT_EQ(wait_child(children[r], 120), 0) << "rank " << r << ":\n" << read_file(children[r].stdout_path);
+  expect_worker_ranks_pass(3, {"p2p", GetParam()});
 }
 
-std::vector<std::string> process_backends() {
-  std::vector<std::string> b{"shm"};
-#ifdef LOCKSTEP_HAVE_GLOO
-  b.push_back("gloo");
-#endif
-  return b;
-}
 INSTANTIATE_TEST_SUITE_P(Backends, PointToPointProcesses, ::testing::ValuesIn(process_backends()));
 
 #ifdef LOCKSTEP_HAVE_MPI
 // Under a real mpirun with no store: the ranks exchange their addresses with one MPI allgather.
 TEST(PointToPointMpi, ExchangeTableHoldsUnderMpirun) {
-  if (std::system("command -v mpirun > /dev/null") != 0) GTEST_SKIP() << "mpirun is not installed";
-  TempDir dir("mpi");
-  const std::string log = dir / "p2p.log";
-  const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 3 env -u RANK -u WORLD_SIZE " +
-                          helper_path("comm_worker") + " p2p mpi > " + log + " 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+  expect_worker_passes_under_mpirun(3, "p2p mpi");
 }
 #endif
 
