@@ -13,7 +13,7 @@ LOCKSTEP_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch dataset-fashion-mnist fortunes fortunes-min
   libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium iproute2
-  python3-dev pybind11-dev
+  python3-dev pybind11-dev slurm-wlm munge
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
@@ -24,7 +24,8 @@ LOCKSTEP_PACKAGES=(
 # that alternative. libyaml-cpp-dev reads the Trainer's --config files; chromium (headless)
 # renders `lockstep report` pages in the tests; iproute2 (ip, tc) makes the network namespaces
 # the multi-machine tests run in. python3-dev and pybind11-dev build the torch.distributed
-# backend (python/) for Debian's python3-torch.
+# backend (python/) for Debian's python3-torch. slurm-wlm and munge give the Slurm test a real
+# slurmctld, slurmd, srun and sbatch to start jobs with across namespaces (nothing else uses them).
 
 install_missing_packages() {
   local missing=()
