@@ -78,9 +78,9 @@ Trained train_alone(int world) {
 }
 
 // W ranks with SyncBatchNorm, each on its rows, under DDP (stage 0) or ZeRO (1, 2).
-std::vector<Trained> train_synced(int world, int zero_stage, const char* backend = "shm") {
+std::vector<Trained> train_synced(int world, int zero_stage, const comm::CommOptions& options = {"shm"}) {
   std::vector<Trained> out(static_cast<std::size_t>(world));
-  testing::run_ranks_as_threads(world, comm::CommOptions{backend}, [&](comm::Communicator& comm) {
+  testing::run_ranks_as_threads(world, options, [&](comm::Communicator& comm) {
     auto net = make_cnn<SyncBatchNorm>();
     EXPECT_EQ(sync_batchnorm(*net, comm), 1);
     std::optional<BucketSharding> sharding;
@@ -150,7 +150,15 @@ TEST(SyncBatchNorm, WorksUnderZeroStagesOneAndTwoAndOnGloo) {
   const Trained alone = train_alone(2);
   for (int stage : {1, 2})
     for (const auto& r : train_synced(2, stage)) expect_close(r, alone, "ZeRO stage " + std::to_string(stage));
-  for (const auto& r : train_synced(2, 0, "gloo")) expect_close(r, alone, "gloo");
+  for (const auto& r : train_synced(2, 0, {"gloo"})) expect_close(r, alone, "gloo");
+}
+
+// hier: shared memory inside each of two (declared) machines, gloo between them.
+TEST(SyncBatchNorm, WorksOnHierAcrossTwoMachines) {
+  comm::CommOptions hier{"hier"};
+  hier.machine_of = {0, 0, 1, 1};
+  const Trained alone = train_alone(4);
+  for (const auto& r : train_synced(4, 0, hier)) expect_close(r, alone, "hier 2 x 2");
 }
 
 // What the test above would catch: per-rank statistics (plain BatchNorm under DDP) train
