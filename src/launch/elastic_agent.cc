@@ -10,6 +10,7 @@
 #include "agent.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
+#include "lockstep/comm/shm_segments.h"
 #include "lockstep/error.h"
 
 namespace lockstep::launch {
@@ -107,6 +108,9 @@ int Agent::run_elastic() {
     for (std::size_t l = 0; l < slot.size(); ++l) {
       const Worker& w = group.workers()[slot[l]];
       if (ended[l] || !w.exit) continue;
+      // What it created in shared memory and did not unlink (it was killed): the others mapped what
+      // they use, so the names can go now; a job that runs on must not leave them behind.
+      comm::remove_shm_segments_of({w.pid});
       const std::string who = "worker " + w.spec.label + " (pid " + std::to_string(w.pid) + ")";
       if (w.exit->code == 0) {
         ended[l] = true;
