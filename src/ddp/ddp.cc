@@ -755,4 +755,10 @@ torch::Tensor Reducer::gradient_slice(int b) const {
   return impl_->buckets.at(std::size_t(b)).slice;
 }
 
+torch::Tensor Reducer::averaged_range(int b, std::int64_t offset, std::int64_t length) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->reduce_scatter) throw ConfigError("Reducer::averaged_range: a reduce-scattered bucket keeps only its slice");
+  return impl_->buckets.at(std::size_t(b)).flat.narrow(0, offset, length);
+}
+
 }  // namespace lockstep

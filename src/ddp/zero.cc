@@ -11,6 +11,7 @@
 #include "lockstep/comm/machine_memory.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
+#include "optimizer_state.h"
 #include "tensor_alias.h"
 
 namespace lockstep {
@@ -18,6 +19,13 @@ namespace {
 
 using ddp_detail::alias_into;
 using ddp_detail::alias_range;
+using ddp_detail::key_of;
+using ddp_detail::Kind;
+using ddp_detail::kind_of;
+using ddp_detail::make_state;
+using ddp_detail::ParamState;
+using ddp_detail::read_state;
+using ddp_detail::states_per_element;
 
 // ZeRO's slices are floating point: the optimizers it divides hold no integer state.
 comm::DType float_dtype_of(const torch::Tensor& t) {
@@ -25,76 +33,6 @@ comm::DType float_dtype_of(const torch::Tensor& t) {
   if (!d || *d == comm::DType::i32 || *d == comm::DType::i64)
     throw ConfigError("ZeRO shards floating-point parameters only (float32/64, float16, bfloat16)");
   return *d;
-}
-
-// ----- the optimizers whose state can be cut into slices and put back together ----------------
-
-enum class Kind { sgd, adam, adamw };
-
-Kind kind_of(torch::optim::Optimizer& o) {
-  if (dynamic_cast<torch::optim::AdamW*>(&o)) return Kind::adamw;
-  if (dynamic_cast<torch::optim::Adam*>(&o)) return Kind::adam;
-  if (dynamic_cast<torch::optim::SGD*>(&o)) return Kind::sgd;
-  throw ConfigError("ZeRO: the optimizer must be SGD, Adam or AdamW (elementwise updates, state lockstep "
-                    "knows how to consolidate)");
-}
-
-// One parameter's (or one slice's) state: its step count and its state tensors by name.
-struct ParamState {
-  std::int64_t step = 0;
-  std::map<std::string, torch::Tensor> tensors;
-};
-
-template <class S>
-ParamState read_adam(const S& s) {
-  ParamState out{s.step(), {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}}};
-  if (s.max_exp_avg_sq().defined()) out.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
-  return out;
-}
-
-ParamState read_state(Kind kind, const torch::optim::OptimizerParamState& s) {
-  switch (kind) {
-    case Kind::adamw: return read_adam(static_cast<const torch::optim::AdamWParamState&>(s));
-    case Kind::adam: return read_adam(static_cast<const torch::optim::AdamParamState&>(s));
-    case Kind::sgd: {
-      const auto& m = static_cast<const torch::optim::SGDParamState&>(s).momentum_buffer();
-      return m.defined() ? ParamState{0, {{"momentum_buffer", m}}} : ParamState{};
-    }
-  }
-  return {};
-}
-
-template <class S>
-std::unique_ptr<torch::optim::OptimizerParamState> make_adam(const ParamState& p) {
-  auto s = std::make_unique<S>();
-  s->step(p.step);
-  s->exp_avg(p.tensors.at("exp_avg"));
-  s->exp_avg_sq(p.tensors.at("exp_avg_sq"));
-  if (auto it = p.tensors.find("max_exp_avg_sq"); it != p.tensors.end()) s->max_exp_avg_sq(it->second);
-  return s;
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> make_state(Kind kind, const ParamState& p) {
-  switch (kind) {
-    case Kind::adamw: return make_adam<torch::optim::AdamWParamState>(p);
-    case Kind::adam: return make_adam<torch::optim::AdamParamState>(p);
-    case Kind::sgd: {
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(p.tensors.at("momentum_buffer"));
-      return s;
-    }
-  }
-  return nullptr;
-}
-
-// State tensors per element an optimizer will keep, for the memory record before its first step.
-int states_per_element(Kind kind, torch::optim::Optimizer& o) {
-  if (kind == Kind::sgd) return static_cast<torch::optim::SGDOptions&>(o.param_groups()[0].options()).momentum() > 0;
-  return 2;
-}
-
-std::string key_of(const torch::Tensor& t) {
-  return c10::guts::to_string(t.unsafeGetTensorImpl());
 }
 
 }  // namespace
@@ -109,25 +47,41 @@ BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world) {
 
 struct ZeroOptimizer::Impl {
   Impl(torch::nn::Module& m, Reducer& r, comm::Communicator& c, ZeroOptions o)
-      : module(m), reducer(r), comm(c), options(o), buckets(r.flat_buckets()) {}
+      : module(m), reducer(r), comm(c), options(std::move(o)), buckets(r.flat_buckets()), rank(c.rank()),
+        world(c.size()) {}
 
   torch::nn::Module& module;
-  Reducer& reducer;
+  Reducer& reducer;          // neither is used once release_communicator() ran
   comm::Communicator& comm;
   ZeroOptions options;
   std::vector<Reducer::FlatBucket> buckets;
+  const int rank, world;
   std::vector<torch::Tensor> flat;    // the parameters, bucket by bucket (padded)
   std::vector<torch::Tensor> shards;  // this rank's slice of each: the optimizer's parameters
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Kind kind = Kind::adamw;
+  // Mirrors: rank options.mirror_of's slices (copies), their optimizer, and stage 2's gradients.
+  std::vector<torch::Tensor> mirror_shards;
+  std::unique_ptr<torch::optim::Optimizer> mirror_optimizer;
+  std::vector<torch::Tensor> mirror_gradients;
+  bool mirror_gradients_in = false;  // this step's mirror gradients are in place
+  double clip_coefficient = 1;       // this step's clipping, applied to the mirror gradients too
+  UpdatePhase phase = UpdatePhase::idle;
 
-  std::int64_t slice_length(std::size_t b) const { return buckets[b].numel / comm.size(); }
-  std::int64_t my_offset(std::size_t b) const { return comm.rank() * slice_length(b); }
+  bool mirrored() const { return options.mirror_of >= 0; }
+  std::int64_t slice_length(std::size_t b) const { return buckets[b].numel / world; }
+  std::int64_t offset_of(int owner, std::size_t b) const { return owner * slice_length(b); }
+  std::int64_t my_offset(std::size_t b) const { return offset_of(rank, b); }
   void check_reducer() const;
   void allocate_flat();
   void move_parameters_in();
+  void make_mirrors(const Factory& make);
+  void take_mirror_gradients();
+  void apply_update();
   void gather_parameters();
   ParamState shard_state(std::size_t b) const;
+  ParamState state_of(const torch::optim::Optimizer& o, const torch::Tensor& slice) const;
+  HeldShard held(int owner, const std::vector<torch::Tensor>& slices, const torch::optim::Optimizer& o) const;
 };
 
 void ZeroOptimizer::Impl::check_reducer() const {
@@ -136,6 +90,13 @@ void ZeroOptimizer::Impl::check_reducer() const {
   const auto& sharding = reducer.sharding();
   if (!sharding || sharding->slices != comm.size() || sharding->reduce_scatter != (options.stage == 2))
     throw ConfigError("ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
+  if (!mirrored()) return;
+  if (options.shared_parameters)
+    throw ConfigError("ZeRO mirrors (elastic jobs) keep private slices: they do not combine with shared parameters");
+  const auto valid = [&](int r) { return r >= 0 && r < world && r != rank; };
+  if (!valid(options.mirror_of) || !valid(options.mirrored_by))
+    throw ConfigError("ZeRO mirrors: mirror_of " + std::to_string(options.mirror_of) + " and mirrored_by " +
+                      std::to_string(options.mirrored_by) + " must be other ranks of the " + std::to_string(world));
 }
 
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),
@@ -193,8 +154,57 @@ void ZeroOptimizer::Impl::gather_parameters() {
 
 // This rank's state for bucket b's slice (empty before the optimizer's first step).
 ParamState ZeroOptimizer::Impl::shard_state(std::size_t b) const {
-  auto it = optimizer->state().find(key_of(shards[b]));
-  return it == optimizer->state().end() ? ParamState{} : read_state(kind, *it->second);
+  return state_of(*optimizer, shards[b]);
+}
+
+ParamState ZeroOptimizer::Impl::state_of(const torch::optim::Optimizer& o, const torch::Tensor& slice) const {
+  auto& states = const_cast<torch::optim::Optimizer&>(o).state();
+  auto it = states.find(key_of(slice));
+  return it == states.end() ? ParamState{} : read_state(kind, *it->second);
+}
+
+// Copies of rank mirror_of's slices, with an optimizer of their own.
+void ZeroOptimizer::Impl::make_mirrors(const Factory& make) {
+  if (!mirrored()) return;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    mirror_shards.push_back(flat[b].narrow(0, offset_of(options.mirror_of, b), slice_length(b)).clone());
+    mirror_shards.back().set_requires_grad(true);
+    if (options.stage == 2) mirror_gradients.push_back(torch::zeros_like(mirror_shards.back()));
+  }
+  mirror_optimizer = make(mirror_shards);
+}
+
+// The mirrored rank's averaged gradients: stage 1 has them in the all-reduced buckets; under stage
+// 2 each rank sends its slices to the rank that mirrors it.
+void ZeroOptimizer::Impl::take_mirror_gradients() {
+  if (!mirrored() || mirror_gradients_in) return;
+  constexpr int kTag = 0x5a0000;
+  std::vector<comm::WorkPtr> works;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    if (options.stage == 1) {
+      mirror_shards[b].mutable_grad() = reducer.averaged_range(int(b), offset_of(options.mirror_of, b), slice_length(b));
+      continue;
+    }
+    const auto dtype = float_dtype_of(mirror_gradients[b]);
+    works.push_back(comm.recv(mirror_gradients[b].data_ptr(), std::size_t(slice_length(b)), dtype, options.mirror_of,
+                              kTag + int(b)));
+    const auto mine = reducer.gradient_slice(int(b));
+    works.push_back(comm.send(mine.data_ptr(), std::size_t(slice_length(b)), dtype, options.mirrored_by, kTag + int(b)));
+    mirror_shards[b].mutable_grad() = mirror_gradients[b];
+  }
+  for (auto& w : works) w->wait();
+  mirror_gradients_in = true;
+}
+
+void ZeroOptimizer::Impl::apply_update() {
+  optimizer->step();
+  if (mirrored()) {
+    for (std::size_t g = 0; g < optimizer->param_groups().size(); ++g)
+      mirror_optimizer->param_groups()[g].options().set_lr(optimizer->param_groups()[g].options().get_lr());
+    mirror_optimizer->step();
+  }
+  phase = UpdatePhase::applied;
+  if (options.on_phase) options.on_phase(phase);
 }
 
 ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::Communicator& comm,
@@ -205,6 +215,7 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::
   impl_->move_parameters_in();
   impl_->optimizer = make(impl_->shards);
   impl_->kind = kind_of(*impl_->optimizer);
+  impl_->make_mirrors(make);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -215,6 +226,7 @@ torch::optim::Optimizer& ZeroOptimizer::shard_optimizer() {
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   auto& s = *impl_;
+  s.take_mirror_gradients();
   double squares = 0;
   for (std::size_t b = 0; b < s.shards.size(); ++b) {
     const auto g = s.reducer.gradient_slice(int(b));
@@ -226,6 +238,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   if (coef < 1) {
     torch::NoGradGuard no_grad;
     for (std::size_t b = 0; b < s.shards.size(); ++b) s.reducer.gradient_slice(int(b)).mul_(coef);
+    for (auto& m : s.mirror_shards) m.mutable_grad().mul_(coef);
   }
   return norm;
 }
@@ -234,17 +247,89 @@ void ZeroOptimizer::step() {
   auto& s = *impl_;
   if (s.options.shared_parameters) s.comm.barrier()->wait();  // nobody still reads parameters
   for (std::size_t b = 0; b < s.shards.size(); ++b) s.shards[b].mutable_grad() = s.reducer.gradient_slice(int(b));
-  s.optimizer->step();
-  if (s.options.shared_parameters)
+  if (s.mirrored()) {  // update only once every rank holds its gradients (see "Mirrors" in zero.h)
+    s.take_mirror_gradients();
+    s.phase = UpdatePhase::ready;
+    if (s.options.on_phase) s.options.on_phase(s.phase);
+    std::int32_t ready = 1;
+    s.comm.allreduce(&ready, 1, comm::DType::i32, comm::ReduceOp::sum)->wait();
+  }
+  s.apply_update();
+  if (s.options.shared_parameters) {
     s.comm.barrier()->wait();  // nobody reads a slice its owner still writes
-  else
+  } else {
     s.gather_parameters();
+    torch::NoGradGuard no_grad;  // the mirrors take the owner's values, bit for bit
+    for (std::size_t b = 0; b < s.mirror_shards.size(); ++b)
+      s.mirror_shards[b].copy_(s.flat[b].narrow(0, s.offset_of(s.options.mirror_of, b), s.slice_length(b)));
+  }
+  s.phase = UpdatePhase::idle;
+  s.mirror_gradients_in = false;
 }
 
 void ZeroOptimizer::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& p : impl_->module.parameters())
     if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+void ZeroOptimizer::release_communicator() {
+  auto& s = *impl_;
+  if (s.phase != UpdatePhase::ready) return;
+  for (auto& shard : s.shards) shard.mutable_grad() = shard.grad().clone();
+  for (auto& m : s.mirror_shards) m.mutable_grad() = m.grad().clone();
+}
+
+UpdatePhase ZeroOptimizer::phase() const {
+  return impl_->phase;
+}
+
+void ZeroOptimizer::finish_update() {
+  if (impl_->phase != UpdatePhase::ready) throw ConfigError("ZeroOptimizer::finish_update: no update is ready");
+  impl_->apply_update();
+}
+
+int ZeroOptimizer::world() const {
+  return impl_->world;
+}
+
+std::int64_t ZeroOptimizer::optimizer_steps() const {
+  return impl_->shards.empty() ? 0 : impl_->shard_state(0).step;
+}
+
+// `owner`'s slices as ranges of the module's trainable parameters laid end to end.
+HeldShard ZeroOptimizer::Impl::held(int owner, const std::vector<torch::Tensor>& slices,
+                                    const torch::optim::Optimizer& o) const {
+  std::map<std::string, std::int64_t> start;  // each parameter's place, end to end
+  std::int64_t at = 0;
+  for (const auto& p : module.parameters())
+    if (p.requires_grad()) {
+      start[key_of(p)] = at;
+      at += p.numel();
+    }
+  HeldShard out{owner, {}};
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const std::int64_t lo = offset_of(owner, b), hi = lo + slice_length(b);
+    const ParamState st = state_of(o, slices[b]);
+    for (std::size_t k = 0; k < buckets[b].params.size(); ++k) {
+      const std::int64_t p_lo = buckets[b].offsets[k], p_hi = p_lo + buckets[b].params[k].numel();
+      const std::int64_t from = std::max(lo, p_lo), to = std::min(hi, p_hi);
+      if (from >= to) continue;
+      HeldRange r;
+      r.begin = start.at(key_of(buckets[b].params[k])) + (from - p_lo);
+      r.values = slices[b].detach().narrow(0, from - lo, to - from);
+      for (const auto& [name, t] : st.tensors) r.state[name] = t.narrow(0, from - lo, to - from);
+      out.ranges.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+std::vector<HeldShard> ZeroOptimizer::holdings() const {
+  auto& s = *impl_;
+  std::vector<HeldShard> out{s.held(s.rank, s.shards, *s.optimizer)};
+  if (s.mirrored()) out.push_back(s.held(s.options.mirror_of, s.mirror_shards, *s.mirror_optimizer));
+  return out;
 }
 
 std::unique_ptr<torch::optim::Optimizer> ZeroOptimizer::consolidated(const Factory& make_full) {
@@ -290,9 +375,13 @@ void ZeroOptimizer::load_consolidated(torch::optim::Optimizer& full) {
       }
     }
     if (flat_state.empty()) continue;
-    ParamState mine{step, {}};
-    for (auto& [name, f] : flat_state) mine.tensors[name] = f.narrow(0, s.my_offset(b), s.slice_length(b)).clone();
-    s.optimizer->state()[key_of(s.shards[b])] = make_state(s.kind, mine);
+    auto take = [&](int owner, const torch::Tensor& slice, torch::optim::Optimizer& o) {
+      ParamState st{step, {}};
+      for (auto& [name, f] : flat_state) st.tensors[name] = f.narrow(0, s.offset_of(owner, b), s.slice_length(b)).clone();
+      o.state()[key_of(slice)] = make_state(s.kind, st);
+    };
+    take(s.rank, s.shards[b], *s.optimizer);
+    if (s.mirrored()) take(s.options.mirror_of, s.mirror_shards[b], *s.mirror_optimizer);
   }
 }
 
@@ -314,6 +403,7 @@ ZeroMemory ZeroOptimizer::memory() const {
   for (auto& [key, st] : s.optimizer->state())
     for (auto& [name, t] : read_state(s.kind, *st).tensors) state += t.numel() * t.element_size();
   m.optimizer_state = state > 0 ? state : owned * states_per_element(s.kind, *s.optimizer);
+  if (s.mirrored()) m.mirrors = owned + m.optimizer_state;
   return m;
 }
 

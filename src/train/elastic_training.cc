@@ -15,10 +15,17 @@
 // that missed the last update, take them), then the reducer is rebuilt. The step that was in
 // progress is taken again; no completed step is lost. Admitting joiners works the same way, at
 // a step boundary chosen every ~1 s of steps (joiners_waiting: one integer all-reduce).
+//
+// Under ZeRO (--zero-stage 1 or 2) no member holds the whole optimizer state: each rank's slices
+// are mirrored by a rank of the next machine (ZeroOptions::mirror_of), and a change puts the whole
+// state back together on every member of the new membership (ddp/zero_elastic.h) before the
+// counters are brought up to date and the state is cut again over the new ranks. When the step in
+// flight had been applied by some member, every member completes it: the change goes on after it.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <sstream>
 
 #include "evaluate.h"
@@ -26,22 +33,26 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
 #include "lockstep/error.h"
+#include "lockstep/ddp/zero_elastic.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train_core/metrics.h"
+#include "lockstep/train_core/run_env.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {
 namespace {
 
 // The state a member brings the others up to date with, as bytes (CBOR): the model, the optimizer
-// state, and the trainer's counters.
+// state (under ZeRO it moved already, see recover_sharded_state), and the trainer's counters.
 std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler) {
   std::ostringstream model_bytes, optimizer_bytes;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   t.model.module->save(model_archive);
   model_archive.save_to(model_bytes);
-  t.optimizer->save(optimizer_archive);
-  optimizer_archive.save_to(optimizer_bytes);
+  if (t.optimizer) {
+    t.optimizer->save(optimizer_archive);
+    optimizer_archive.save_to(optimizer_bytes);
+  }
   const nlohmann::json counters = {{"global_step", t.state.global_step},
                                    {"epoch", t.state.epoch},
                                    {"steps_in_epoch", t.state.steps_in_epoch},
@@ -70,8 +81,10 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, const std::st
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive_of("model", model_archive);
   t.model.module->load(model_archive);
-  archive_of("optimizer", optimizer_archive);
-  t.optimizer->load(optimizer_archive);
+  if (t.optimizer) {
+    archive_of("optimizer", optimizer_archive);
+    t.optimizer->load(optimizer_archive);
+  }
   const nlohmann::json& c = j.at("counters");
   t.state.global_step = c.at("global_step").get<std::int64_t>();
   t.state.epoch = c.at("epoch").get<std::uint64_t>();
@@ -137,10 +150,9 @@ void Trainer::Impl::plan_elastic(const data::ElasticSampler& sampler) {
 
 void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
   plan_elastic(sampler);
-  if (args.zero_stage > 0)
-    throw ConfigError("--zero-stage " + std::to_string(args.zero_stage) +
-                      " in an elastic job: ZeRO's shards would need a copy on another machine to survive a loss, "
-                      "which lockstep does not keep yet; use DDP (--zero-stage 0) with --nnodes MIN:MAX");
+  if (args.zero_stage > 0 && args.zero_shared_parameters)
+    throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
+                      "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");
   if (args.gradient_checkpointing && model.set_gradient_checkpointing) model.set_gradient_checkpointing(true);
   optimizer = make_optimizer(model.module->parameters());
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
@@ -187,17 +199,71 @@ void Trainer::Impl::run_elastic(data::ElasticSampler& sampler, RunProgress& run)
   }
 }
 
+// Under ZeRO: each rank's slices are mirrored by the rank in the same place on the next machine
+// (by one rank further when all are on one machine), so a machine's loss leaves a copy of each.
+ZeroOptions Trainer::Impl::elastic_zero_options() {
+  ZeroOptions o{args.zero_stage, false};
+  const auto& members = elastic->members();
+  int first_machine = 0;
+  while (first_machine < world() && members[std::size_t(first_machine)].node == members.front().node) ++first_machine;
+  const int shift = first_machine < world() ? first_machine : 1;
+  o.mirror_of = (rank() - shift + world()) % world();
+  o.mirrored_by = (rank() + shift) % world();
+  o.on_phase = [this](UpdatePhase phase) {
+    const char* fault = phase == UpdatePhase::ready ? "kill-before-update" : "kill-in-update";
+    if (fault_requested(fault, state.global_step + 1, rank())) std::raise(SIGKILL);
+  };
+  return o;
+}
+
+// The optimizer over the current membership: ZeRO's slices on several workers, the whole state on
+// one. `whole` holds the state to continue from (none at the start).
+void Trainer::Impl::build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole) {
+  zero.reset();
+  optimizer.reset();
+  if (args.zero_stage == 0 || !reducer) {
+    optimizer = whole ? std::move(whole) : make_optimizer(model.module->parameters());
+    return;
+  }
+  zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, elastic_zero_options(),
+                                         [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
+  if (whole) zero->load_consolidated(*whole);
+}
+
+// Collective: the sharded state on the new membership (a joiner holds nothing yet). When the step in
+// flight was applied somewhere, this member completes its bookkeeping too (it trained on its share).
+std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::recover_sharded(data::ElasticSampler& sampler, RunProgress& run) {
+  const HeldState held{zero.get(), zero ? nullptr : optimizer.get(), state.global_step};
+  RecoveredState recovered = recover_sharded_state(
+      *comm, *model.module, held, [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
+  zero.reset();
+  optimizer.reset();
+  if (state.global_step + 1 == recovered.steps) {
+    run.samples += static_cast<double>(sampler.share(0, world()).step_samples);
+    sampler.advance();
+    ++state.global_step;
+    ++state.steps_in_epoch;
+  }
+  return std::move(recovered.optimizer);
+}
+
 void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure) {
   const auto begin = Clock::now();
   const int before = world();
   const std::int64_t completed = state.global_step;
+  if (zero) zero->release_communicator();
   reducer.reset();  // its buckets live in the old communicator's shared memory
   for (auto& p : model.module->parameters()) p.mutable_grad() = torch::Tensor();
   const comm::MembershipChange change = failure.empty() ? elastic->grow() : elastic->recover(failure);
   comm = &elastic->comm();
   state.membership = static_cast<std::int64_t>(change.epoch);
-  const double state_seconds = sync_state(sampler);
+  const auto state_begin = Clock::now();
+  std::unique_ptr<torch::optim::Optimizer> whole;
+  if (args.zero_stage > 0) whole = recover_sharded(sampler, run);
+  sync_state(sampler);
   build_reducer();
+  if (args.zero_stage > 0) build_elastic_optimizer(std::move(whole));
+  const double state_seconds = seconds_since(state_begin);
   outputs->set_rank(rank());
   next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
   metrics::MembershipChangeLog record;
@@ -232,12 +298,16 @@ TrainResult Trainer::Impl::train_elastic() {
   data::ElasticSampler sampler(train_set->size(), global_batch, /*shuffle=*/true, args.seed);
   prepare_elastic(sampler);
   state.membership = static_cast<std::int64_t>(elastic->epoch());
+  std::unique_ptr<torch::optim::Optimizer> whole;
   if (elastic->joined_in_current_epoch() && elastic->epoch() > 0) {
-    sync_state(sampler);  // the members run the same collective right after admitting this one
+    // the members run the same collectives right after admitting this one
+    if (args.zero_stage > 0) whole = recover_sharded(sampler, run);
+    sync_state(sampler);
     plan_elastic(sampler);
   }
   next_membership_check = state.global_step + 1;
   build_reducer();
+  if (args.zero_stage > 0) build_elastic_optimizer(std::move(whole));
   announce();
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;

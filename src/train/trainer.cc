@@ -131,7 +131,11 @@ void Trainer::Impl::announce() {
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
-  LOCKSTEP_LOG(info, train) << head;
+  LOCKSTEP_LOG(info, train) << head << (zero ? ", ZeRO stage " + std::to_string(args.zero_stage) : "");
+  if (zero && zero->memory().mirrors > 0)
+    LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
+                              << zero->memory().mirrors / 1e6
+                              << " MB of parameters and optimizer state), so that a lost machine's shards live on";
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
   metrics::TrainBegin begin;

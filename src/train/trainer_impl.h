@@ -116,6 +116,10 @@ struct Trainer::Impl {
   // state brought to the newest step, the reducer rebuilt, a membership_change record.
   void change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure);
   double sync_state(data::ElasticSampler& sampler);  // collective; returns its seconds
+  // Under ZeRO (elastic_training.cc says how the sharded state moves).
+  ZeroOptions elastic_zero_options();
+  void build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole);
+  std::unique_ptr<torch::optim::Optimizer> recover_sharded(data::ElasticSampler& sampler, RunProgress& run);
 
   // trainer_checkpoints.cc
   std::string resume_target() const;

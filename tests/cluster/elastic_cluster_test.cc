@@ -46,12 +46,13 @@ struct ElasticJob {
 
   // One launcher on machine m, as a user starts it there.
   Process& start(int m) {
-    const std::vector<std::string> argv = {
+    std::vector<std::string> argv = {
         LOCKSTEP_BINARY, "run", "--nnodes", nnodes, "--nproc-per-node", std::to_string(nproc), "--rdzv-endpoint",
         cluster.address(cluster.machines() - 1) + ":" + std::to_string(kStorePort), "--max-restarts",
         std::to_string(restarts), "--run-id", "elastic", ELASTIC_WORKER, "--record-dir", dir.path(),
         "--per-device-train-batch-size", "32", "--max-steps", std::to_string(steps), "--batch-delay-ms", "10",
         "--learning-rate", "1e-3", "--logging-steps", "10", "--output-dir", dir / "out"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
     nodes[m] = std::make_unique<Process>(cluster.on(m, argv), env());
     return *nodes[m];
   }
@@ -88,6 +89,7 @@ struct ElasticJob {
   TempDir dir;
   std::string nnodes;
   int nproc, steps, restarts;
+  std::vector<std::string> flags;  // the Trainer's, beyond the ones every test uses
   std::unique_ptr<Process> store;
   std::map<int, std::unique_ptr<Process>> nodes;
 };
@@ -167,6 +169,21 @@ TEST(ElasticCluster, LosingTheFirstMachineIsSurvivableWithTheStoreApart) {
   job.cluster.kill_all(0);
   ASSERT_TRUE(job.saw("3 -> 2 workers (failure", 60)) << job.outputs();
   job.expect_finished({1, 2}, 2, 20);
+}
+
+// ZeRO stage 2 on 2 machines x 2 workers: each rank's optimizer slices are mirrored by the rank in
+// the same place on the other machine. Machine 1 loses power; machine 0's two workers put the
+// whole state together from their own slices and their mirrors of machine 1's, and finish.
+TEST(ElasticCluster, ZeroShardsOfAMachineThatLosesPowerLiveOnInTheirMirrors) {
+  REQUIRE_CLUSTER();
+  ElasticJob job(2, "1:2", 2, 150);  // global batch 128: 15 steps per epoch
+  job.flags = {"--zero-stage", "2"};
+  for (int m = 0; m < 2; ++m) job.start(m);
+  ASSERT_TRUE(job.saw("step 30/")) << job.outputs();
+  ASSERT_NE(job.outputs().find("ZeRO mirrors: each worker also keeps"), std::string::npos) << job.outputs();
+  job.cluster.power_off(1);
+  ASSERT_TRUE(job.saw("4 -> 2 workers (failure", 60)) << job.outputs();
+  job.expect_finished({0}, 2, 15);
 }
 
 }  // namespace

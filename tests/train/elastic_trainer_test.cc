@@ -34,18 +34,19 @@ int free_port() {
 
 // An elastic job of `workers` on this machine; extra environment (fault injection) in `env`.
 std::unique_ptr<Process> elastic_run(const std::string& dir, int workers, int per_device, int steps,
-                                     const std::map<std::string, std::string>& env = {}) {
+                                     const std::map<std::string, std::string>& env = {},
+                                     const std::vector<std::string>& flags = {}) {
   fs::create_directories(dir);
   auto environment = env;
   environment["LOCKSTEP_ELASTIC_CHECK"] = "0.05";
-  return std::make_unique<Process>(
-      std::vector<std::string>{LOCKSTEP_BINARY, "run", "--nnodes", "1:1", "--nproc-per-node",
-                               std::to_string(workers), "--master-port", std::to_string(free_port()),
-                               "--max-restarts", "1", ELASTIC_WORKER, "--record-dir", dir,
-                               "--per-device-train-batch-size", std::to_string(per_device), "--max-steps",
-                               std::to_string(steps), "--learning-rate", "1e-3", "--logging-steps", "5",
-                               "--batch-delay-ms", "20", "--output-dir", dir + "/out"},
-      environment);
+  std::vector<std::string> argv{LOCKSTEP_BINARY, "run", "--nnodes", "1:1", "--nproc-per-node",
+                                std::to_string(workers), "--master-port", std::to_string(free_port()),
+                                "--max-restarts", "1", ELASTIC_WORKER, "--record-dir", dir,
+                                "--per-device-train-batch-size", std::to_string(per_device), "--max-steps",
+                                std::to_string(steps), "--learning-rate", "1e-3", "--logging-steps", "5",
+                                "--batch-delay-ms", "20", "--output-dir", dir + "/out"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return std::make_unique<Process>(argv, environment);
 }
 
 std::vector<torch::Tensor> final_parameters(const std::string& dir) {
@@ -120,6 +121,59 @@ TEST(ElasticTrainer, ALossAndARejoinEndWhereAnUninterruptedRunEnds) {
       << "elastic run vs uninterrupted: " << elastic << "; 2 vs 3 workers, uninterrupted: " << summation_order;
   std::printf("max |parameter difference| to the 3-worker run: 2 workers %.3g, elastic with a kill %.3g\n",
               summation_order, elastic);
+}
+
+// ZeRO in an elastic job: each rank's optimizer slices are mirrored by another rank, so a killed
+// worker's slices survive it. Three deaths: between steps (stage 1); holding its gradients before
+// the update may start (stage 1: nobody may update, the step is taken again); and in the middle of
+// an update (stage 2: it applied its slices' update and died before the all-gather, so the
+// survivors hold the step half gathered and must finish it from its mirror, the step counting as
+// completed). Every run must end where the uninterrupted DDP run ends, as close as a run of another
+// world size does, with every sample trained once per epoch.
+TEST(ElasticTrainer, ZeroShardsSurviveALostWorkerThroughTheirMirrors) {
+  TempDir three("elastic-zero-ref3"), two("elastic-zero-ref2"), stage1("elastic-zero1"), before("elastic-zero1b"),
+      stage2("elastic-zero2");
+  auto a = elastic_run(three.path(), 3, 32, 60);
+  ASSERT_EQ(a->wait(300), 0) << a->output();
+  auto b = elastic_run(two.path(), 2, 48, 60);
+  ASSERT_EQ(b->wait(300), 0) << b->output();
+  auto z1 = elastic_run(stage1.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:10:1"}},
+                        {"--zero-stage", "1"});
+  ASSERT_EQ(z1->wait(300), 0) << z1->output();
+  auto z1b = elastic_run(before.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-before-update:12:2"}},
+                         {"--zero-stage", "1"});
+  ASSERT_EQ(z1b->wait(300), 0) << z1b->output();
+  auto z2 = elastic_run(stage2.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-in-update:12:2"}},
+                        {"--zero-stage", "2"});
+  ASSERT_EQ(z2->wait(300), 0) << z2->output();
+
+  const auto reference = final_parameters(three.path());
+  const double summation_order = max_difference(final_parameters(two.path()), reference);
+  for (const auto* dir : {&stage1, &before, &stage2}) {
+    const auto log = changes(dir->path());
+    ASSERT_EQ(log.size(), 2u) << "a loss and a rejoin";
+    EXPECT_EQ(log[0].world_size, 2);
+    EXPECT_EQ(log[0].steps_lost, 0);
+    EXPECT_EQ(log[1].world_size, 3);
+    EXPECT_EQ(each_sample_once_per_epoch(trained_samples(dir->path()), 20, 3, kSamples), "");
+    const double elastic = max_difference(final_parameters(dir->path()), reference);
+    EXPECT_LE(elastic, std::max(2 * summation_order, 1e-6))
+        << dir->path() << ": " << elastic << "; 2 vs 3 workers, uninterrupted: " << summation_order;
+    std::printf("%s: max |parameter difference| to the 3-worker DDP run %.3g (2 workers: %.3g)\n",
+                dir->path().c_str(), elastic, summation_order);
+  }
+  EXPECT_EQ(changes(stage1.path())[0].step, 10);
+  EXPECT_EQ(changes(before.path())[0].step, 11) << "nobody may apply an update a rank died before allowing";
+  EXPECT_EQ(changes(stage2.path())[0].step, 12) << "the update rank 2 applied before dying was completed";
+  EXPECT_NE(z2->output().find("all 3 replicas hold the same parameters"), std::string::npos) << z2->output();
+}
+
+// One copy of the parameters per machine would be lost with its machine: refused, saying why.
+TEST(ElasticTrainer, ZeroIsRefusedWithSharedParameters) {
+  TempDir dir("elastic-zero-shared");
+  auto run = elastic_run(dir.path(), 2, 32, 5, {}, {"--zero-stage", "1", "--zero-shared-parameters"});
+  EXPECT_NE(run->wait(120), 0);
+  EXPECT_NE(run->output().find("--zero-shared-parameters in an elastic job"), std::string::npos) << run->output();
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ inline constexpr Knob kLogSubsystems{"LOCKSTEP_LOG_SUBSYSTEMS", "all", "which su
 inline constexpr Knob kPath{"PATH", "/usr/local/bin:/usr/bin:/bin", "where lockstep run finds a PROGRAM given without a '/'", Group::launch};
 // --- the Trainer ---
 inline constexpr Knob kElasticCheck{"LOCKSTEP_ELASTIC_CHECK", "1", "elastic jobs: seconds of training between the members' looks for workers waiting to join (one integer all-reduce each)", Group::train};
-inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt only: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP) or kill-after-step:STEP:RANK", Group::train};
+inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt only: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP), kill-after-step:STEP:RANK, kill-before-update:STEP:RANK (RANK dies in an elastic ZeRO step holding its gradients, before the update may start) or kill-in-update:STEP:RANK (... once its slices are updated, before the all-gather)", Group::train};
 // --- libraries lockstep runs on ---
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
 inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS picked kernels below the CPU's, the Trainer and lockstep doctor say so", Group::libraries};

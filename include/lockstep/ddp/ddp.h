@@ -149,6 +149,9 @@ class Reducer {
   // of the padded bucket. A view of the bucket, or under reduce_scatter the tensor the slice is
   // kept in; the same tensor for the reducer's life, valid after each synchronised backward.
   torch::Tensor gradient_slice(int b) const;
+  // Without reduce_scatter: elements [offset, offset + length) of bucket b's averaged gradient, a
+  // view valid after each synchronised backward (ZeRO's mirrors read another rank's slice here).
+  torch::Tensor averaged_range(int b, std::int64_t offset, std::int64_t length) const;
   // Under reduce_scatter: the bytes of the slots buckets take turns in while they are reduced.
   std::size_t bucket_slot_bytes() const;
 

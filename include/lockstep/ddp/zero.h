@@ -29,6 +29,18 @@
 // all-gather is needed. Safety: a barrier before the update (no rank still reads parameters in
 // backward while an owner writes them) and one after it (no rank's next forward reads a slice
 // that is still being written).
+//
+// Mirrors (elastic jobs, ddp/zero_elastic.h). A lost rank takes its slices of the optimizer
+// state with it, and nobody else has them. With mirror_of set, each rank also keeps a second set
+// of slices, another rank's (on another machine: the Trainer picks the next machine's rank in the
+// same place), and applies the same update to them: stage 1 reads that rank's averaged gradient
+// from the all-reduced bucket (no extra traffic), stage 2 receives it from that rank (one slice
+// per bucket, point-to-point). What it costs: the mirrored slices' parameters and optimizer state
+// (twice ZeRO's optimizer memory per rank, still 2/W of DDP's), a second update's compute, stage
+// 2's slice of traffic, and one 4-byte all-reduce per step: the update starts only once every rank
+// holds its gradients (the all-reduce completing anywhere proves every rank entered it), so after a
+// failure either no rank updated, or every survivor holds what it needs to finish the update, and
+// the step is never half taken.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -36,7 +48,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
@@ -44,10 +58,40 @@
 
 namespace lockstep {
 
+// Where a rank stands in the step in flight when its communicator failed.
+enum class UpdatePhase {
+  idle,     // no update under way: it holds the state after its last completed step
+  ready,    // it holds the step's averaged gradients for its slices and its mirrors, not yet applied
+  applied,  // it applied the step's update to its slices and its mirrors (the all-gather may not have run)
+};
+
 struct ZeroOptions {
+  ZeroOptions() = default;
+  ZeroOptions(int s, bool shared) : stage(s), shared_parameters(shared) {}
   int stage = 1;                   // 1: shard the optimizer state; 2: and the gradients
   bool shared_parameters = false;  // one copy of the parameters per machine (all ranks on one)
+  int mirror_of = -1;              // the rank whose slices this rank mirrors (-1: no mirrors)
+  int mirrored_by = -1;            // the rank that mirrors this rank's slices
+  // Tests (fault injection): told when a mirrored update reaches `ready` (before the all-reduce that
+  // lets it start) and `applied` (before the all-gather).
+  std::function<void(UpdatePhase)> on_phase;
 };
+
+// A range of the module's trainable parameters laid end to end (in module.parameters() order) and
+// what a rank holds of it: the parameters' values and the optimizer's state tensors, all 1-D.
+struct HeldRange {
+  std::int64_t begin = 0;
+  torch::Tensor values;
+  std::map<std::string, torch::Tensor> state;
+};
+
+// What a rank holds of a sharded job's training state: the slices of `owner`, each rank of the
+// old membership being one owner (its own, and the rank it mirrors).
+struct HeldShard {
+  int owner = 0;
+  std::vector<HeldRange> ranges;
+};
+
 
 // What sharding needs of the reducer's buckets: fixed from the start, padded to a multiple of the
 // world size, and under stage 2 reduce-scattered and no larger than 4 MB (stage 2 keeps two
@@ -62,6 +106,7 @@ struct ZeroMemory {
   std::int64_t gradient_slots = 0;   // stage 2: the two bucket slots gradients pass through
   std::int64_t optimizer_state = 0;  // measured once the optimizer has stepped, else expected
   std::int64_t padding = 0;          // elements added to even out the slices
+  std::int64_t mirrors = 0;          // mirrors: the mirrored slices' parameters and optimizer state
 };
 
 class ZeroOptimizer {
@@ -95,6 +140,19 @@ class ZeroOptimizer {
   void load_consolidated(torch::optim::Optimizer& full);
 
   ZeroMemory memory() const;
+
+  // Elastic jobs (ddp/zero_elastic.h drives these). After a collective failed: keeps what an
+  // update would need (the gradients, copied out of the reducer's buckets), so the reducer and the
+  // communicator can be released; only the calls below may follow.
+  void release_communicator();
+  UpdatePhase phase() const;
+  // In phase ready: applies the update to this rank's slices and its mirrors (no communication).
+  void finish_update();
+  // This rank's slices and its mirrors as ranges of the module's parameters, with their state.
+  std::vector<HeldShard> holdings() const;
+  // The optimizer's step count (Adam's `step`; 0 before the first update or for SGD).
+  std::int64_t optimizer_steps() const;
+  int world() const;  // the ranks it was built over
 
  private:
   struct Impl;
