@@ -3,7 +3,7 @@
 
 Two machines as network namespaces (bench/compare_cluster.py's Cluster), each with a 1 Gbit/s
 link, one worker each, and a third namespace for the store (`lockstep store`). The job is the
-Fashion-MNIST example's MLP (784-512-256-10), batch 64 per worker, AdamW, one intra-op and one BLAS
+Fashion-MNIST example's MLP (784-512-256-10; --model cnn: its CNN), batch 64 per worker, AdamW, one intra-op and one BLAS
 thread per worker; rank 0 logs every step, and this script timestamps each line as it arrives.
 
   recovery   an elastic job (--nnodes 1:2); machine 1's worker is SIGKILLed at step --kill-at: the
@@ -19,8 +19,12 @@ thread per worker; rank 0 logs every step, and this script timestamps each line 
   overhead   one machine, 2 workers over shm, no failure: the elastic job against the fixed one,
              --repeat times interleaved: the ratio of their median samples/s.
 
+With --zero-stage 1 or 2 every job (fixed and elastic) shards with ZeRO; the elastic one also
+keeps each rank's slices mirrored on the other machine (ddp/zero.h), which is what its overhead
+part measures against the fixed ZeRO job.
+
     sudo /usr/bin/python3 bench/compare_elastic.py [--build build] [--churn-seconds 300]
-        [--churn-every 30] [--repeat 3] [--out bench/ELASTIC.md]
+        [--churn-every 30] [--repeat 3] [--zero-stage 0] [--out bench/ELASTIC.md]
 """
 import argparse
 import datetime
@@ -42,6 +46,8 @@ from compare_cluster import Cluster, cpu, sh  # noqa: E402
 STORE_PORT = 29500
 MASTER_PORT = 29400
 STEP = re.compile(r"step (\d+)/")
+TRAINER_FLAGS = []  # every job's, from the command line (--zero-stage)
+MODEL = ["mlp"]     # the example's --model, from the command line
 
 
 class Launcher:
@@ -108,9 +114,9 @@ def env():
 
 
 def program(build, out, steps, extra=()):
-    return [f"{build}/examples/fashion_mnist", "--model", "mlp", "--per-device-train-batch-size", "64",
+    return [f"{build}/examples/fashion_mnist", "--model", MODEL[0], "--per-device-train-batch-size", "64",
             "--max-steps", str(steps), "--logging-steps", "1", "--eval-strategy", "no", "--disable-tqdm",
-            "--output-dir", out, *extra]
+            "--output-dir", out, *TRAINER_FLAGS, *extra]
 
 
 def kill_worker(cluster, m):
@@ -244,16 +250,22 @@ def main():
     ap.add_argument("--overhead-steps", type=int, default=600)
     ap.add_argument("--parts", default="recovery,churn,overhead",
                     help="which to run: recovery (with restart), churn, overhead")
+    ap.add_argument("--zero-stage", type=int, default=0, help="every job shards with ZeRO stage 1 or 2")
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"], help="the Fashion-MNIST example's model")
     ap.add_argument("--out", default=os.path.join(HERE, "ELASTIC.md"))
     args = ap.parse_args()
+    MODEL[0] = args.model
+    if args.zero_stage:
+        TRAINER_FLAGS.extend(["--zero-stage", str(args.zero_stage)])
     parts = set(args.parts.split(","))
     if os.geteuid() != 0:
         raise SystemExit("compare_elastic.py makes network namespaces: run it as root")
     lines = ["# What a failure costs: elastic membership against restarts", "",
              f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by every machine, commit "
-             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; the Fashion-MNIST MLP, batch 64 per "
+             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; the Fashion-MNIST {args.model.upper()}, batch 64 per "
              f"worker, one intra-op and one BLAS thread per worker (BLAS: "
-             f"{os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}).",
+             f"{os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}); "
+             f"{'ZeRO stage %d in every job' % args.zero_stage if args.zero_stage else 'DDP'}.",
              f"Command: `sudo /usr/bin/python3 bench/compare_elastic.py {' '.join(sys.argv[1:])}`", ""]
     cluster = Cluster(3, "1gbit") if parts & {"recovery", "churn"} else None
     store = Launcher(cluster, 2, [f"{args.build}/tools/lockstep", "store", "--port", str(STORE_PORT)],
