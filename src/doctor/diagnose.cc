@@ -198,6 +198,31 @@ std::optional<Finding> compress_gradients(const Evidence& e) {
   return f;
 }
 
+// One rank holds every other back: the all-reduce waits for its step, so what the other rules
+// read as exposed communication on rank 0 is partly waiting for it. Its ratio is in the
+// Trainer's words ("... makes its steps 3.0x as long ...").
+std::optional<Finding> straggler_named(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (many.straggler_rank < 0) return std::nullopt;
+  const std::string rank = "rank " + std::to_string(many.straggler_rank);
+  const bool data = many.straggler.find("data loading") != std::string::npos;
+  double ratio = 0;
+  if (const auto at = many.straggler.find("steps "); at != std::string::npos)
+    std::sscanf(many.straggler.c_str() + at, "steps %lfx", &ratio);
+  Finding f;
+  f.kind = "straggler";
+  f.problem = many.straggler.empty() ? rank + " is the straggler in most windows" : many.straggler;
+  f.action = data ? "speed up " + rank + "'s data: more --dataloader-num-workers there, or find what makes its "
+                        "batches slow to load (its storage, its decoding)"
+                  : "find what slows " + rank + "'s compute (another job on its cores, a CPU quota, a slower machine) "
+                        "or give its machine fewer workers; every rank runs at its pace";
+  f.predicted = ratio > 1 ? fmt("steps up to %.1fx as fast once it keeps up (the others wait %.0f%% of each step)",
+                                ratio, 100 * (1 - 1 / ratio))
+                          : "steps as fast as the other ranks'";
+  f.saving = ratio > 1 ? 1 - 1 / ratio : 0.1;
+  return f;
+}
+
 // Compute itself slowed down with more workers: a note (shared memory bandwidth, cores).
 std::optional<Finding> compute_slowed(const Evidence& e) {
   const double one_compute = e.one.compute();
@@ -241,7 +266,7 @@ std::optional<Finding> shard_the_optimizer(const Evidence& e) {
 }
 
 using Rule = std::optional<Finding> (*)(const Evidence&);
-constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  data_wait,
+constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  straggler_named, data_wait,
                            larger_batch,       link_bound,              comm_competes_for_cores,
                            compress_gradients, shard_the_optimizer,     compute_slowed};
 
@@ -263,6 +288,8 @@ std::vector<Finding> diagnose(const Evidence& evidence) {
   std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) {
     if (x.recommendation != y.recommendation) return x.recommendation;
     if ((x.kind == "threads") != (y.kind == "threads")) return x.kind == "threads";
+    // a straggler distorts what rank 0 measured: it comes before what those numbers suggest
+    if ((x.kind == "straggler") != (y.kind == "straggler")) return x.kind == "straggler";
     return x.saving > y.saving;
   });
   return out;

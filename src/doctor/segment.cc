@@ -1,5 +1,6 @@
 // A measured run, summarised from its metrics.jsonl.
 #include <algorithm>
+#include <map>
 #include <type_traits>
 
 #include "lockstep/doctor/doctor.h"
@@ -45,6 +46,8 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("zero_stage", s.zero_stage);
   visit("worker_optimizer_state_bytes", s.optimizer_state_bytes);
   visit("peak_rss_bytes", s.peak_rss_bytes);
+  visit("straggler_rank", s.straggler_rank);
+  visit("straggler", s.straggler);
 }
 
 nlohmann::json RunSummary::to_json() const {
@@ -98,6 +101,17 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.optimizer_state_bytes = static_cast<double>(b.worker_optimizer_state_bytes);
 }
 
+// The rank the Trainer named in at least half of the windows after the first, if one was.
+void name_the_straggler(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
+  std::map<int, int> named;
+  for (std::size_t i = 1; i < logs.size(); ++i)
+    if (logs[i].straggler_rank) ++named[*logs[i].straggler_rank];
+  for (const auto& [rank, windows] : named)
+    if (2 * windows >= static_cast<int>(logs.size() - 1)) s.straggler_rank = rank;
+  for (std::size_t i = 1; i < logs.size(); ++i)
+    if (logs[i].straggler_rank == s.straggler_rank && logs[i].straggler) s.straggler = *logs[i].straggler;
+}
+
 // Averages over every window but the first (warm-up).
 void average_windows(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
   const double n = static_cast<double>(logs.size() - 1);
@@ -125,6 +139,7 @@ void average_windows(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
   s.network_seconds = seconds / n;
   s.windows = static_cast<int>(logs.size() - 1);
   s.peak_rss_bytes = logs.back().peak_rss_bytes.value_or(0);
+  name_the_straggler(logs, s);
 }
 
 }  // namespace

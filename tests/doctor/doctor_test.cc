@@ -131,6 +131,30 @@ TEST(DoctorAnalysis, OversubscribedThreadsAndDataWaitAreNamed) {
   ASSERT_TRUE(has(f, "data"));
   EXPECT_NE(f.front().action.find("--dataloader-num-workers 1"), std::string::npos) << f.front().action;
 }
+// A rank whose compute is 3x the others' makes rank 0 wait at the all-reduce, which alone would
+// read as exposed communication: the straggler comes first, named with its cause and ratio.
+TEST(DoctorAnalysis, AStragglerComesBeforeWhatItsWaitLooksLike) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.exposed = 0.040;  // rank 0 waiting for rank 1
+  many.comm = 0.045;
+  many.step += 0.038;
+  many.samples_per_second = 2 * 64 / many.step;
+  many.straggler_rank = 1;
+  many.straggler = "rank 1 is the straggler: its compute makes its steps 3.0x as long as the other ranks' (median), "
+                   "and every rank waits for it at the gradient all-reduce";
+  const auto f = diagnose(evidence(one, many, 2.0));
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f.front().kind, "straggler");
+  EXPECT_NE(f.front().action.find("rank 1's compute"), std::string::npos) << f.front().action;
+  EXPECT_NE(f.front().predicted.find("3.0x"), std::string::npos) << f.front().predicted;
+  EXPECT_NEAR(f.front().saving, 2.0 / 3, 1e-9);
+  EXPECT_TRUE(has(f, "batch")) << "the wait is still reported, after the straggler";
+  const RunSummary back = RunSummary::from_json(many.to_json());
+  EXPECT_EQ(back.straggler_rank, 1);
+  EXPECT_EQ(back.straggler, many.straggler);
+  EXPECT_FALSE(has(diagnose(evidence(one, healthy(2), 2.0)), "straggler"));
+}
+
 TEST(DoctorAnalysis, KernelsBelowTheCpusComeFirstWithTheMeasuredSpeedup) {
   RunSummary one = healthy(1), many = healthy(2);
   for (RunSummary* s : {&one, &many}) s->blas_core = "Prescott", s->blas_best_core = "SkylakeX";
@@ -225,6 +249,18 @@ TEST(Doctor, ASlowDatasetPointsAtDataLoading) {
   auto r = doctor("data", {"--model", "cnn", "--data-delay-ms", "60"}, {{"OMP_NUM_THREADS", "1"}});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(first_recommendation(r.doc), "data") << r.output;
+  EXPECT_NE(r.output.find("--dataloader-num-workers"), std::string::npos) << r.output;
+}
+
+// Rank 1's batches load 60 ms slower than rank 0's: the doctor names rank 1 and its data, not the
+// all-reduce rank 0 waits in.
+TEST(Doctor, ARankWithSlowDataIsNamedAsTheStraggler) {
+  auto r = doctor("straggler", {"--model", "cnn", "--data-delay-ms", "60", "--data-delay-rank", "1"},
+                  {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(first_recommendation(r.doc), "straggler") << r.output;
+  EXPECT_EQ(r.doc["many"]["straggler_rank"].get<int>(), 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 is the straggler: its data loading"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--dataloader-num-workers"), std::string::npos) << r.output;
 }
 

@@ -29,6 +29,10 @@ struct RunSummary {
   int zero_stage = 0;
   double optimizer_state_bytes = 0;  // what each worker holds (train_begin)
   double peak_rss_bytes = 0;         // rank 0's high-water mark, at the last window
+  // The rank the Trainer named as the straggler in at least half of the measured windows (-1:
+  // none), and the Trainer's words for the last of them.
+  int straggler_rank = -1;
+  std::string straggler;
   double network_gbps() const { return network_seconds > 0 ? network_bytes / network_seconds / 1e9 : 0; }
   double other() const;
   double compute() const { return forward + backward; }
@@ -41,7 +45,7 @@ struct RunSummary {
 RunSummary read_summary(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // blas | threads | data | batch | link | compression | scheduling | zero | compute
+  std::string kind;            // blas | threads | straggler | data | batch | link | compression | scheduling | zero | compute
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect

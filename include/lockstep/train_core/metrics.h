@@ -62,7 +62,7 @@
   X(double, data_seconds, "... waiting for the batch")                                                  \
   X(double, forward_seconds, "... in forward and the loss")                                             \
   X(double, backward_seconds, "... computing backward (communication it hid included)")                 \
-  X(double, exposed_comm_seconds, "... waiting at backward's end for the gradient all-reduce")          \
+  X(double, exposed_comm_seconds, "... waiting for the others: gradient all-reduce, buffers' broadcast")   \
   X(double, comm_seconds, "... all-reducing, overlapped or not")                                        \
   X(double, optimizer_seconds, "... clipping and in the optimiser")                                     \
   X(double, exposed_comm_fraction, "exposed_comm_seconds / step_seconds")                               \

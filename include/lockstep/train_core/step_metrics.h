@@ -20,8 +20,10 @@ struct StepTimes {
   double data = 0;          // waiting for batches
   double forward = 0;       // forward and loss
   double backward = 0;      // backward compute (communication it hid included, exposed excluded)
-  double exposed_comm = 0;  // backward's end waiting for the gradient all-reduce
+  double exposed_comm = 0;  // backward's end waiting for the gradient all-reduce, and forward's start
+                            // for the buffers' broadcast (it waits for every rank)
   double comm = 0;          // all-reduce run time, overlapped or not
+  double buffer_sync = 0;   // the buffers' broadcast part of exposed_comm
   double optimizer = 0;     // clipping and the optimiser
   double total = 0;         // the whole step
 };
