@@ -372,16 +372,13 @@ Locality declared_locality(const std::vector<int>& machine_of, int size) {
   return locality_from(sees);
 }
 
-// auto: shm on one machine; hier when several machines hold the same number of ranks, more
-// than one each; gloo otherwise.
+// auto: shm on one machine; gloo when every machine holds one rank; hier otherwise, unequal
+// numbers of ranks per machine included.
 std::string resolve_backend(const std::string& asked, const Locality& where) {
   if (asked != "auto") return asked;
   if (where.one_machine()) return "shm";
   if (where.machines == where.size()) return "gloo";
-  if (where.uniform()) return "hier";
-  LOCKSTEP_LOG(info, comm) << "ranks are spread unevenly over machines (" << where.describe()
-                           << "): the hier backend needs as many on each, so gloo connects them all";
-  return "gloo";
+  return "hier";
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& backend, const BackendContext& ctx) {

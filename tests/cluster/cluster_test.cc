@@ -32,11 +32,13 @@ double seconds_since(steady_clock::time_point t) {
 
 constexpr int kPort = 29400;  // every cluster has network stacks of its own: no clash
 
-// One launcher per machine: `lockstep run --nnodes M --node-rank m ...` inside machine m.
+// One launcher per machine: `lockstep run --nnodes M --node-rank m ...` inside machine m, with
+// `nproc` workers (the last machine: `last_nproc`, when given).
 std::vector<std::unique_ptr<Process>> launch(const VirtualCluster& cluster, int nproc,
                                              const std::vector<std::string>& program,
                                              const std::vector<std::string>& launcher_flags = {},
-                                             const std::map<std::string, std::string>& env = {}) {
+                                             const std::map<std::string, std::string>& env = {},
+                                             int last_nproc = 0) {
   std::vector<std::unique_ptr<Process>> nodes;
   auto environment = env;
   environment["LOCKSTEP_TOKEN"] = "cluster-test-token";
@@ -44,7 +46,8 @@ std::vector<std::unique_ptr<Process>> launch(const VirtualCluster& cluster, int 
     std::vector<std::string> argv = {LOCKSTEP_BINARY,    "run",
                                      "--nnodes",         std::to_string(cluster.machines()),
                                      "--node-rank",      std::to_string(m),
-                                     "--nproc-per-node", std::to_string(nproc),
+                                     "--nproc-per-node",
+                                     std::to_string(m + 1 == cluster.machines() && last_nproc ? last_nproc : nproc),
                                      "--master-addr",    cluster.address(0),
                                      "--master-port",    std::to_string(kPort)};
     argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
@@ -98,6 +101,19 @@ TEST(Cluster, ATwoByTwoTrainerJobPicksHierByItselfAndEveryRankEndsEqual) {
   EXPECT_NE(o.find("backend hier"), std::string::npos) << o;
   EXPECT_NE(o.find("all 4 replicas hold the same parameters"), std::string::npos) << o;
   EXPECT_EQ(shm_segments().size(), 0u) << "the machines' /dev/shm are their own; the host's stays clean";
+}
+
+// Machines of unequal size (2 workers and 1) pick hier too, and every rank ends equal.
+TEST(Cluster, MachinesOfUnequalSizePickHierAndEveryRankEndsEqual) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir out("cluster-uneven");
+  auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "30", "--save-strategy", "no"}), {}, {}, 1);
+  for (auto& n : nodes) ASSERT_EQ(n->wait(180), 0) << n->output();
+  const std::string& o = nodes[0]->output();
+  EXPECT_NE(o.find("3 workers x 64 per device"), std::string::npos) << o;
+  EXPECT_NE(o.find("backend hier"), std::string::npos) << o;
+  EXPECT_NE(o.find("all 3 replicas hold the same parameters"), std::string::npos) << o;
 }
 
 // After a job that was killed mid-training, nothing is left: no namespace, nothing in /dev/shm.
@@ -171,6 +187,7 @@ TEST(Cluster, TheDoctorComparesTheTrafficBetweenMachinesWithTheLinkAndAdvisesBf1
 // The conformance table across machines, over hier and (as the peer it must match) gloo.
 struct Layout {
   int machines, per_machine;
+  int last_machine = 0;  // workers on the last machine, when it has fewer (0: per_machine)
 };
 
 class ClusterConformance : public ::testing::TestWithParam<Layout> {};
@@ -179,19 +196,21 @@ TEST_P(ClusterConformance, EveryCollectiveMatchesTheReference) {
   REQUIRE_CLUSTER();
   const Layout l = GetParam();
   VirtualCluster cluster({l.machines, ""});
-  auto nodes = launch(cluster, l.per_machine, {COMM_WORKER, "conformance", "hier", "8192"});
-  for (auto& n : nodes) {
-    EXPECT_EQ(n->wait(300), 0) << n->output();
-    EXPECT_EQ(count_of(n->output(), " 0 failures on hier"), static_cast<std::size_t>(l.per_machine))
-        << n->output();
+  auto nodes = launch(cluster, l.per_machine, {COMM_WORKER, "conformance", "hier", "8192"}, {}, {}, l.last_machine);
+  for (std::size_t m = 0; m < nodes.size(); ++m) {
+    EXPECT_EQ(nodes[m]->wait(300), 0) << nodes[m]->output();
+    const int workers = m + 1 == nodes.size() && l.last_machine ? l.last_machine : l.per_machine;
+    EXPECT_EQ(count_of(nodes[m]->output(), " 0 failures on hier"), static_cast<std::size_t>(workers))
+        << nodes[m]->output();
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterConformance,
-                         ::testing::Values(Layout{2, 2}, Layout{2, 1}, Layout{3, 1}),
+                         ::testing::Values(Layout{2, 2}, Layout{2, 1}, Layout{3, 1}, Layout{2, 2, 1}),
                          [](const ::testing::TestParamInfo<Layout>& param) {
                            return std::to_string(param.param.machines) + "x" +
-                                  std::to_string(param.param.per_machine);
+                                  std::to_string(param.param.per_machine) +
+                                  (param.param.last_machine ? "_last" + std::to_string(param.param.last_machine) : "");
                          });
 
 // A cpu cgroup (v1, or v2's cpu.max) that lets its processes use `share` of one core; removed

@@ -70,13 +70,16 @@ INSTANTIATE_TEST_SUITE_P(Gloo, ThreadRanks,
                                            Case{"gloo", 4, 0}, Case{"gloo", 5, 0}, Case{"gloo", 7, 0}),
                          case_name);
 // The hier backend's two levels, machines simulated by declaring them (the namespace tests run
-// it across real network namespaces): 2x2, 2x1, 3x1, 2x3, 3x2, and one machine of 3.
+// it across real network namespaces): 2x2, 2x1, 3x1, 2x3, 3x2, one machine of 3, and machines of
+// unequal size: 2+1, 3+2 interleaved (ranks 0, 2, 4 on one), 1+2+3.
 INSTANTIATE_TEST_SUITE_P(Hier, ThreadRanks,
                          ::testing::Values(Case{"hier", 4, 0, {0, 0, 1, 1}}, Case{"hier", 2, 0, {0, 1}},
                                            Case{"hier", 3, 0, {0, 1, 2}},
                                            Case{"hier", 6, 0, {0, 0, 0, 1, 1, 1}},
                                            Case{"hier", 6, 4096, {0, 1, 2, 0, 1, 2}},
-                                           Case{"hier", 3, 0, {0, 0, 0}}),
+                                           Case{"hier", 3, 0, {0, 0, 0}}, Case{"hier", 3, 0, {0, 0, 1}},
+                                           Case{"hier", 5, 4096, {0, 1, 0, 1, 0}},
+                                           Case{"hier", 6, 0, {0, 1, 1, 2, 2, 2}}),
                          case_name);
 #endif
 

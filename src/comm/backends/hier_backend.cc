@@ -21,8 +21,16 @@
 //   owners have index l; across machines, a reduce-scatter of those gives each rank its block.
 // barrier: inside, across, inside.
 //
-// Requires the same number of ranks on every machine (checked at creation). Errors from either
-// level say which level and which global ranks were involved.
+// Machines with unequal numbers of ranks (say 2 and 1): only the first S local indices have a
+// group across machines, S being the fewest ranks any machine holds. allreduce: the whole buffer
+// reduced inside, S shards across (local rank l < S carries shard l), each shard broadcast inside
+// from its carrier; broadcast from a root whose index has no group: inside the root's machine to
+// its rank 0, across from there, inside elsewhere; allgather: inside, then every machine's rank 0
+// broadcasts its machine's blocks across (their sizes differ) and passes the whole on inside;
+// reduce_scatter: an allreduce of the whole input, each rank keeping its block. Each machine
+// still crosses the network once per shard, not once per rank as a flat ring of all ranks does.
+//
+// Errors from either level say which level and which global ranks were involved.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,15 +47,16 @@ namespace {
 class HierBackend final : public Backend {
  public:
   explicit HierBackend(const BackendContext& ctx) : rank_(ctx.rank), where_(ctx.locality) {
-    if (!where_.uniform())
-      throw ConfigError("backend 'hier' needs the same number of ranks on every machine, but they are on " +
-                        where_.describe() + ": use --backend gloo (or auto, which picks it)");
     machine_ = where_.machine_of[static_cast<std::size_t>(rank_)];
     local_ = where_.local_rank[static_cast<std::size_t>(rank_)];
     machine_ranks_ = where_.ranks_on(machine_);
     local_size_ = static_cast<int>(machine_ranks_.size());
-    for (int m = 0; m < where_.machines; ++m)
-      index_group_.push_back(where_.ranks_on(m)[static_cast<std::size_t>(local_)]);
+    uniform_ = where_.uniform();
+    shards_ = local_size_;
+    for (int m = 0; m < where_.machines; ++m) shards_ = std::min(shards_, static_cast<int>(where_.ranks_on(m).size()));
+    if (local_ < shards_)
+      for (int m = 0; m < where_.machines; ++m)
+        index_group_.push_back(where_.ranks_on(m)[static_cast<std::size_t>(local_)]);
     BackendContext inside = ctx, across = ctx;
     inside.prefix = ctx.prefix + "machine/" + std::to_string(machine_) + "/";
     inside.rank = local_;
@@ -58,7 +67,7 @@ class HierBackend final : public Backend {
     across.size = where_.machines;
     across.global_ranks = index_group_;
     local_backend_ = make_local_shm_backend(inside);
-    if (where_.machines > 1) cross_backend_ = make_gloo_backend(across);
+    if (where_.machines > 1 && local_ < shards_) cross_backend_ = make_gloo_backend(across);
   }
 
   const std::string& name() const override {
@@ -91,10 +100,10 @@ class HierBackend final : public Backend {
 
   void run(const Collective& c) override {
     switch (c.kind) {
-      case CollectiveKind::allreduce: return allreduce(c);
+      case CollectiveKind::allreduce: return uniform_ ? allreduce(c) : allreduce_uneven(c);
       case CollectiveKind::broadcast: return broadcast(c);
-      case CollectiveKind::allgather: return allgather(c);
-      case CollectiveKind::reduce_scatter: return reduce_scatter(c);
+      case CollectiveKind::allgather: return uniform_ ? allgather(c) : allgather_uneven(c);
+      case CollectiveKind::reduce_scatter: return uniform_ ? reduce_scatter(c) : reduce_scatter_uneven(c);
       case CollectiveKind::barrier:
         inside(c);
         across(c);
@@ -220,9 +229,37 @@ class HierBackend final : public Backend {
     if (!even) std::memcpy(c.recv, out, c.count * esize);
   }
 
+  // Unequal machines: reduced inside, shard l across by local rank l < S, shards broadcast inside.
+  void allreduce_uneven(const Collective& c) {
+    Collective local = c;
+    local.op = wire_op(c.op);
+    inside(local);
+    const std::size_t esize = dtype_size(c.dtype), S = static_cast<std::size_t>(shards_);
+    const std::size_t shard = (c.count + S - 1) / S;
+    char* out = static_cast<char*>(c.recv);
+    auto range = [&](std::size_t l) {
+      const std::size_t begin = std::min(c.count, l * shard);
+      return std::make_pair(begin, std::min(c.count, begin + shard) - begin);
+    };
+    for (std::size_t l = 0; l < S; ++l)
+      if (const auto [begin, n] = range(l); n > 0 && static_cast<std::size_t>(local_) == l)
+        shard_across(c, out + begin * esize, n);
+    for (std::size_t l = 0; l < S; ++l) {
+      const auto [begin, n] = range(l);
+      if (n == 0) continue;
+      Collective b = c;
+      b.kind = CollectiveKind::broadcast;
+      b.send = b.recv = out + begin * esize;
+      b.count = n;
+      b.root = static_cast<int>(l);
+      inside(b);
+    }
+  }
+
   void broadcast(const Collective& c) {
     const int root_machine = where_.machine_of[static_cast<std::size_t>(c.root)];
     const int root_local = where_.local_rank[static_cast<std::size_t>(c.root)];
+    if (root_local >= shards_) return broadcast_through_rank0(c, root_machine, root_local);
     if (local_ == root_local) {
       Collective step = c;
       step.root = root_machine;
@@ -231,6 +268,67 @@ class HierBackend final : public Backend {
     Collective step = c;
     step.root = root_local;
     inside(step);
+  }
+
+  // The root's local index has no group across machines (a machine has fewer ranks): its
+  // machine's rank 0 carries the buffer across.
+  void broadcast_through_rank0(const Collective& c, int root_machine, int root_local) {
+    Collective step = c;
+    if (machine_ == root_machine) {
+      step.root = root_local;
+      inside(step);
+    }
+    if (local_ == 0) {
+      step.root = root_machine;
+      across(step);
+    }
+    if (machine_ != root_machine) {
+      step.root = 0;
+      inside(step);
+    }
+  }
+
+  // Unequal machines: each machine gathers its ranks' blocks; every machine's rank 0 broadcasts
+  // them across (one broadcast per machine: their sizes differ) and passes the whole on inside.
+  void allgather_uneven(const Collective& c) {
+    const std::size_t block = c.count * dtype_size(c.dtype), M = static_cast<std::size_t>(machines());
+    std::vector<std::size_t> at(M + 1, 0);  // where each machine's blocks start, [machine][local index]
+    for (std::size_t m = 0; m < M; ++m) at[m + 1] = at[m] + where_.ranks_on(static_cast<int>(m)).size() * block;
+    char* staged = scratch(padded_out_, at[M]);
+    Collective step = c;
+    step.recv = staged + at[static_cast<std::size_t>(machine_)];
+    inside(step);
+    Collective b = c;
+    b.kind = CollectiveKind::broadcast;
+    if (local_ == 0)
+      for (std::size_t m = 0; m < M; ++m) {
+        b.send = b.recv = staged + at[m];
+        b.count = c.count * where_.ranks_on(static_cast<int>(m)).size();
+        b.root = static_cast<int>(m);
+        across(b);
+      }
+    b.send = b.recv = staged;
+    b.count = c.count * static_cast<std::size_t>(world());
+    b.root = 0;
+    inside(b);
+    for (std::size_t m = 0; m < M; ++m) {
+      const auto ranks = where_.ranks_on(static_cast<int>(m));
+      for (std::size_t l = 0; l < ranks.size(); ++l)
+        std::memcpy(static_cast<char*>(c.recv) + static_cast<std::size_t>(ranks[l]) * block, staged + at[m] + l * block,
+                    block);
+    }
+  }
+
+  // Unequal machines: the whole input all-reduced, each rank keeping its block.
+  void reduce_scatter_uneven(const Collective& c) {
+    const std::size_t block = c.count * dtype_size(c.dtype);
+    char* whole = scratch(padded_in_, block * static_cast<std::size_t>(world()));
+    Collective a = c;
+    a.kind = CollectiveKind::allreduce;
+    a.recv = whole;
+    a.count = c.count * static_cast<std::size_t>(world());
+    allreduce_uneven(a);
+    std::memcpy(c.recv, whole + static_cast<std::size_t>(rank_) * block, block);
   }
 
   // Blocks arrive in (machine, local index) order; the result is in global rank order.
@@ -289,8 +387,10 @@ class HierBackend final : public Backend {
   int rank_;
   Locality where_;
   int machine_ = 0, local_ = 0, local_size_ = 1;
+  bool uniform_ = true;  // as many ranks on every machine
+  int shards_ = 1;       // local indices with a group across machines: the fewest ranks on a machine
   std::vector<int> machine_ranks_;  // global ranks on this machine, by local index
-  std::vector<int> index_group_;    // global ranks with this local index, by machine
+  std::vector<int> index_group_;    // global ranks with this local index, by machine (if it has a group)
   std::unique_ptr<LocalBackend> local_backend_;
   std::unique_ptr<Backend> cross_backend_;  // null on a single machine
   std::uint64_t next_inside_ = 0, next_across_ = 0;
