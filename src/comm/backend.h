@@ -95,6 +95,9 @@ std::unique_ptr<LocalBackend> make_local_shm_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when built with MPI
+// Collective over MPI_COMM_WORLD (every rank calls it at once): a backend over the ranks that
+// passed the same color >= 0, ordered by ctx.rank; nullptr for color -1. When built with MPI.
+std::unique_ptr<Backend> make_mpi_group_backend(const BackendContext& ctx, int color);
 // Every rank's `mine` (at most 255 bytes) in rank order, over MPI_COMM_WORLD; when built with MPI.
 std::vector<std::string> mpi_allgather_text(const std::string& mine);
 

@@ -74,5 +74,25 @@ TEST(MpiCluster, MpirunAcrossTwoMachinesRunsTheCollectivesAndPointToPointTables)
   EXPECT_GT(cluster.counters(1).tx_bytes, 1u << 20);
 }
 
+// hier under mpirun with MPI as its engine between machines (LOCKSTEP_HIER_ACROSS=mpi): shared
+// memory inside each machine, one MPI communicator per local index between them; MASTER_ADDR and
+// MASTER_PORT give the store that the machines' shared memory meets through.
+TEST(MpiCluster, HierCanUseMpiBetweenMachines) {
+  REQUIRE_CLUSTER_AND_MPIRUN();
+  VirtualCluster cluster({2, "1gbit"});
+  TempDir dir("mpi-hier");
+  const std::string agent = write_rsh_agent(cluster, dir);
+  const std::vector<std::string> env = {"LOCKSTEP_HIER_ACROSS=mpi", "MASTER_ADDR=" + cluster.address(0),
+                                        "MASTER_PORT=29433", "LOCKSTEP_TOKEN=mpi-hier"};
+  std::vector<std::string> program = env;
+  program.insert(program.end(), {COMM_WORKER, "conformance", "hier", "8192"});
+  Process job(mpirun(cluster, agent, program));
+  EXPECT_EQ(job.wait(300), 0) << job.output();
+  EXPECT_EQ(count_of(job.output(), " 0 failures on hier"), 4u) << job.output();
+  EXPECT_NE(job.output().find("shared memory inside, mpi between machines over 2 groups"), std::string::npos)
+      << job.output();
+  EXPECT_GT(cluster.counters(1).tx_bytes, 1u << 20);
+}
+
 }  // namespace
 }  // namespace lockstep::testing

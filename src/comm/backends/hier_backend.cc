@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
 
@@ -67,7 +68,28 @@ class HierBackend final : public Backend {
     across.size = where_.machines;
     across.global_ranks = index_group_;
     local_backend_ = make_local_shm_backend(inside);
-    if (where_.machines > 1 && local_ < shards_) cross_backend_ = make_gloo_backend(across);
+    cross_backend_ = make_across(across);
+    if (rank_ == 0 && where_.machines > 1)
+      LOCKSTEP_LOG(info, comm) << "hier: " << where_.describe() << "; shared memory inside, "
+                               << knobs::get(knobs::kHierAcross).value_or("gloo") << " between machines over "
+                               << shards_ << " group" << (shards_ == 1 ? "" : "s");
+  }
+
+  // The engine between machines (LOCKSTEP_HIER_ACROSS); null on one machine and for local indices
+  // without a group. MPI's split is collective over all of MPI's ranks: every rank takes part.
+  std::unique_ptr<Backend> make_across(const BackendContext& across) const {
+    const bool mine = where_.machines > 1 && local_ < shards_;
+    const std::string engine = knobs::get(knobs::kHierAcross).value_or("gloo");
+    if (engine == "gloo") return mine ? make_gloo_backend(across) : nullptr;
+    if (engine != "mpi")
+      throw ConfigError(std::string(knobs::kHierAcross.name) + "='" + engine + "': use gloo or mpi");
+#ifdef LOCKSTEP_HAVE_MPI
+    auto group = make_mpi_group_backend(across, local_ < shards_ ? local_ : -1);
+    return mine ? std::move(group) : nullptr;
+#else
+    throw ConfigError(std::string(knobs::kHierAcross.name) +
+                      "=mpi: this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
   }
 
   const std::string& name() const override {

@@ -5,6 +5,8 @@
 // progress thread makes every call) and finalised at process exit. Errors return (not abort) and
 // become PeerError. Limits, stated plainly: MPI has no per-call deadline, so options.timeout is
 // not enforced here; a dead peer is handled by mpirun, which by default kills the whole job.
+// It also serves as the hier backend's engine between machines (LOCKSTEP_HIER_ACROSS=mpi): one
+// MPI communicator per local index, split from MPI_COMM_WORLD (make_mpi_group_backend).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -80,6 +82,18 @@ class MpiBackend final : public Backend {
                         std::to_string(world_size) + " but lockstep was told rank " + std::to_string(rank_) +
                         " of " + std::to_string(size_) + ": under mpirun leave RANK/WORLD_SIZE unset");
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  // Over `group`, already split from MPI_COMM_WORLD, whose ranks are ctx's.
+  MpiBackend(const BackendContext& ctx, MPI_Comm group)
+      : rank_(ctx.rank), size_(ctx.size), options_(ctx.options), checks_(ctx.options.check_every), comm_(group) {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm_, &rank);
+    MPI_Comm_size(comm_, &size);
+    if (rank != rank_ || size != size_)
+      throw ConfigError("mpi: the group split from MPI's ranks is rank " + std::to_string(rank) + " of " +
+                        std::to_string(size) + ", not " + std::to_string(rank_) + " of " + std::to_string(size_));
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
 
@@ -177,6 +191,15 @@ class MpiBackend final : public Backend {
 
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx) {
   return std::make_unique<MpiBackend>(ctx);
+}
+
+std::unique_ptr<Backend> make_mpi_group_backend(const BackendContext& ctx, int color) {
+  ensure_mpi_initialised();
+  MPI_Comm group = MPI_COMM_NULL;
+  if (MPI_Comm_split(MPI_COMM_WORLD, color >= 0 ? color : MPI_UNDEFINED, ctx.rank, &group) != MPI_SUCCESS)
+    throw PeerError("mpi: splitting MPI's ranks into the hier backend's groups failed");
+  if (group == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiBackend>(ctx, group);
 }
 
 std::vector<std::string> mpi_allgather_text(const std::string& mine) {
