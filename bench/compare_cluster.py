@@ -1,26 +1,30 @@
 #!/usr/bin/python3
-"""Two machines, for real network traffic, on one host: lockstep's hier and flat gloo backends
-and PyTorch DDP, side by side in one run.
+"""Several machines, for real network traffic, on one host: lockstep's hier and flat gloo backends,
+its gradient codecs between machines, and PyTorch DDP, side by side in one run.
 
 The machines are Linux network namespaces, each with its own hostname and /dev/shm, joined by
 veth links to a bridge, each machine's egress limited with a token bucket (tc tbf) to --rates
-(default 1gbit and 10gbit). One `lockstep run` per machine, 2 workers each, as a user would.
-Needs root (ip, tc, unshare, mount). For each rate it measures:
+(default 1gbit and 10gbit). One `lockstep run` per machine, as a user would; --shapes lists the
+jobs as MACHINESxWORKERS (default 2x2). Needs root (ip, tc, unshare, mount). For each rate and
+shape it measures:
 
-  all-reduce   `lockstep bench allreduce` over hier and over gloo, --sizes bytes (f32 sum): the
-               time per all-reduce (slowest rank), and the bytes machine 0's link carried in
-               each direction per all-reduce (its /sys statistics, before and after, over the
-               number of all-reduces of that size the bench ran), against S, the size.
+  all-reduce   (2x2 only) `lockstep bench allreduce` over hier and over gloo, --sizes bytes (f32
+               sum): the time per all-reduce (slowest rank), and the bytes machine 0's link
+               carried in each direction per all-reduce (its /sys statistics, before and after,
+               over the number of all-reduces of that size the bench ran), against S, the size.
   DDP          training throughput of the 784-1024-1024-10 MLP, batch 64 per worker, SGD with
                momentum (bench/ddp_bench.cc and its PyTorch twin bench/torch_ddp.py): lockstep
-               hier, lockstep gloo, lockstep hier with bf16 gradients on the wire, PyTorch DDP
-               (gloo, GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
-               --repeat times interleaved, median samples/s of all 4 workers.
+               hier, lockstep gloo, lockstep hier with bf16 gradients everywhere, with PowerSGD
+               (rank 4) or auto between machines (--sides), PyTorch DDP (gloo,
+               GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
+               --repeat times interleaved, median samples/s of all workers. The compressing
+               sides run 15 unmeasured steps first (10 exact ones, then auto's decision).
 
-Every worker runs one intra-op and one BLAS thread; 4 workers share this host's cores, so the
-compute is slower than on 2 real machines: the ratios, measured in one run, are what matters.
+Every worker runs one intra-op and one BLAS thread; all workers share this host's cores, so the
+compute is slower than on real machines: the ratios, measured in one run, are what matters.
 
     sudo /usr/bin/python3 bench/compare_cluster.py [--build build] [--rates 1gbit,10gbit]
+        [--shapes 2x2,4x1,3x2] [--sides hier,gloo,hier-bf16,hier-powersgd,hier-auto,pytorch]
         [--sizes 4194304,67108864] [--repeat 3] [--steps 100] [--out bench/CLUSTER.md]
 """
 import argparse
@@ -127,14 +131,19 @@ def allreduce(cluster, build, backend, size, iters):
             "tx_per_allreduce": (after[0] - before[0]) / runs, "rx_per_allreduce": (after[1] - before[1]) / runs}
 
 
-def ddp(cluster, build, side, steps):
+SIDES = {"hier": ("hier", "none"), "gloo": ("gloo", "none"), "hier-bf16": ("hier", "bf16"),
+         "hier-powersgd": ("hier", "powersgd"), "hier-int8": ("hier", "int8"), "hier-auto": ("hier", "auto"),
+         "gloo-auto": ("gloo", "auto")}
+
+
+def ddp(cluster, build, side, steps, nproc):
     if side == "pytorch":
         program = ["/usr/bin/python3", f"{HERE}/torch_ddp.py", "--model", "mlp", "--steps", str(steps)]
-        return launch(cluster, build, 2, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
-    backend, hook = {"hier": ("hier", "none"), "gloo": ("gloo", "none"), "hier-bf16": ("hier", "bf16")}[side]
+        return launch(cluster, build, nproc, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
+    backend, hook = SIDES[side]
     program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", backend,
-               "--comm-hook", hook]
-    return launch(cluster, build, 2, program)["samples_per_s"]
+               "--comm-hook", hook, "--warmup", "15" if hook in ("powersgd", "int8", "auto") else "5"]
+    return launch(cluster, build, nproc, program)["samples_per_s"]
 
 
 def cpu():
@@ -152,49 +161,60 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--shapes", default="2x2", help="MACHINESxWORKERS, comma-separated")
+    ap.add_argument("--sides", default="hier,gloo,hier-bf16,hier-powersgd,hier-auto,pytorch")
     ap.add_argument("--out", default=os.path.join(HERE, "CLUSTER.md"))
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("compare_cluster.py makes network namespaces: run it as root")
-    sides = ["hier", "gloo", "hier-bf16", "pytorch"]
-    lines = [f"# Two machines as network namespaces: hier, flat gloo and PyTorch DDP",
+    sides = args.sides.split(",")
+    lines = [f"# Machines as network namespaces: hier, flat gloo, gradient codecs and PyTorch DDP",
              "",
-             f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by both machines, commit "
-             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; 2 machines x 2 workers, one intra-op "
-             f"and one BLAS thread each (BLAS: {os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}).",
+             f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by every machine, commit "
+             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; one intra-op "
+             f"and one BLAS thread per worker (BLAS: {os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}).",
              f"Command: `sudo /usr/bin/python3 bench/compare_cluster.py {' '.join(sys.argv[1:])}`", ""]
     for rate in args.rates.split(","):
-        cluster = Cluster(2, rate)
-        try:
-            link = float(rate.replace("gbit", "e9").replace("mbit", "e6")) / 8
-            lines += [f"## Link {rate} ({link / 1e6:.0f} MB/s each way)", "",
-                      "| all-reduce of S | backend | time | S / link rate | bytes out per all-reduce | bytes in | "
-                      "out / S | wrong |", "|---|---|---|---|---|---|---|---|"]
-            for size in [int(s) for s in args.sizes.split(",")]:
-                for backend in ["hier", "gloo"]:
-                    r = allreduce(cluster, args.build, backend, size, args.iters)
-                    lines.append(f"| {size >> 20} MiB | {backend} | {r['time_s']:.3f} s | {size / link:.3f} s | "
-                                 f"{r['tx_per_allreduce'] / 1e6:.1f} MB | {r['rx_per_allreduce'] / 1e6:.1f} MB | "
-                                 f"{r['tx_per_allreduce'] / size:.3f} | {r['wrong']} |")
-                    print(lines[-1], flush=True)
-            results = {s: [] for s in sides}
-            for _ in range(args.repeat):
+        link = float(rate.replace("gbit", "e9").replace("mbit", "e6")) / 8
+        for shape in args.shapes.split(","):
+            machines, nproc = (int(x) for x in shape.split("x"))
+            cluster = Cluster(machines, rate)
+            try:
+                lines += [f"## Link {rate} ({link / 1e6:.0f} MB/s each way), {machines} machines x {nproc} workers", ""]
+                if shape == "2x2" and args.sizes:
+                    lines += allreduce_table(cluster, args, link)
+                results = {s: [] for s in sides}
+                for _ in range(args.repeat):
+                    for s in sides:
+                        results[s].append(ddp(cluster, args.build, s, args.steps, nproc))
+                        print(rate, shape, s, results[s][-1], flush=True)
+                med = {s: statistics.median(v) for s, v in results.items()}
+                lines += [f"| DDP, MLP 784-1024-1024-10, batch 64 x {machines * nproc} workers | samples/s (median) | "
+                          "range | vs flat gloo | vs PyTorch DDP |", "|---|---|---|---|---|"]
                 for s in sides:
-                    results[s].append(ddp(cluster, args.build, s, args.steps))
-                    print(rate, s, results[s][-1], flush=True)
-            med = {s: statistics.median(v) for s, v in results.items()}
-            lines += ["", "| DDP, MLP 784-1024-1024-10, batch 64 x 4 workers | samples/s (median) | range | "
-                      "vs flat gloo | vs PyTorch DDP |", "|---|---|---|---|---|"]
-            for s in sides:
-                lines.append(f"| {s} | {med[s]:.0f} | {min(results[s]):.0f}-{max(results[s]):.0f} | "
-                             f"{med[s] / med['gloo']:.2f}x | {med[s] / med['pytorch']:.2f}x |")
-            lines.append("")
-        finally:
-            cluster.close()
+                    versus = lambda peer: f"{med[s] / med[peer]:.2f}x" if peer in med else ""
+                    lines.append(f"| {s} | {med[s]:.0f} | {min(results[s]):.0f}-{max(results[s]):.0f} | "
+                                 f"{versus('gloo')} | {versus('pytorch')} |")
+                lines.append("")
+            finally:
+                cluster.close()
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as f:
         f.write(text)
+
+
+def allreduce_table(cluster, args, link):
+    lines = ["| all-reduce of S | backend | time | S / link rate | bytes out per all-reduce | bytes in | "
+             "out / S | wrong |", "|---|---|---|---|---|---|---|---|"]
+    for size in [int(s) for s in args.sizes.split(",")]:
+        for backend in ["hier", "gloo"]:
+            r = allreduce(cluster, args.build, backend, size, args.iters)
+            lines.append(f"| {size >> 20} MiB | {backend} | {r['time_s']:.3f} s | {size / link:.3f} s | "
+                         f"{r['tx_per_allreduce'] / 1e6:.1f} MB | {r['rx_per_allreduce'] / 1e6:.1f} MB | "
+                         f"{r['tx_per_allreduce'] / size:.3f} | {r['wrong']} |")
+            print(lines[-1], flush=True)
+    return lines + [""]
 
 
 if __name__ == "__main__":

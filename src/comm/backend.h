@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "locality.h"
+#include "lockstep/comm/codec.h"
 #include "lockstep/comm/options.h"
 #include "lockstep/comm/store.h"
 
@@ -31,6 +32,9 @@ struct Collective {
   ReduceOp op = ReduceOp::sum;
   int root = 0;
   std::uint64_t sequence = 0;
+  // allreduce (f32, sum or avg) only: what crosses between machines (comm/codec.h). Backends
+  // that reduce inside one machine, and mpi, reduce exactly and ignore it.
+  std::shared_ptr<const Codec> codec;
 
   // "allreduce #12 (f32 x 1000, sum)": used in every error message.
   std::string describe() const;

@@ -258,6 +258,23 @@ WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count,
   return enqueue(c);
 }
 
+WorkPtr Communicator::allreduce(float* buffer, std::size_t count, ReduceOp op, Codec codec) {
+  require_buffer(buffer, count, "buffer", "allreduce");
+  if (op != ReduceOp::sum && op != ReduceOp::avg)
+    throw ConfigError(std::string("allreduce with a codec: ") + reduce_op_name(op) +
+                      " is not one a codec can estimate; use sum or avg");
+  if (!codec) throw ConfigError("allreduce with a codec: the codec is empty");
+  Collective c;
+  c.kind = CollectiveKind::allreduce;
+  c.send = buffer;
+  c.recv = buffer;
+  c.count = count;
+  c.dtype = DType::f32;
+  c.op = op;
+  c.codec = std::make_shared<const Codec>(std::move(codec));
+  return enqueue(c);
+}
+
 WorkPtr Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
   require_buffer(buffer, count, "buffer", "broadcast");
   if (root < 0 || root >= size_)

@@ -156,7 +156,9 @@ std::string describe_fields(CollectiveKind kind, std::size_t count, DType dtype,
 }  // namespace
 
 std::string Collective::describe() const {
-  return describe_fields(kind, count, dtype, op, root) + " #" + std::to_string(sequence);
+  std::string text = describe_fields(kind, count, dtype, op, root);
+  if (codec) text.insert(text.size() - 1, ", compressed between machines");
+  return text + " #" + std::to_string(sequence);
 }
 
 std::uint64_t Collective::signature() const {
@@ -165,14 +167,18 @@ std::uint64_t Collective::signature() const {
   s |= static_cast<std::uint64_t>(kind) << 40;
   s |= static_cast<std::uint64_t>(dtype) << 43;
   s |= static_cast<std::uint64_t>(reduces ? static_cast<int>(op) : 0) << 46;  // 3 bits
-  s |= static_cast<std::uint64_t>(kind == CollectiveKind::broadcast ? root : 0) << 49;
+  s |= static_cast<std::uint64_t>(kind == CollectiveKind::broadcast ? root & 0x3fff : 0) << 49;
+  s |= static_cast<std::uint64_t>(codec ? 1 : 0) << 63;
   return s;
 }
 
 std::string describe_signature(std::uint64_t s) {
-  return describe_fields(static_cast<CollectiveKind>((s >> 40) & 7),
-                         static_cast<std::size_t>(s & ((1ull << kCountBits) - 1)), static_cast<DType>((s >> 43) & 7),
-                         static_cast<ReduceOp>((s >> 46) & 7), static_cast<int>(s >> 49));
+  std::string text = describe_fields(static_cast<CollectiveKind>((s >> 40) & 7),
+                                     static_cast<std::size_t>(s & ((1ull << kCountBits) - 1)),
+                                     static_cast<DType>((s >> 43) & 7), static_cast<ReduceOp>((s >> 46) & 7),
+                                     static_cast<int>((s >> 49) & 0x3fff));
+  if (s >> 63) text.insert(text.size() - 1, ", compressed between machines");
+  return text;
 }
 
 void check_signatures(const Collective& c, const std::uint64_t* signatures, int size, int rank) {

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "lockstep/base/log.h"
 #include "lockstep/ddp/bucket_assignment.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
@@ -88,7 +89,10 @@ CommHook parse_comm_hook(const std::string& name) {
   if (name == "none" || name.empty()) return CommHook::none;
   if (name == "fp16") return CommHook::fp16;
   if (name == "bf16") return CommHook::bf16;
-  throw ConfigError("unknown gradient compression '" + name + "': use none, fp16 or bf16");
+  if (name == "powersgd") return CommHook::powersgd;
+  if (name == "int8") return CommHook::int8;
+  if (name == "auto") return CommHook::automatic;
+  throw ConfigError("unknown gradient compression '" + name + "': use none, fp16, bf16, powersgd, int8 or auto");
 }
 
 const char* comm_hook_name(CommHook hook) {
@@ -96,6 +100,9 @@ const char* comm_hook_name(CommHook hook) {
     case CommHook::none: return "none";
     case CommHook::fp16: return "fp16";
     case CommHook::bf16: return "bf16";
+    case CommHook::powersgd: return "powersgd";
+    case CommHook::int8: return "int8";
+    case CommHook::automatic: return "auto";
   }
   return "?";
 }
@@ -113,6 +120,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   struct Bucket {
     torch::Tensor flat;  // under reduce_scatter: only from its launch until it is reduced
     torch::Tensor wire;  // compressed copy, when a comm hook applies
+    std::shared_ptr<BucketCodec> codec;  // powersgd, int8, auto: between machines
     torch::Tensor slice;  // this rank's part of the averaged bucket (see Reducer::gradient_slice)
     std::int64_t numel = 0;  // padded to the sharding's slices
     torch::TensorOptions flat_options, wire_options;
@@ -172,7 +180,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void on_ready(int index);
   void launch_ready();
   void launch(int b);
-  comm::WorkPtr reduce(const torch::Tensor& flat);
+  comm::WorkPtr reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec);
+  std::shared_ptr<BucketCodec> codec_for(int b) const;
   void queue_end_of_backward();
   void finish_backward();
   std::vector<int> fill_missing();
@@ -260,8 +269,10 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     bucket.numel = (offset + multiple - 1) / multiple * multiple;
     auto& first = params[bucket.params.front()].tensor;
     bucket.flat_options = first.options().requires_grad(false);
-    const bool compress = options.comm_hook != CommHook::none && torch::isFloatingType(first.scalar_type()) &&
-                          first.element_size() >= 4;
+    const bool sixteen_bits = options.comm_hook == CommHook::fp16 || options.comm_hook == CommHook::bf16;
+    const bool compress = sixteen_bits && torch::isFloatingType(first.scalar_type()) && first.element_size() >= 4;
+    if (!sixteen_bits && options.comm_hook != CommHook::none && first.scalar_type() == torch::kFloat)
+      bucket.codec = codec_for(int(b));
     if (compress)
       bucket.wire_options =
           bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
@@ -320,6 +331,16 @@ torch::Tensor Reducer::Impl::bucket_memory(std::int64_t numel, const torch::Tens
     }
   }
   return torch::zeros({numel}, opts);
+}
+
+// Bucket b's codec over its tensors' places and shapes; auto's decisions are logged on rank 0.
+std::shared_ptr<BucketCodec> Reducer::Impl::codec_for(int b) const {
+  std::vector<BucketTensor> layout;
+  for (int i : buckets[std::size_t(b)].params) layout.push_back({params[i].offset, params[i].tensor.sizes().vec()});
+  std::function<void(const std::string&)> log;
+  if (comm.rank() == 0)
+    log = [b](const std::string& line) { LOCKSTEP_LOG(info, ddp) << "auto comm hook, bucket " << b << ": " << line; };
+  return make_bucket_codec(comm_hook_name(options.comm_hook), std::move(layout), options.compression, std::move(log));
 }
 
 // Under reduce_scatter, at the bucket's launch: its slot (once the bucket before it there is
@@ -480,18 +501,20 @@ void Reducer::Impl::launch(int b) {
   if (!send.is_cpu()) {
     // A device bucket goes through host memory; a device backend (NCCL) would take it as is.
     auto host = send.to(torch::kCPU);
-    reduce(host)->wait();
+    reduce(host, bucket.codec)->wait();
     send.copy_(host);
     bucket.work = nullptr;
   } else {
-    bucket.work = reduce(send);
+    bucket.work = reduce(send, bucket.codec);
   }
 }
 
-// The average of `flat` over the ranks: all of it, or under reduce_scatter this rank's slice
-// (in place, at the rank's offset).
-comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat) {
+// The average of `flat` over the ranks: all of it (through the bucket's codec between machines,
+// when it has one), or under reduce_scatter this rank's slice (in place, at the rank's offset).
+comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec) {
   const auto dtype = comm_dtype(flat.scalar_type(), "a bucket");
+  if (codec && !reduce_scatter)
+    return comm.allreduce(flat.data_ptr<float>(), std::size_t(flat.numel()), comm::ReduceOp::avg, as_comm_codec(codec));
   if (!reduce_scatter)
     return comm.allreduce(flat.data_ptr(), flat.numel(), dtype, comm::ReduceOp::avg);
   const std::int64_t n = flat.numel() / comm.size();
@@ -622,6 +645,11 @@ Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, comm::Communicator& 
                       std::to_string(impl_->options.bucket_cap_mb) +
                       ", first_bucket_cap_mb = " + std::to_string(impl_->options.first_bucket_cap_mb) + ")");
   }
+  const auto hook = impl_->options.comm_hook;
+  if (impl_->reduce_scatter && (hook == CommHook::powersgd || hook == CommHook::int8 || hook == CommHook::automatic))
+    throw ConfigError(std::string("the ") + comm_hook_name(hook) +
+                      " comm hook compresses all-reduced buckets, and ZeRO stage 2 reduce-scatters them: use "
+                      "ZeRO stage 1, or the bf16 hook");
   impl_->check_and_broadcast();
   impl_->install_hooks();
   std::vector<int> reverse;

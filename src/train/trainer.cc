@@ -62,6 +62,8 @@ void Trainer::Impl::build_reducer() {
   ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
   ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
+  ddp.compression.powersgd_rank = args.powersgd_rank;
+  ddp.compression.start_step = args.comm_hook_start_step;
   std::optional<BucketSharding> sharding;
   if (args.zero_stage > 0) sharding = zero_bucket_sharding({args.zero_stage, args.zero_shared_parameters}, world());
   reducer = std::make_unique<Reducer>(model.module, *comm, ddp, sharding);

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/comm/codec.h"
 #include "lockstep/comm/options.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/types.h"
@@ -85,6 +86,10 @@ class Communicator {
   WorkPtr allreduce(void* buffer, std::size_t count, DType dtype, ReduceOp op) {
     return allreduce(buffer, buffer, count, dtype, op);
   }
+  // In place, float32, sum or avg: the machines exchange what `codec` makes of each rank's
+  // share (comm/codec.h); inside a machine the reduction stays exact. Exact everywhere on shm
+  // and mpi, and when every rank is on one machine.
+  WorkPtr allreduce(float* buffer, std::size_t count, ReduceOp op, Codec codec);
   WorkPtr broadcast(void* buffer, std::size_t count, DType dtype, int root);
   // recv holds size() * count elements, rank r's contribution at offset r * count.
   WorkPtr allgather(const void* send, void* recv, std::size_t count, DType dtype);

@@ -44,14 +44,19 @@
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/ddp/compression.h"
 
 namespace lockstep {
 
-// What is sent on the wire for float32/float64 buckets. fp16 and bf16 halve (or quarter) the
-// bytes; the sum is formed in float32 and rounded once, so the error is that of rounding each
-// rank's gradient and the result to the 16-bit type (relative 2^-11 for fp16, 2^-8 for bf16).
-enum class CommHook { none, fp16, bf16 };
-CommHook parse_comm_hook(const std::string& name);  // "none" | "fp16" | "bf16"; ConfigError else
+// What is sent for float32/float64 buckets. fp16 and bf16 halve (or quarter) the bytes
+// everywhere, inside machines too; the sum is formed in float32 and rounded once, so the error
+// is that of rounding each rank's gradient and the result to the 16-bit type (relative 2^-11
+// for fp16, 2^-8 for bf16). powersgd, int8 and auto compress float32 buckets between machines
+// only, with error feedback (ddp/compression.h); inside a machine the sum stays exact, and on
+// one machine they change nothing.
+enum class CommHook { none, fp16, bf16, powersgd, int8, automatic };
+// "none" | "fp16" | "bf16" | "powersgd" | "int8" | "auto"; ConfigError else
+CommHook parse_comm_hook(const std::string& name);
 const char* comm_hook_name(CommHook hook);
 
 struct DdpOptions {
@@ -61,6 +66,7 @@ struct DdpOptions {
   bool find_unused_parameters = false;  // reduce zeros for parameters that got no gradient
   bool gradient_as_bucket_view = true;  // grads live in the buckets: no copy in or out
   CommHook comm_hook = CommHook::none;
+  CompressionOptions compression;  // powersgd, int8 and auto: rank, steps before compressing, ...
   // Put the buckets (as sent) in memory the communicator shares between ranks, when it has
   // some (shm backend, CPU tensors): the all-reduce then reads peers' buckets in place
   // instead of copying through staging slots. Falls back to private memory on every rank.

@@ -102,7 +102,12 @@ inline Rule backend_rule() {
   X(std::uint64_t, seed, 42, "seeds the sampler and each rank's torch generator", any())                       \
   X(int, dataloader_num_workers, 0, "batch-building threads per worker", at_least(0))                          \
   X(double, ddp_bucket_cap_mb, 25, "gradient bucket size", above(0))                                  \
-  X(std::string, ddp_comm_hook, "none", "gradients on the wire", one_of({"none", "fp16", "bf16"}))             \
+  X(std::string, ddp_comm_hook, "none",                                                                        \
+    "gradients on the wire: fp16/bf16 everywhere; powersgd, int8 or auto (measured per bucket) between machines only", \
+    one_of({"none", "fp16", "bf16", "powersgd", "int8", "auto"}))                                              \
+  X(int, powersgd_rank, 4, "--ddp-comm-hook powersgd/auto: the rank of PowerSGD's approximation", at_least(1)) \
+  X(int, comm_hook_start_step, 10,                                                                             \
+    "--ddp-comm-hook powersgd/auto: exact steps before compressing (auto measures the link in them)", at_least(0)) \
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
   X(bool, sync_batchnorm, false,                                                                               \
     "normalise over the global batch: the model's lockstep::SyncBatchNorm layers all-reduce their statistics", any()) \

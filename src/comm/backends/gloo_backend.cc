@@ -219,7 +219,12 @@ class GlooBackend final : public Backend {
       checks_.before(c, size_, rank_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t words) {
         gather_words(mine, all, words, tag(c, words == 2 ? 1 : 2));
       });
-      dispatch(c);
+      if (c.codec && c.kind == CollectiveKind::allreduce && machines_ > 1) {
+        sent_bytes_ += allreduce_through_codec(c);
+      } else {
+        dispatch(c);
+        sent_bytes_ += bytes_sent(c);
+      }
     } catch (const gloo::Exception& e) {
       if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
       rethrow(e, c);
@@ -227,7 +232,6 @@ class GlooBackend final : public Backend {
       mark_failed("mismatch", e.what());
       throw;
     }
-    sent_bytes_ += bytes_sent(c);
     sent_nanoseconds_ += static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - begin).count());
   }
@@ -463,10 +467,57 @@ class GlooBackend final : public Backend {
     return 0;
   }
 
-  // Gloo matches messages by tag: the collective's own (part 0) and its signature checks'.
+  // Gloo matches messages by tag: the collective's own (part 0), its signature checks' (1, 2)
+  // and a codec's exchanges (kFirstCodecPart on).
+  static constexpr std::uint32_t kTagParts = 16, kFirstCodecPart = 3;
   std::uint32_t tag(const Collective& c, std::uint32_t part) const {
-    return static_cast<std::uint32_t>((c.sequence << 2) | part);
+    return static_cast<std::uint32_t>((c.sequence * kTagParts) | part);
   }
+
+  // Every rank is a holder of the whole buffer (comm/codec.h); returns the bytes it sent.
+  std::uint64_t allreduce_through_codec(const Collective& c) {
+    if (c.send != c.recv) std::memcpy(c.recv, c.send, c.count * dtype_size(c.dtype));
+    Holders holders(*this, c);
+    (*c.codec)(static_cast<float*>(c.recv), 0, c.count, holders);
+    if (c.op == ReduceOp::avg) divide_by_size(c.recv, c.count, c.dtype);
+    return holders.sent;
+  }
+
+  // The codec's exchanges, each under the next tag part of the collective.
+  class Holders final : public Across {
+   public:
+    Holders(GlooBackend& gloo, const Collective& c) : gloo_(gloo), c_(c) {}
+    int machines() const override { return gloo_.size_; }
+    int machine() const override { return gloo_.rank_; }
+    void sum(void* buffer, std::size_t count, DType dtype) override {
+      if (count == 0) return;
+      gloo_.allreduce(buffer, buffer, count, dtype, ReduceOp::sum, next_tag());
+      sent += static_cast<std::uint64_t>(2.0 * (gloo_.size_ - 1) / gloo_.size_ *
+                                         static_cast<double>(count * dtype_size(dtype)));
+    }
+    void gather(const void* mine, void* all, std::size_t bytes) override {
+      if (bytes == 0) return;
+      std::vector<std::uint8_t> in(static_cast<const std::uint8_t*>(mine), static_cast<const std::uint8_t*>(mine) + bytes);
+      gloo::AllgatherOptions opts(gloo_.context_);
+      opts.setInput(in.data(), bytes);
+      opts.setOutput(static_cast<std::uint8_t*>(all), bytes * static_cast<std::size_t>(gloo_.size_));
+      opts.setTag(next_tag());
+      gloo::allgather(opts);
+      sent += static_cast<std::uint64_t>(gloo_.size_ - 1) * bytes;
+    }
+    std::uint64_t sent = 0;
+
+   private:
+    std::uint32_t next_tag() {
+      if (part_ >= kTagParts)
+        throw Error("a codec made more than " + std::to_string(kTagParts - kFirstCodecPart) +
+                    " exchanges in one all-reduce (" + c_.describe() + ")");
+      return gloo_.tag(c_, part_++);
+    }
+    GlooBackend& gloo_;
+    const Collective& c_;
+    std::uint32_t part_ = kFirstCodecPart;
+  };
 
   // Peers whose liveness key is gone (and that did not announce a failure), now: "" if none.
   std::string dead_ranks_now() {

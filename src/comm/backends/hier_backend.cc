@@ -205,22 +205,65 @@ class HierBackend final : public Backend {
     local.sequence = next_inside_++;
     try {
       local_backend_->allreduce_shared_around(
-          local, [&](void* share, std::size_t, std::size_t count) { shard_across(c, share, count); });
+          local, [&](void* share, std::size_t first, std::size_t count) { shard_across(c, share, first, count); });
     } catch (const Error& e) {
       rethrow_with(
           e, "inside machine " + std::to_string(machine_) + " (global ranks " + list(machine_ranks_) + ")");
     }
   }
 
-  void shard_across(const Collective& c, void* shard, std::size_t count) {
-    Collective step = c;
-    step.kind = CollectiveKind::allreduce;
-    step.op = wire_op(c.op);
-    step.send = step.recv = shard;
-    step.count = count;
-    across(step);
+  // Elements [first, first + count) of c's buffer, reduced over this machine, reduced across
+  // machines by this rank's index group: exactly, or through c's codec.
+  void shard_across(const Collective& c, void* shard, std::size_t first, std::size_t count) {
+    if (c.codec && cross_backend_ && machines() > 1) {
+      IndexGroup group(*this, c);
+      (*c.codec)(static_cast<float*>(shard), first, count, group);
+    } else {
+      Collective step = c;
+      step.kind = CollectiveKind::allreduce;
+      step.op = wire_op(c.op);
+      step.send = step.recv = shard;
+      step.count = count;
+      step.codec = nullptr;
+      across(step);
+    }
     if (c.op == ReduceOp::avg) divide(shard, count, c.dtype);
   }
+
+  // A codec's view of the share's holders: each call is one more step of this index's group.
+  class IndexGroup final : public Across {
+   public:
+    IndexGroup(HierBackend& hier, const Collective& c) : hier_(hier), c_(c) {}
+    int machines() const override { return hier_.machines(); }
+    int machine() const override { return hier_.machine_; }
+    void sum(void* buffer, std::size_t count, DType dtype) override {
+      if (count == 0) return;
+      hier_.across(step(CollectiveKind::allreduce, buffer, buffer, count, dtype));
+    }
+    void gather(const void* mine, void* all, std::size_t bytes) override {
+      if (bytes == 0) return;
+      const std::size_t words = (bytes + 3) / 4, m = static_cast<std::size_t>(machines());
+      std::vector<char> in(words * 4, 0), out(words * 4 * m);
+      std::memcpy(in.data(), mine, bytes);
+      hier_.across(step(CollectiveKind::allgather, in.data(), out.data(), words, DType::i32));
+      for (std::size_t k = 0; k < m; ++k) std::memcpy(static_cast<char*>(all) + k * bytes, out.data() + k * words * 4, bytes);
+    }
+
+   private:
+    Collective step(CollectiveKind kind, const void* send, void* recv, std::size_t count, DType dtype) const {
+      Collective s = c_;
+      s.kind = kind;
+      s.send = send;
+      s.recv = recv;
+      s.count = count;
+      s.dtype = dtype;
+      s.op = ReduceOp::sum;
+      s.codec = nullptr;
+      return s;
+    }
+    HierBackend& hier_;
+    const Collective& c_;
+  };
 
   void allreduce_staged(const Collective& c, const Collective& local) {
     const std::size_t esize = dtype_size(c.dtype), L = static_cast<std::size_t>(local_size_);
@@ -240,7 +283,7 @@ class HierBackend final : public Backend {
     rs.recv = mine;
     rs.count = shard;
     inside(rs);
-    shard_across(c, mine, shard);
+    shard_across(c, mine, static_cast<std::size_t>(local_) * shard, shard);
     char* out = even ? static_cast<char*>(c.recv) : scratch(padded_out_, shard * L * esize);
     Collective ag = local;
     ag.kind = CollectiveKind::allgather;
@@ -265,7 +308,7 @@ class HierBackend final : public Backend {
     };
     for (std::size_t l = 0; l < S; ++l)
       if (const auto [begin, n] = range(l); n > 0 && static_cast<std::size_t>(local_) == l)
-        shard_across(c, out + begin * esize, n);
+        shard_across(c, out + begin * esize, begin, n);
     for (std::size_t l = 0; l < S; ++l) {
       const auto [begin, n] = range(l);
       if (n == 0) continue;
