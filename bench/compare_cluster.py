@@ -18,7 +18,8 @@ shape it measures:
                (rank 4) or auto between machines (--sides), PyTorch DDP (gloo,
                GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
                --repeat times interleaved, median samples/s of all workers. The compressing
-               sides run 15 unmeasured steps first (10 exact ones, then auto's decision).
+               sides run 15 unmeasured steps first (10 exact ones, then auto's decision) and,
+               as the Trainer does with these hooks, no small first bucket.
 
 Every worker runs one intra-op and one BLAS thread; all workers share this host's cores, so the
 compute is slower than on real machines: the ratios, measured in one run, are what matters.
@@ -142,7 +143,9 @@ def ddp(cluster, build, side, steps, nproc):
         return launch(cluster, build, nproc, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
     backend, hook = SIDES[side]
     program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", backend,
-               "--comm-hook", hook, "--warmup", "15" if hook in ("powersgd", "int8", "auto") else "5"]
+               "--comm-hook", hook]
+    if hook in ("powersgd", "int8", "auto"):  # as the Trainer does: no small first bucket; past auto's choice
+        program += ["--warmup", "15", "--first-bucket-cap-mb", "25"]
     return launch(cluster, build, nproc, program)["samples_per_s"]
 
 

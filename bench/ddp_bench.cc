@@ -2,7 +2,7 @@
 // with inputs prepared in memory beforehand so only the training step is measured.
 //
 //   ddp_bench --model mlp|wide|cnn [--batch 64] [--steps N] [--warmup N] [--threads 1]
-//             [--bucket-cap-mb 25] [--comm-hook none|fp16|bf16] [--no-sync]
+//             [--bucket-cap-mb 25] [--comm-hook none|fp16|bf16|powersgd|int8|auto] [--no-sync]
 //
 // Alone, it trains one process without DDP. Under `lockstep run --nproc-per-node N` it wraps
 // the model in DistributedDataParallel (--no-sync: every step under no_sync(), the ceiling
@@ -81,6 +81,7 @@ std::vector<int> widths_of(const std::string& model) {
 struct Config {
   std::string model = "mlp", hook = "none", backend = "auto";
   int batch = 64, steps = 60, warmup = 5, threads = 1;
+  int powersgd_rounds = 2;
   double bucket_cap_mb = 25, first_bucket_cap_mb = 1, slot_mb = 1;
   bool no_sync = false, verify = false, private_buckets = false, timeline = false;
   int crash_rank = -1, crash_step = -1;
@@ -95,7 +96,8 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket cap")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket cap")
       ->capture_default_str();
-  app.add_option("--comm-hook", c.hook, "none | fp16 | bf16")->capture_default_str();
+  app.add_option("--comm-hook", c.hook, "none | fp16 | bf16 | powersgd | int8 | auto")->capture_default_str();
+  app.add_option("--powersgd-rounds", c.powersgd_rounds, "PowerSGD's exchanges per step: 2 or 1")->capture_default_str();
   app.add_option("--backend", c.backend, "shm | gloo | auto")->capture_default_str();
   app.add_option("--shm-slot-mb", c.slot_mb, "shm backend staging slot per rank")->capture_default_str();
   app.add_flag("--no-sync", c.no_sync, "DDP without communication (every step under no_sync)");
@@ -127,6 +129,7 @@ void join(const Config& c, Side& side) {
   o.bucket_cap_mb = c.bucket_cap_mb;
   o.first_bucket_cap_mb = c.first_bucket_cap_mb;
   o.comm_hook = lockstep::parse_comm_hook(c.hook);
+  o.compression.powersgd_rounds = c.powersgd_rounds;
   o.shared_buckets = !c.private_buckets;
   side.ddp.emplace(side.model, *side.job->comm, o);
 }

@@ -51,7 +51,10 @@ class PowerSgdCodec final : public BucketCodec {
       return;
     }
     auto whole = torch::from_blob(share, {std::int64_t(count)}, torch::kFloat);
-    compress_and_sum(plan, whole, across);
+    if (options_.powersgd_rounds == 1)
+      one_round(plan, whole, across);
+    else
+      compress_and_sum(plan, whole, across);
   }
 
   CodecReport report() const override { return {"powersgd", "", bytes_across_}; }
@@ -60,6 +63,7 @@ class PowerSgdCodec final : public BucketCodec {
   struct Block {
     std::int64_t begin = 0, rows = 0, cols = 0, rank = 0;
     torch::Tensor q, error;  // cols x rank (kept between calls); rows x cols
+    torch::Tensor p;         // one round: rows x rank, the left factor of the last step
   };
   struct Range {
     std::int64_t begin = 0, length = 0;
@@ -69,6 +73,8 @@ class PowerSgdCodec final : public BucketCodec {
     std::vector<Range> exact;  // everything no block covers, sent as it is
     std::int64_t exact_elements = 0, p_elements = 0, q_elements = 0;
     int calls = 0;
+    torch::Tensor first_round, second_round;  // [exact | every P], [every Q]: what is summed
+    bool right_side = true;                   // one round: this step sums M Q (else M^T P)
   };
 
   Plan& plan_for(std::size_t first, std::size_t count) {
@@ -126,7 +132,11 @@ class PowerSgdCodec final : public BucketCodec {
 
   void compress_and_sum(Plan& plan, torch::Tensor& whole, comm::Across& across) {
     const int machines = across.machines();
-    auto first_round = torch::empty({plan.exact_elements + plan.p_elements}, torch::kFloat);
+    if (!plan.first_round.defined()) {
+      plan.first_round = torch::empty({plan.exact_elements + plan.p_elements}, torch::kFloat);
+      plan.second_round = torch::empty({plan.q_elements}, torch::kFloat);
+    }
+    auto& first_round = plan.first_round;
     std::int64_t at = 0;
     for (const auto& r : plan.exact) {
       first_round.narrow(0, at, r.length).copy_(whole.narrow(0, r.begin, r.length));
@@ -146,7 +156,7 @@ class PowerSgdCodec final : public BucketCodec {
       whole.narrow(0, r.begin, r.length).copy_(first_round.narrow(0, at, r.length));
       at += r.length;
     }
-    auto second_round = torch::empty({plan.q_elements}, torch::kFloat);
+    auto& second_round = plan.second_round;
     at = 0;
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
       auto& b = plan.blocks[i];
@@ -157,15 +167,60 @@ class PowerSgdCodec final : public BucketCodec {
     }
     if (second_round.numel() > 0)
       across.sum(second_round.data_ptr(), std::size_t(second_round.numel()), comm::DType::f32);
-    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {  // two passes over M: error, then estimate
       auto& b = plan.blocks[i];
       b.q.copy_(qs[i]);
-      auto estimate = torch::mm(ps[i], qs[i].t());
-      b.error.copy_(ms[i]).sub_(estimate, 1.0 / machines);
-      ms[i].copy_(estimate);
+      torch::addmm_out(b.error, ms[i], ps[i], qs[i].t(), /*beta=*/1, /*alpha=*/-1.0 / machines);
+      torch::mm_out(ms[i], ps[i], qs[i].t());
     }
     bytes_across_ = std::uint64_t(allreduce_bytes_sent(4.0 * double(first_round.numel()), machines) +
                                   allreduce_bytes_sent(4.0 * double(second_round.numel()), machines));
+  }
+
+  // One exchange per step, as PowerGossip (Vogels et al., 2020) alternates: one factor is the
+  // orthonormalised sum of the previous step's other factor, known to every machine, so only the
+  // projection onto it is summed; the side alternates so the subspace keeps tracking M.
+  void one_round(Plan& plan, torch::Tensor& whole, comm::Across& across) {
+    const int machines = across.machines();
+    const bool right = plan.right_side;
+    if (!plan.first_round.defined())
+      plan.first_round =
+          torch::empty({plan.exact_elements + std::max(plan.p_elements, plan.q_elements)}, torch::kFloat);
+    auto buffer = plan.first_round.narrow(0, 0, plan.exact_elements + (right ? plan.p_elements : plan.q_elements));
+    std::int64_t at = 0;
+    for (const auto& r : plan.exact) {
+      buffer.narrow(0, at, r.length).copy_(whole.narrow(0, r.begin, r.length));
+      at += r.length;
+    }
+    std::vector<torch::Tensor> ms, projections;
+    for (auto& b : plan.blocks) {
+      ms.push_back(whole.narrow(0, b.begin, b.rows * b.cols).view({b.rows, b.cols}));
+      ms.back().add_(b.error);
+      const std::int64_t n = (right ? b.rows : b.cols);
+      projections.push_back(buffer.narrow(0, at, n * b.rank).view({n, b.rank}));
+      if (right)
+        torch::mm_out(projections.back(), ms.back(), b.q);
+      else
+        torch::mm_out(projections.back(), ms.back().t(), b.p);
+      at += n * b.rank;
+    }
+    across.sum(buffer.data_ptr(), std::size_t(buffer.numel()), comm::DType::f32);
+    at = 0;
+    for (const auto& r : plan.exact) {
+      whole.narrow(0, r.begin, r.length).copy_(buffer.narrow(0, at, r.length));
+      at += r.length;
+    }
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+      auto& b = plan.blocks[i];
+      const auto left = right ? projections[i] : b.p, right_t = right ? b.q.t() : projections[i].t();
+      torch::addmm_out(b.error, ms[i], left, right_t, /*beta=*/1, /*alpha=*/-1.0 / machines);
+      torch::mm_out(ms[i], left, right_t);
+      auto basis = projections[i].clone();
+      orthonormalize(basis);
+      (right ? b.p : b.q) = basis;
+    }
+    plan.right_side = !right;
+    bytes_across_ = std::uint64_t(allreduce_bytes_sent(4.0 * double(buffer.numel()), machines));
   }
 
   struct Planned {

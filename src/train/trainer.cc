@@ -63,7 +63,13 @@ void Trainer::Impl::build_reducer() {
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
   ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
   ddp.compression.powersgd_rank = args.powersgd_rank;
+  ddp.compression.powersgd_rounds = args.powersgd_rounds;
   ddp.compression.start_step = args.comm_hook_start_step;
+  // A compressed all-reduce costs its exchanges between machines more than its bytes: no small
+  // first bucket, so each step pays for as few exchanges as the bucket cap allows.
+  const auto hook = ddp.comm_hook;
+  if (hook == CommHook::powersgd || hook == CommHook::int8 || hook == CommHook::automatic)
+    ddp.first_bucket_cap_mb = ddp.bucket_cap_mb;
   std::optional<BucketSharding> sharding;
   if (args.zero_stage > 0) sharding = zero_bucket_sharding({args.zero_stage, args.zero_shared_parameters}, world());
   reducer = std::make_unique<Reducer>(model.module, *comm, ddp, sharding);

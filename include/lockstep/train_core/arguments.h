@@ -106,6 +106,8 @@ inline Rule backend_rule() {
     "gradients on the wire: fp16/bf16 everywhere; powersgd, int8 or auto (measured per bucket) between machines only", \
     one_of({"none", "fp16", "bf16", "powersgd", "int8", "auto"}))                                              \
   X(int, powersgd_rank, 4, "--ddp-comm-hook powersgd/auto: the rank of PowerSGD's approximation", at_least(1)) \
+  X(int, powersgd_rounds, 2,                                                                                   \
+    "--ddp-comm-hook powersgd/auto: exchanges per step, 2 (P then Q, the paper) or 1 (sides alternate)", within(1, 2)) \
   X(int, comm_hook_start_step, 10,                                                                             \
     "--ddp-comm-hook powersgd/auto: exact steps before compressing (auto measures the link in them)", at_least(0)) \
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
