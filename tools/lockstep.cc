@@ -15,7 +15,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -316,6 +319,31 @@ struct EnvCommand : Command {
   }
 };
 
+// The torch-linked half lives in lockstep-checkpoint beside this binary, so that lockstep itself
+// stays torch-free; this only hands the arguments over.
+struct CheckpointCommand : Command {
+  std::vector<std::string> raw;
+
+  CheckpointCommand(CLI::App& parent, std::vector<std::string> argv) : raw(std::move(argv)) {
+    app = parent.add_subcommand("checkpoint", "Sharded checkpoints: consolidate DIR (one model.pt), info DIR");
+    app->prefix_command();
+    app->allow_extras();
+  }
+  int run() override {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const std::string tool = (self.parent_path() / "lockstep-checkpoint").string();
+    if (ec || !std::filesystem::exists(tool))
+      throw ConfigError("lockstep checkpoint needs lockstep-checkpoint beside lockstep (" + tool +
+                        "): it is built with the train layer; build or install the whole project");
+    std::vector<char*> argv{const_cast<char*>(tool.c_str())};
+    for (std::size_t i = 2; i < raw.size(); ++i) argv.push_back(const_cast<char*>(raw[i].c_str()));
+    argv.push_back(nullptr);
+    ::execv(tool.c_str(), argv.data());
+    throw SystemError("cannot run " + tool + ": " + std::strerror(errno));
+  }
+};
+
 struct MetricsFormatCommand : Command {
   explicit MetricsFormatCommand(CLI::App& parent) {
     app = parent.add_subcommand("metrics-format",
@@ -363,6 +391,7 @@ int lockstep_main(int argc, char** argv) {
   commands.push_back(std::make_unique<ReportCommand>(app));
   commands.push_back(std::make_unique<EnvCommand>(app));
   commands.push_back(std::make_unique<MetricsFormatCommand>(app));
+  commands.push_back(std::make_unique<CheckpointCommand>(app, raw));
 
   std::vector<std::string> args = raw.size() > 1 && raw[1] == "run" ? normalise_run_args(raw) : raw;
   std::vector<std::string> reversed(args.rbegin(), args.rend() - 1);  // CLI11 parses a reversed vector

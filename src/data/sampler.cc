@@ -78,13 +78,11 @@ DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank, int w
   if (rank < 0 || rank >= world_size)
     throw ConfigError("DistributedSampler: rank " + std::to_string(rank) + " is not in 0.." +
                       std::to_string(world_size - 1));
-  auto r = static_cast<std::size_t>(world_size);
-  num_samples_ = drop_last ? dataset_size / r : (dataset_size + r - 1) / r;
   build();
 }
 
 void DistributedSampler::set_epoch(std::uint64_t epoch) {
-  state_ = SamplerState{epoch, 0};
+  state_ = SamplerState{epoch, 0, 0};
   build();
 }
 
@@ -96,11 +94,15 @@ void DistributedSampler::build() {
     order.resize(dataset_size_);
     std::iota(order.begin(), order.end(), std::size_t{0});
   }
-  const std::size_t total = num_samples_ * static_cast<std::size_t>(world_size_);
+  // What the old world took of this epoch is gone; the rest is dealt over this world.
+  const std::size_t offset = std::min(state_.offset, dataset_size_), rest = dataset_size_ - offset;
+  const auto r = static_cast<std::size_t>(world_size_);
+  num_samples_ = drop_last_ ? rest / r : (rest + r - 1) / r;
+  const std::size_t total = num_samples_ * r;
   indices_.clear();
   indices_.reserve(num_samples_);
-  for (std::size_t g = static_cast<std::size_t>(rank_); g < total; g += static_cast<std::size_t>(world_size_))
-    indices_.push_back(order[g % dataset_size_]);  // g >= N only when padding: repeat from the start
+  for (std::size_t g = static_cast<std::size_t>(rank_); g < total; g += r)
+    indices_.push_back(order[offset + g % rest]);  // g >= rest only when padding: repeat from the start
 }
 
 std::vector<std::size_t> DistributedSampler::remaining() const {
@@ -117,8 +119,8 @@ std::vector<std::size_t> DistributedSampler::take(std::size_t n) {
 }
 
 bool DistributedSampler::is_padding(std::size_t k) const {
-  return !drop_last_ &&
-         static_cast<std::size_t>(rank_) + k * static_cast<std::size_t>(world_size_) >= dataset_size_;
+  return !drop_last_ && static_cast<std::size_t>(rank_) + k * static_cast<std::size_t>(world_size_) >=
+                            dataset_size_ - std::min(state_.offset, dataset_size_);
 }
 
 std::size_t DistributedSampler::real_count() const {
@@ -128,16 +130,25 @@ std::size_t DistributedSampler::real_count() const {
 }
 
 void DistributedSampler::load_state(const SamplerState& state) {
+  if (state.offset > dataset_size_)
+    throw ConfigError("DistributedSampler: saved offset " + std::to_string(state.offset) + " is past the " +
+                      std::to_string(dataset_size_) + " samples of the dataset: the checkpoint was made for another "
+                      "dataset size");
+  if (state.epoch != state_.epoch || state.offset != state_.offset) {
+    state_.epoch = state.epoch;
+    state_.offset = state.offset;
+    build();
+  }
   if (state.position > num_samples_)
     throw ConfigError("DistributedSampler: saved position " + std::to_string(state.position) +
                       " is past the " + std::to_string(num_samples_) +
                       " indices of an epoch: the checkpoint was made for another "
                       "dataset size or world size");
-  if (state.epoch != state_.epoch) {
-    state_.epoch = state.epoch;
-    build();
-  }
   state_.position = state.position;
+}
+
+std::size_t consumed_in_epoch(const SamplerState& state, int world, std::size_t dataset_size) {
+  return std::min(dataset_size, state.offset + state.position * static_cast<std::size_t>(world));
 }
 
 }  // namespace lockstep::data

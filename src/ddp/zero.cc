@@ -11,7 +11,7 @@
 #include "lockstep/comm/machine_memory.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
-#include "optimizer_state.h"
+#include "lockstep/ddp/optimizer_state.h"
 #include "tensor_alias.h"
 
 namespace lockstep {

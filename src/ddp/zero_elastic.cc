@@ -10,7 +10,7 @@
 #include "lockstep/comm/elastic.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
-#include "optimizer_state.h"
+#include "lockstep/ddp/optimizer_state.h"
 
 namespace lockstep {
 namespace {

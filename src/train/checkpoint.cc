@@ -17,6 +17,7 @@
 #include "lockstep/base/main.h"
 #include "lockstep/ddp/cpu_rng.h"
 #include "lockstep/error.h"
+#include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train_core/durable_file.h"
 
 namespace fs = std::filesystem;
@@ -134,7 +135,17 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& path)
   }
 }
 
+// A sharded checkpoint has no model.pt: `path` naming one in such a directory reads the shards.
+static bool sharded_in_place_of(const std::string& path) {
+  return !fs::exists(path) && fs::path(path).filename() == "model.pt" &&
+         is_sharded_checkpoint(fs::path(path).parent_path().string());
+}
+
 void load_module(torch::nn::Module& module, const std::string& path) {
+  if (sharded_in_place_of(path)) {
+    load_sharded(fs::path(path).parent_path().string(), module, nullptr);
+    return;
+  }
   if (!fs::exists(path))
     throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
   torch::serialize::InputArchive archive;
@@ -169,16 +180,21 @@ void flatten(torch::serialize::InputArchive& archive, const std::string& prefix,
 }  // namespace
 
 LoadReport load_matching(torch::nn::Module& module, const std::string& path) {
-  if (!fs::exists(path)) throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const c10::Error& e) {
-    throw DataError("cannot read " + path + " as a torch archive (" +
-                    std::string(e.what_without_backtrace()).substr(0, 200) + ")");
-  }
   std::map<std::string, torch::Tensor> file;
-  flatten(archive, "", file);
+  if (sharded_in_place_of(path)) {
+    for (auto& [saved, value] : read_sharded_values(fs::path(path).parent_path().string())) file[saved.name] = value;
+  } else {
+    if (!fs::exists(path))
+      throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(path);
+    } catch (const c10::Error& e) {
+      throw DataError("cannot read " + path + " as a torch archive (" +
+                      std::string(e.what_without_backtrace()).substr(0, 200) + ")");
+    }
+    flatten(archive, "", file);
+  }
   LoadReport report;
   torch::NoGradGuard no_grad;
   auto take = [&](const std::string& name, torch::Tensor& mine) {

@@ -23,6 +23,7 @@
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/progress.h"
 #include "lockstep/train_core/run_env.h"
+#include "checkpoint_writer.h"
 #include "trainer_impl.h"
 
 namespace fs = std::filesystem;
@@ -358,14 +359,19 @@ TrainResult Trainer::Impl::train() {
   bool resumed_mid_epoch = false;
   prepare(sampler, resumed_mid_epoch);
   announce();
+  if (resumed_record) outputs->record(*resumed_record);
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
   run.network_at_window_start = comm->network_stats();
   while (state.global_step < state.max_steps && !run.control.should_stop) {
-    if (!resumed_mid_epoch) sampler.set_epoch(state.epoch);
+    if (!resumed_mid_epoch) {
+      sampler.set_epoch(state.epoch);
+      sampler_offset = 0;
+    }
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
+  finish_background_save();
   check_replicas();
   load_best_model();
   for (auto& cb : callbacks) cb->on_train_end(state);
@@ -422,7 +428,9 @@ nlohmann::json Trainer::evaluate() {
 std::string Trainer::save_checkpoint() {
   if (!impl_->optimizer && !impl_->zero)
     throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
-  return impl_->save(0);
+  const std::string dir = impl_->save(0);
+  impl_->finish_background_save();
+  return dir;
 }
 const TrainerState& Trainer::state() const {
   return impl_->state;

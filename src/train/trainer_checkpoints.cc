@@ -9,8 +9,11 @@
 #include "lockstep/base/main.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
+#include "checkpoint_writer.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train_core/durable_file.h"
+#include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/run_env.h"
 #include "trainer_impl.h"
 
@@ -34,6 +37,7 @@ nlohmann::json trainer_state_json(const Trainer::Impl& t, std::size_t sampler_po
           {"steps_in_epoch", s.steps_in_epoch},
           {"fractional_epoch", s.fractional_epoch()},
           {"sampler_position", sampler_position},
+          {"sampler_offset", t.sampler_offset},
           {"world_size", t.world()},
           {"seed", t.args.seed},
           {"rng_states", rng_states},
@@ -77,6 +81,7 @@ std::string intact_note(const std::string& output_dir) {
 }  // namespace
 
 std::string Trainer::Impl::save(std::size_t sampler_position) {
+  if (sharded_saves()) return save_sharded(sampler_position);
   const auto begin = Clock::now();
   const std::vector<std::string> rngs = comm::allgather_strings(*comm, rng_state_hex());
   const std::string name = "checkpoint-" + std::to_string(state.global_step);
@@ -101,6 +106,116 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
     throw Error("checkpoint " + dir.string() + " was not saved: " + what + "; " +
                 intact_note(args.output_dir));
   for (auto& cb : callbacks) cb->on_save(state, dir.string());
+  const double seconds = seconds_between(begin, Clock::now());
+  record_checkpoint(dir.string(), "save", false, false, seconds, seconds, world());
+  if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
+  return dir.string();
+}
+
+void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string& action, bool sharded,
+                                      bool background, double stall_seconds, double write_seconds, int saved_world) {
+  if (rank() != 0 || !outputs) return;
+  metrics::CheckpointLog r;
+  r.step = checkpoint_step(dir);
+  r.dir = dir;
+  r.action = action;
+  r.format = sharded ? "sharded" : "consolidated";
+  r.background = background;
+  r.stall_seconds = stall_seconds;
+  r.write_seconds = write_seconds;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec))
+    if (f.is_regular_file()) r.bytes += std::int64_t(f.file_size());
+  r.saved_world_size = saved_world;
+  r.world_size = world();
+  const nlohmann::json line = r.to_json();
+  if (action == "resume")
+    resumed_record = line;  // written after this start's train_begin
+  else
+    outputs->record(line);
+}
+
+bool Trainer::Impl::sharded_saves() const {
+  if (elastic) return false;  // the writer's reports need one communicator for the whole save
+  return args.save_format == "sharded" || (args.save_format == "auto" && args.zero_stage > 0);
+}
+
+void Trainer::Impl::finish_background_save() {
+  if (save_in_flight.empty()) return;
+  const CheckpointWriter::Outcome mine = writer->wait();
+  const std::string dir = save_in_flight;
+  save_in_flight.clear();
+  auto outcome = static_cast<std::int32_t>(mine.error.empty() ? SaveOutcome::ok
+                                           : mine.no_storage  ? SaveOutcome::no_storage
+                                                              : SaveOutcome::failed);
+  comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  const std::string what = !mine.error.empty() ? first_line(mine.error) : "another rank could not write its part";
+  if (outcome == static_cast<std::int32_t>(SaveOutcome::no_storage))
+    throw StorageError("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
+  if (outcome != static_cast<std::int32_t>(SaveOutcome::ok))
+    throw Error("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
+  record_checkpoint(dir, "save", true, args.save_in_background, save_stall_seconds, mine.seconds, world());
+  for (auto& cb : callbacks) cb->on_save(state, dir);
+}
+
+// Every rank snapshots what it holds and hands it to its writer; the step goes on at once unless
+// the previous save is still being written (or --save-in-background=false).
+std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
+  const auto begin = Clock::now();
+  finish_background_save();
+  if (!writer) writer = std::make_unique<CheckpointWriter>(*comm);
+  const std::vector<std::string> rngs = comm::allgather_strings(*comm, rng_state_hex());
+  const std::string name = "checkpoint-" + std::to_string(state.global_step);
+  const fs::path dir = fs::path(args.output_dir) / name, tmp = fs::path(args.output_dir) / (".tmp-" + name);
+  if (improved_since_save) {
+    state.best_checkpoint = name;
+    improved_since_save = false;
+  }
+  std::string error;
+  auto ready = static_cast<std::int32_t>(SaveOutcome::ok);
+  if (rank() == 0) {  // a fresh temporary directory, before anyone writes into it
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) {
+      error = "cannot create " + tmp.string() + ": " + ec.message();
+      ready = static_cast<std::int32_t>(SaveOutcome::failed);
+    }
+  }
+  comm->allreduce(&ready, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  if (ready != static_cast<std::int32_t>(SaveOutcome::ok))
+    throw Error("checkpoint " + dir.string() + " was not saved: " +
+                (rank() == 0 ? error : "rank 0 could not prepare it") + "; " + intact_note(args.output_dir));
+  CheckpointWriter::Job save_job;
+  save_job.tmp_dir = tmp.string();
+  save_job.final_dir = dir.string();
+  save_job.snapshot = zero ? snapshot_zero(*model.module, *zero, rank())
+                      : snapshot_replicated(*model.module, *optimizer, rank(), world());
+  if (rank() == 0) {
+    save_job.extra = {{"optimizer", save_job.snapshot.optimizer},
+                 {"global_step", state.global_step},
+                 {"world_size", world()},
+                 {"zero_stage", zero ? args.zero_stage : 0}};
+    save_job.files = {{"trainer_state.json", trainer_state_json(*this, sampler_position, rngs).dump(2)},
+                 {"scheduler.json", scheduler_json(*this).dump(2)},
+                 {"training_args.json", args.to_json().dump(2)}};
+    const std::int64_t step = state.global_step;
+    save_job.before_commit = [step] {
+      if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
+    };
+    std::vector<std::string> keep = {dir.string()};
+    if (!state.best_checkpoint.empty()) keep.push_back(state.best_checkpoint);
+    save_job.after_commit = [output_dir = args.output_dir, limit = args.save_total_limit, keep] {
+      rotate_checkpoints(output_dir, limit, keep);
+    };
+  }
+  writer->submit(std::move(save_job));
+  save_in_flight = dir.string();
+  save_stall_seconds = seconds_between(begin, Clock::now());
+  if (!args.save_in_background) {
+    finish_background_save();
+    save_stall_seconds = seconds_between(begin, Clock::now());
+  }
   if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
   return dir.string();
 }
@@ -117,18 +232,26 @@ std::string Trainer::Impl::resume_target() const {
   return r;
 }
 
+// The model and the optimizer's state from either format, at any world size and ZeRO stage: each
+// rank reads the whole state and, under ZeRO, keeps its slices.
+void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
+  std::unique_ptr<torch::optim::Optimizer> whole;
+  if (zero) whole = make_optimizer(model.module->parameters());
+  torch::optim::Optimizer& target = zero ? *whole : *optimizer;
+  if (is_sharded_checkpoint(dir)) {
+    load_sharded(dir, *model.module, &target);
+  } else {
+    load_module(*model.module, (fs::path(dir) / "model.pt").string());
+    load_optimizer(target, (fs::path(dir) / "optimizer.pt").string());
+  }
+  if (zero) zero->load_consolidated(*whole);
+}
+
 void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sampler) {
+  const auto begin = Clock::now();
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
-  load_module(*model.module, (fs::path(dir) / "model.pt").string());
-  const std::string optimizer_path = (fs::path(dir) / "optimizer.pt").string();
-  if (zero) {  // the file holds the whole state, as DDP writes it: each rank takes its slices
-    auto whole = make_optimizer(model.module->parameters());
-    load_optimizer(*whole, optimizer_path);
-    zero->load_consolidated(*whole);
-  } else {
-    load_optimizer(*optimizer, optimizer_path);
-  }
+  load_checkpoint_state(dir);
   int saved_world = 0;
   try {
     state.global_step = s.at("global_step").get<std::int64_t>();
@@ -139,10 +262,16 @@ void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sam
     state.best_checkpoint = s.value("best_checkpoint", "");
     state.log_history = s.value("log_history", nlohmann::json::array());
     saved_world = s.at("world_size").get<int>();
+    const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
+                                   s.value("sampler_offset", std::size_t{0})};
+    sampler.set_epoch(state.epoch);
     if (saved_world == world()) {
       set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(rank())).get<std::string>());
-      sampler.set_epoch(state.epoch);
-      sampler.load_state({state.epoch, s.at("sampler_position").get<std::size_t>()});
+      sampler.load_state(saved);
+      sampler_offset = saved.offset;
+    } else {  // the old world took the start of this epoch's permutation; this one deals the rest
+      sampler_offset = data::consumed_in_epoch(saved, saved_world, train_set->size());
+      sampler.load_state({state.epoch, 0, sampler_offset});
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(state_path + " lacks a field a checkpoint must have (" + first_line(e.what()) +
@@ -150,14 +279,14 @@ void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sam
   }
   if (saved_world != world()) {
     if (rank() == 0)
-      LOCKSTEP_LOG(warn, train) << dir << " was written by " << saved_world << " workers, this run has "
-                                << world()
-                                << ": the data order of this epoch and the RNG streams start afresh";
+      LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers, this run has "
+                                << world() << ": the " << sampler_offset << " samples of epoch " << state.epoch
+                                << " already trained on stay done, the rest are dealt over " << world()
+                                << "; each rank's RNG stream starts afresh";
     torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
-    sampler.set_epoch(state.epoch);
-    const std::size_t pos = static_cast<std::size_t>(state.steps_in_epoch) * samples_per_step();
-    sampler.load_state({state.epoch, std::min(pos, sampler.num_samples())});
   }
+  record_checkpoint(dir, "resume", is_sharded_checkpoint(dir), false, seconds_between(begin, Clock::now()), 0,
+                    saved_world);
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "resumed from " << dir << " at step " << state.global_step << " (epoch "
                               << state.epoch << ", " << state.steps_in_epoch << " steps into it)";

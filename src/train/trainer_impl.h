@@ -124,7 +124,22 @@ struct Trainer::Impl {
   // trainer_checkpoints.cc
   std::string resume_target() const;
   void resume(const std::string& dir, data::DistributedSampler& sampler);
+  void load_checkpoint_state(const std::string& dir);
   std::string save(std::size_t sampler_position);
+  // Sharded saves (--save-format): every rank writes its part, on the writer's thread when
+  // --save-in-background; finish_background_save() is collective: it waits for the save in
+  // flight, and every rank learns whether it was committed (a failure throws, as save() does).
+  bool sharded_saves() const;
+  std::string save_sharded(std::size_t sampler_position);
+  void finish_background_save();
+  std::unique_ptr<class CheckpointWriter> writer;
+  std::string save_in_flight;  // the checkpoint a background save is writing ("" when none)
+  std::size_t sampler_offset = 0;  // this epoch's samples taken before this world began it (a resume at another size)
+  double save_stall_seconds = 0;   // the training thread's time in the save in flight
+  std::optional<nlohmann::json> resumed_record;  // the checkpoint record of the resume, logged after train_begin
+  // A checkpoint record (metrics.jsonl) for `dir`: its files' bytes, this run's world.
+  void record_checkpoint(const std::string& dir, const std::string& action, bool sharded, bool background,
+                         double stall_seconds, double write_seconds, int saved_world);
 
   // evaluate.cc
   nlohmann::json evaluate();

@@ -109,6 +109,17 @@ MembershipChangeLog MembershipChangeLog::from_json(const json& j) {
   return r;
 }
 
+json CheckpointLog::to_json() const {
+  json j = {{"event", kCheckpoint}};
+  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_PUT)
+  return j;
+}
+CheckpointLog CheckpointLog::from_json(const json& j) {
+  CheckpointLog r;
+  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_TAKE)
+  return r;
+}
+
 std::vector<Segment> read_metrics(const std::string& path) {
   std::ifstream in(path);
   if (!in)
@@ -136,6 +147,7 @@ std::vector<Segment> read_metrics(const std::string& path) {
       if (event == kEval) segments.back().evals.push_back(EvalLog::from_json(j));
       if (event == kMembershipChange)
         segments.back().membership_changes.push_back(MembershipChangeLog::from_json(j));
+      if (event == kCheckpoint) segments.back().checkpoints.push_back(CheckpointLog::from_json(j));
     } catch (const json::exception& e) {
       throw ConfigError(path + ":" + std::to_string(i + 1) + ": a value has the wrong type (" + e.what() +
                         ")");
@@ -155,6 +167,8 @@ std::string markdown() {
   LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_DOC_ROW)
   out += "\n### `membership_change`\n\n" + std::string(head);
   LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_DOC_ROW)
+  out += "\n### `checkpoint`\n\n" + std::string(head);
+  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_DOC_ROW)
   return out;
 }
 

@@ -101,6 +101,37 @@ TEST(Sampler, ResumingAtEveryPositionGivesExactlyTheRest) {
   }
 }
 
+// A world of 2 stops after k indices each; a world of 3 (or 1, or 4) continues the same epoch
+// from the offset: the first world's share and the real (non-padding) indices of the second
+// together are the dataset, each index once.
+TEST(Sampler, AnotherWorldContinuesTheEpochFromWhatTheFirstTook) {
+  const std::size_t n = 29;
+  for (std::size_t k : {0u, 3u, 7u, 14u, 15u}) {
+    for (int next : {1, 3, 4}) {
+      std::multiset<std::size_t> seen;
+      SamplerState saved;
+      for (int r = 0; r < 2; ++r) {
+        DistributedSampler first(n, r, 2, true, 5);
+        first.set_epoch(2);
+        for (std::size_t i : first.take(k)) seen.insert(i);
+        saved = first.state();
+      }
+      const std::size_t offset = consumed_in_epoch(saved, 2, n);
+      EXPECT_EQ(offset, std::min(n, 2 * k));
+      if (2 * k > n) continue;  // the first world already finished the epoch (with padding)
+      for (int r = 0; r < next; ++r) {
+        DistributedSampler second(n, r, next, true, 5);
+        second.load_state({2, 0, offset});
+        const auto rest = second.take(second.num_samples());
+        for (std::size_t j = 0; j < rest.size(); ++j)
+          if (!second.is_padding(j)) seen.insert(rest[j]);
+      }
+      EXPECT_EQ(seen.size(), n) << "k " << k << ", next world " << next;
+      for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(seen.count(i), 1u) << i << " (k " << k << ", next " << next << ")";
+    }
+  }
+}
+
 TEST(Sampler, BadArgumentsAreConfigErrors) {
   EXPECT_THROW(DistributedSampler(10, 3, 3), ConfigError);
   EXPECT_THROW(DistributedSampler(10, 0, 0), ConfigError);

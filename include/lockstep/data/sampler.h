@@ -9,8 +9,11 @@
 // driven by a 64-bit SplitMix/xoshiro generator with an unbiased bounded draw, the same on every
 // platform and standard library.
 //
-// Resumable: state() is (epoch, position) and load_state() continues exactly after the last index
-// handed out, at once (nothing is replayed).
+// Resumable: state() is (epoch, position, offset) and load_state() continues exactly after the
+// last index handed out, at once (nothing is replayed). At another world size: the first
+// consumed_in_epoch() indices of the epoch's permutation were taken by the old world; a sampler
+// given that as its offset deals the rest of the permutation (from there, padded to a multiple of
+// its own world) over its ranks, so each remaining sample of the epoch is taken exactly once.
 //
 // Not thread-safe; one sampler per rank.
 #pragma once
@@ -23,8 +26,13 @@ namespace lockstep::data {
 
 struct SamplerState {
   std::uint64_t epoch = 0;
-  std::size_t position = 0;  // indices of this epoch already handed out
+  std::size_t position = 0;  // indices of this epoch already handed out (by this rank)
+  std::size_t offset = 0;    // indices of the epoch's permutation taken before this world began it
 };
+
+// Indices of the epoch's permutation taken so far by all `world` ranks together (at most the
+// dataset's size): where a sampler of another world size continues the epoch from.
+std::size_t consumed_in_epoch(const SamplerState& state, int world, std::size_t dataset_size);
 
 class DistributedSampler {
  public:
@@ -36,7 +44,7 @@ class DistributedSampler {
   void set_epoch(std::uint64_t epoch);
   std::uint64_t epoch() const { return state_.epoch; }
 
-  // Indices per rank per epoch: ceil(N/R), or floor(N/R) with drop_last.
+  // Indices per rank per epoch: ceil(N/R), or floor(N/R) with drop_last (N less the offset).
   std::size_t num_samples() const { return num_samples_; }
   // This rank's whole list for the current epoch (padding included).
   const std::vector<std::size_t>& indices() const { return indices_; }

@@ -88,6 +88,11 @@ inline Rule backend_rule() {
   X(std::string, save_strategy, "epoch", "when to save a checkpoint", one_of({"no", "steps", "epoch"}))        \
   X(int, save_steps, 500, "save every N steps", at_least(1))                                                   \
   X(int, save_total_limit, 0, "keep at most N checkpoints (never deleting the latest or the best); 0: all", at_least(0)) \
+  X(std::string, save_format, "auto",                                                                          \
+    "sharded: every rank writes what it holds, no gathering; consolidated: rank 0 writes model.pt and optimizer.pt; " \
+    "auto: sharded under ZeRO", one_of({"auto", "sharded", "consolidated"}))                                   \
+  X(bool, save_in_background, true,                                                                            \
+    "sharded saves: copy the state to memory and train on while a thread writes it (=false: wait for the write)", any()) \
   X(std::string, metric_for_best_model, "eval_loss", "the evaluation metric that picks the best checkpoint",   \
     one_of({"eval_loss", "eval_accuracy", "eval_perplexity"}))                                                                    \
   X(std::string, greater_is_better, "auto", "auto: true for metrics named *accuracy*",                         \

@@ -9,6 +9,7 @@
 //   {"event":"eval", ...}          after every evaluation during training
 //   {"event":"membership_change", ...}  an elastic job lost or gained workers (lockstep run
 //                                  --nnodes MIN:MAX) and went on
+//   {"event":"checkpoint", ...}    a checkpoint was saved (once it is complete on disk) or resumed from
 //
 // Each table row is (C++ type, key, meaning); the key is the member's name. Fields of type
 // std::optional are left out of a line when absent. Readers ignore keys they do not know.
@@ -105,6 +106,17 @@
   X(double, recovery_seconds, "from noticing to training again, everything included")                    \
   X(std::int64_t, steps_lost, "completed steps taken again (the step in progress when a member failed is " \
                               "redone: it never completed)")
+#define LOCKSTEP_CHECKPOINT_FIELDS(X)                                                                   \
+  X(std::int64_t, step, "the optimiser step it holds")                                                  \
+  X(std::string, dir, "the checkpoint directory")                                                       \
+  X(std::string, action, "save, or resume (read at the start of this run)")                              \
+  X(std::string, format, "sharded (every rank wrote its part) or consolidated (rank 0 wrote model.pt)")  \
+  X(bool, background, "whether training went on while it was written")                                 \
+  X(double, stall_seconds, "save: the time the step that saved spent on it (the slowest rank); resume: reading it") \
+  X(double, write_seconds, "save: from the step that saved to the checkpoint complete on disk")          \
+  X(std::int64_t, bytes, "bytes of its files (sharded: every rank's shard)")                             \
+  X(int, saved_world_size, "the workers that wrote it")                                                  \
+  X(int, world_size, "the workers of this run")
 // clang-format on
 
 namespace lockstep::train::metrics {
@@ -135,6 +147,12 @@ struct MembershipChangeLog {
   static MembershipChangeLog from_json(const nlohmann::json& j);
 };
 
+struct CheckpointLog {
+  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_METRICS_MEMBER)
+  nlohmann::json to_json() const;
+  static CheckpointLog from_json(const nlohmann::json& j);
+};
+
 #undef LOCKSTEP_METRICS_MEMBER
 
 // The event names of the "event" key.
@@ -142,6 +160,7 @@ inline constexpr const char* kTrainBegin = "train_begin";
 inline constexpr const char* kLog = "log";
 inline constexpr const char* kEval = "eval";
 inline constexpr const char* kMembershipChange = "membership_change";
+inline constexpr const char* kCheckpoint = "checkpoint";
 
 // One start of a run: its train_begin and the lines after it.
 struct Segment {
@@ -149,6 +168,7 @@ struct Segment {
   std::vector<StepLog> logs;
   std::vector<EvalLog> evals;
   std::vector<MembershipChangeLog> membership_changes;
+  std::vector<CheckpointLog> checkpoints;
 };
 
 // Every start recorded in a metrics.jsonl, oldest first. A ConfigError names the file when it

@@ -1,6 +1,6 @@
 // The optimizers whose state ZeRO can cut into slices and put back together (SGD, Adam, AdamW:
-// elementwise updates), read and written as plain tensors by name. Shared by zero.cc and
-// zero_elastic.cc.
+// elementwise updates), read and written as plain tensors by name. Shared by ZeRO (zero.cc,
+// zero_elastic.cc) and the train layer's sharded checkpoints; not a stable API of its own.
 #pragma once
 
 #include <torch/torch.h>

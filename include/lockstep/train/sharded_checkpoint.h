@@ -1,0 +1,56 @@
+// The training state as sharded checkpoints hold it (train_core/sharded_checkpoint.h): what a
+// rank writes, copied out of the live tensors so training can go on while it is written, and how
+// any world size, DDP or ZeRO, reads it back.
+//
+// The tensors are the module's trainable parameters in module.parameters() order, then its
+// buffers. Under DDP every rank holds everything, so rank r writes the r-th of W equal cuts of
+// the parameters laid end to end (values and optimizer state) and rank 0 the buffers: each
+// element once, no rank gathering anything. Under ZeRO a rank writes the slices it owns.
+//
+//   auto snapshot = snapshot_replicated(module, optimizer, rank, world);   // or snapshot_zero
+//   write_shard_file(dir + "/" + shard_file_name(rank, world), snapshot.tensors, snapshot.pieces);
+//   ...
+//   load_sharded(dir, module, &optimizer);   // any world size: the whole state on this rank
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "lockstep/ddp/zero.h"
+#include "lockstep/train_core/sharded_checkpoint.h"
+
+namespace lockstep::train {
+
+// What a rank writes: the pieces point into `owned`, copies made when the snapshot was taken.
+struct ShardSnapshot {
+  std::vector<CheckpointTensor> tensors;
+  std::vector<ShardPiece> pieces;
+  std::vector<torch::Tensor> owned;
+  nlohmann::json optimizer;  // {"kind": "adamw", "step": N, "state": ["exp_avg", "exp_avg_sq"]}
+  std::size_t bytes() const;
+};
+
+std::string shard_file_name(int rank, int world);  // "shard-00003-of-00008.bin"
+
+// DDP (or one process): the r-th of `world` cuts of every trainable parameter's values and the
+// optimizer's state for them, and (rank 0) the buffers.
+ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  int rank, int world);
+// ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank);
+
+// Reads a sharded checkpoint into the module (parameters and buffers, each checked against the
+// model's name, shape and dtype: a ConfigError naming the first that differs) and, when given,
+// the whole optimizer state into `optimizer` (built over module.parameters(), of the kind the
+// checkpoint names). Returns the checkpoint's optimizer record.
+nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
+                            torch::optim::Optimizer* optimizer);
+
+// Every tensor's values, by name (what `lockstep checkpoint consolidate` writes as model.pt).
+std::vector<std::pair<CheckpointTensor, torch::Tensor>> read_sharded_values(const std::string& dir);
+
+}  // namespace lockstep::train

@@ -1,0 +1,239 @@
+// The training state as sharded checkpoints hold it (see train/sharded_checkpoint.h).
+#include "lockstep/train/sharded_checkpoint.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "lockstep/ddp/optimizer_state.h"
+#include "lockstep/error.h"
+
+namespace lockstep::train {
+namespace {
+
+using ddp_detail::Kind;
+
+std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kLong: return "int64";
+    case torch::kInt: return "int32";
+    case torch::kShort: return "int16";
+    case torch::kChar: return "int8";
+    case torch::kByte: return "uint8";
+    case torch::kBool: return "bool";
+    default: throw ConfigError(std::string("a checkpoint cannot hold tensors of dtype ") + c10::toString(t));
+  }
+}
+
+torch::ScalarType scalar_type_of(const std::string& name) {
+  for (auto t : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt,
+                 torch::kShort, torch::kChar, torch::kByte, torch::kBool})
+    if (dtype_name(t) == name) return t;
+  throw DataError("a checkpoint tensor has dtype '" + name + "', which lockstep does not know");
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::adamw: return "adamw";
+    case Kind::adam: return "adam";
+    case Kind::sgd: return "sgd";
+  }
+  return "?";
+}
+
+// The checkpoint's tensors for a module: trainable parameters (module.parameters() order), then
+// buffers; with the live tensors beside them.
+struct Listed {
+  std::vector<CheckpointTensor> tensors;
+  std::vector<torch::Tensor> live;
+  std::vector<std::int64_t> flat_offsets;  // trainable parameters only: where each starts end to end
+  std::size_t parameters = 0;
+};
+
+Listed list_tensors(const torch::nn::Module& module) {
+  Listed out;
+  std::int64_t at = 0;
+  for (const auto& p : module.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    out.tensors.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value().scalar_type()), false});
+    out.live.push_back(p.value());
+    out.flat_offsets.push_back(at);
+    at += p.value().numel();
+  }
+  out.parameters = out.tensors.size();
+  for (const auto& b : module.named_buffers()) {
+    if (!b.value().defined()) continue;
+    out.tensors.push_back({b.key(), b.value().sizes().vec(), dtype_name(b.value().scalar_type()), true});
+    out.live.push_back(b.value());
+  }
+  return out;
+}
+
+// A contiguous CPU copy of elements [start, start + count) of t, kept in `owned`.
+const void* copy_of(const torch::Tensor& t, std::int64_t start, std::int64_t count,
+                    std::vector<torch::Tensor>& owned) {
+  owned.push_back(t.detach().reshape({-1}).narrow(0, start, count).to(torch::kCPU).clone());
+  return owned.back().data_ptr();
+}
+
+void add_buffers(const Listed& listed, ShardSnapshot& s) {
+  for (std::size_t i = listed.parameters; i < listed.tensors.size(); ++i) {
+    const std::int64_t n = listed.live[i].numel();
+    s.pieces.push_back({int(i), 0, n, {{"value", copy_of(listed.live[i], 0, n, s.owned)}}});
+  }
+}
+
+nlohmann::json optimizer_record(Kind kind, torch::optim::Optimizer& o, std::int64_t step) {
+  return {{"kind", kind_name(kind)}, {"step", step}, {"state", ddp_detail::state_names(kind, o)}};
+}
+
+std::string mismatch(const CheckpointTensor& saved, const torch::Tensor& mine) {
+  auto shape = [](const std::vector<std::int64_t>& s) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  };
+  return dtype_name(mine.scalar_type()) + shape(mine.sizes().vec()) + " in the model but " + saved.dtype +
+         shape(saved.shape) + " in the checkpoint";
+}
+
+}  // namespace
+
+std::size_t ShardSnapshot::bytes() const {
+  std::size_t n = 0;
+  for (const auto& t : owned) n += std::size_t(t.numel()) * t.element_size();
+  return n;
+}
+
+std::string shard_file_name(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.bin", rank, world);
+  return name;
+}
+
+ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  int rank, int world) {
+  torch::NoGradGuard no_grad;
+  const Listed listed = list_tensors(module);
+  ShardSnapshot s;
+  s.tensors = listed.tensors;
+  const Kind kind = ddp_detail::kind_of(optimizer);
+  std::int64_t total = 0, step = 0;
+  for (std::size_t i = 0; i < listed.parameters; ++i) total += listed.live[i].numel();
+  const std::int64_t lo = total * rank / world, hi = total * (rank + 1) / world;
+  for (std::size_t i = 0; i < listed.parameters; ++i) {
+    const auto& p = listed.live[i];
+    const std::int64_t from = std::max(lo, listed.flat_offsets[i]),
+                       to = std::min(hi, listed.flat_offsets[i] + p.numel());
+    if (from >= to) continue;
+    ShardPiece piece{int(i), from - listed.flat_offsets[i], to - from, {}};
+    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned);
+    auto it = optimizer.state().find(ddp_detail::key_of(p));
+    if (it != optimizer.state().end()) {
+      const auto st = ddp_detail::read_state(kind, *it->second);
+      step = st.step;
+      for (const auto& [name, t] : st.tensors)
+        piece.arrays[name] = copy_of(t, piece.start, piece.count, s.owned);
+    }
+    s.pieces.push_back(std::move(piece));
+  }
+  if (rank == 0) add_buffers(listed, s);
+  s.optimizer = optimizer_record(kind, optimizer, step);
+  if (optimizer.state().empty()) s.optimizer["state"] = nlohmann::json::array();
+  return s;
+}
+
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank) {
+  torch::NoGradGuard no_grad;
+  const Listed listed = list_tensors(module);
+  ShardSnapshot s;
+  s.tensors = listed.tensors;
+  const auto held = zero.holdings();
+  std::vector<std::string> names;
+  for (const auto& r : held.front().ranges) {
+    auto at = std::upper_bound(listed.flat_offsets.begin(), listed.flat_offsets.end(), r.begin);
+    const auto i = std::size_t(at - listed.flat_offsets.begin()) - 1;
+    ShardPiece piece{int(i), r.begin - listed.flat_offsets[i], r.values.numel(), {}};
+    piece.arrays["value"] = copy_of(r.values, 0, piece.count, s.owned);
+    names.clear();
+    for (const auto& [name, t] : r.state) {
+      piece.arrays[name] = copy_of(t, 0, piece.count, s.owned);
+      names.push_back(name);
+    }
+    s.pieces.push_back(std::move(piece));
+  }
+  if (rank == 0) add_buffers(listed, s);
+  auto& shard_optimizer = const_cast<ZeroOptimizer&>(zero).shard_optimizer();
+  const Kind kind = ddp_detail::kind_of(shard_optimizer);
+  s.optimizer = optimizer_record(kind, shard_optimizer, zero.optimizer_steps());
+  s.optimizer["state"] = names;
+  return s;
+}
+
+std::vector<std::pair<CheckpointTensor, torch::Tensor>> read_sharded_values(const std::string& dir) {
+  ShardedCheckpointReader reader(dir);
+  std::vector<std::pair<CheckpointTensor, torch::Tensor>> out;
+  for (std::size_t t = 0; t < reader.tensors().size(); ++t) {
+    const auto& saved = reader.tensors()[t];
+    auto value = torch::empty(saved.shape, torch::TensorOptions().dtype(scalar_type_of(saved.dtype)));
+    reader.read(int(t), "value", 0, saved.numel(), value.data_ptr());
+    out.emplace_back(saved, value);
+  }
+  return out;
+}
+
+nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
+                            torch::optim::Optimizer* optimizer) {
+  torch::NoGradGuard no_grad;
+  ShardedCheckpointReader reader(dir);
+  const Listed listed = list_tensors(module);
+  auto fail = [&](const std::string& what) {
+    throw ConfigError("checkpoint " + dir + " does not fit this model: " + what +
+                      "; load it into the model it was saved from");
+  };
+  std::vector<int> found(listed.tensors.size());
+  for (std::size_t i = 0; i < listed.tensors.size(); ++i) {
+    const auto& mine = listed.tensors[i];
+    const int t = reader.find(mine.name);
+    const char* kind = mine.buffer ? "buffer" : "parameter";
+    if (t < 0) fail(std::string(kind) + " '" + mine.name + "' is missing from it");
+    const auto& saved = reader.tensors()[std::size_t(t)];
+    if (saved.shape != mine.shape || saved.dtype != mine.dtype)
+      fail(std::string(kind) + " '" + mine.name + "' is " + mismatch(saved, listed.live[i]));
+    found[i] = t;
+  }
+  for (const auto& saved : reader.tensors()) {
+    bool known = false;
+    for (const auto& mine : listed.tensors) known |= mine.name == saved.name;
+    if (!known) fail("it holds '" + saved.name + "', which the model does not have");
+  }
+  auto read_tensor = [&](int t, const std::string& array) {
+    const auto& saved = reader.tensors()[std::size_t(t)];
+    auto out = torch::empty(saved.shape, torch::TensorOptions().dtype(scalar_type_of(saved.dtype)));
+    reader.read(t, array, 0, saved.numel(), out.data_ptr());
+    return out;
+  };
+  for (std::size_t i = 0; i < listed.tensors.size(); ++i)
+    const_cast<torch::Tensor&>(listed.live[i]).copy_(read_tensor(found[i], "value"));
+  const nlohmann::json record = reader.extra().value("optimizer", nlohmann::json::object());
+  const auto state = record.value("state", std::vector<std::string>{});
+  if (!optimizer || state.empty()) return record;
+  const Kind kind = ddp_detail::kind_of(*optimizer);
+  if (record.value("kind", "") != kind_name(kind))
+    throw ConfigError("checkpoint " + dir + " holds the state of a " +
+                      record.value("kind", std::string("?")) + " optimizer, and this run uses " +
+                      kind_name(kind) + ": resume with the same --optim");
+  for (std::size_t i = 0; i < listed.parameters; ++i) {
+    ddp_detail::ParamState st{record.value("step", std::int64_t{0}), {}};
+    for (const auto& name : state) st.tensors[name] = read_tensor(found[i], name).to(listed.live[i].device());
+    optimizer->state()[ddp_detail::key_of(listed.live[i])] = ddp_detail::make_state(kind, st);
+  }
+  return record;
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,230 @@
+// Sharded checkpoint files (see sharded_checkpoint.h and docs/checkpoint-format.md).
+#include "lockstep/train_core/sharded_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "lockstep/error.h"
+#include "lockstep/train_core/durable_file.h"
+
+namespace fs = std::filesystem;
+
+namespace lockstep::train {
+namespace {
+
+constexpr const char* kFormat = "lockstep-sharded-checkpoint";
+constexpr int kVersion = 1;
+
+// Appends to a file, keeping a running CRC-32; fsync and close at finish().
+class ShardOut {
+ public:
+  explicit ShardOut(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw_write_error(path_, errno);
+  }
+  ~ShardOut() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardOut(const ShardOut&) = delete;
+  ShardOut& operator=(const ShardOut&) = delete;
+
+  std::uint64_t write(const void* data, std::size_t bytes) {
+    const std::uint64_t at = written_;
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t done = 0; done < bytes;) {
+      const std::size_t chunk = std::min<std::size_t>(bytes - done, 1u << 30);
+      crc_ = crc32_z(crc_, p + done, chunk);
+      ssize_t n = ::write(fd_, p + done, chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_write_error(path_, errno);
+      done += static_cast<std::size_t>(n);
+    }
+    written_ += bytes;
+    return at;
+  }
+  void finish() {
+    if (::fsync(fd_) != 0) throw_write_error(path_, errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw_write_error(path_, errno);
+  }
+  std::uint64_t size() const { return written_; }
+  std::uint32_t crc() const { return static_cast<std::uint32_t>(crc_); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t written_ = 0;
+  uLong crc_ = crc32_z(0, nullptr, 0);
+};
+
+// The whole file, read straight into one buffer (shards can be large: no second copy).
+std::string read_shard_bytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw DataError("cannot read " + path + " (a shard of a sharded checkpoint): " + std::strerror(errno) +
+                    "; every rank's shard must be in the checkpoint directory");
+  std::string bytes;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size > 0) bytes.resize(std::size_t(size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += std::size_t(n);
+  }
+  ::close(fd);
+  bytes.resize(done);
+  return bytes;
+}
+
+nlohmann::json tensor_json(const CheckpointTensor& t) {
+  return {{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"buffer", t.buffer}};
+}
+
+}  // namespace
+
+std::int64_t CheckpointTensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "float32" || dtype == "int32") return 4;
+  if (dtype == "float64" || dtype == "int64") return 8;
+  if (dtype == "float16" || dtype == "bfloat16" || dtype == "int16") return 2;
+  if (dtype == "uint8" || dtype == "int8" || dtype == "bool") return 1;
+  throw DataError("a checkpoint tensor has dtype '" + dtype + "', which lockstep does not know");
+}
+
+nlohmann::json write_shard_file(const std::string& path, const std::vector<CheckpointTensor>& tensors,
+                                const std::vector<ShardPiece>& pieces) {
+  ShardOut out(path);
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& p : pieces) {
+    const std::size_t bytes = std::size_t(p.count) * dtype_bytes(tensors.at(std::size_t(p.tensor)).dtype);
+    nlohmann::json offsets = nlohmann::json::object();
+    for (const auto& [name, data] : p.arrays) offsets[name] = out.write(data, bytes);
+    entries.push_back({{"tensor", p.tensor}, {"start", p.start}, {"count", p.count}, {"offsets", offsets}});
+  }
+  out.finish();
+  return {{"file", fs::path(path).filename().string()},
+          {"bytes", out.size()},
+          {"crc32", out.crc()},
+          {"pieces", entries}};
+}
+
+std::string sharded_index(const std::vector<CheckpointTensor>& tensors,
+                          const std::vector<nlohmann::json>& shards, const nlohmann::json& extra) {
+  nlohmann::json index = {{"format", kFormat},
+                          {"version", kVersion},
+                          {"tensors", nlohmann::json::array()},
+                          {"shards", shards},
+                          {"extra", extra}};
+  for (const auto& t : tensors) index["tensors"].push_back(tensor_json(t));
+  return index.dump(1);
+}
+
+bool is_sharded_checkpoint(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "index.json");
+}
+
+ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir) : dir_(dir) {
+  const std::string path = (fs::path(dir) / "index.json").string();
+  const nlohmann::json index = read_json_file(path, "the index of a sharded checkpoint");
+  try {
+    if (index.at("format") != kFormat || index.at("version").get<int>() > kVersion)
+      throw DataError(path + " is not a lockstep sharded checkpoint of version " + std::to_string(kVersion) +
+                      " or older: it says " + index.value("format", std::string("?")) + " version " +
+                      std::to_string(index.value("version", 0)));
+    for (const auto& t : index.at("tensors"))
+      tensors_.push_back({t.at("name"), t.at("shape").get<std::vector<std::int64_t>>(), t.at("dtype"),
+                          t.value("buffer", false)});
+    extra_ = index.value("extra", nlohmann::json::object());
+    pieces_.resize(tensors_.size());
+    for (const auto& s : index.at("shards")) {
+      const int shard = static_cast<int>(shards_.size());
+      shards_.push_back(s);
+      for (const auto& p : s.at("pieces")) {
+        Piece piece{shard, p.at("start"), p.at("count"), {}};
+        for (const auto& [name, at] : p.at("offsets").items()) piece.offsets[name] = at.get<std::uint64_t>();
+        pieces_.at(p.at("tensor").get<std::size_t>()).push_back(std::move(piece));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(path + " lacks a field a sharded checkpoint's index must have (" + e.what() +
+                    "): the file is damaged; use another checkpoint");
+  } catch (const std::out_of_range&) {
+    throw DataError(path + " names a tensor it does not list: the file is damaged; use another checkpoint");
+  }
+  for (auto& list : pieces_)
+    std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
+}
+
+int ShardedCheckpointReader::find(const std::string& name) const {
+  for (std::size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+bool ShardedCheckpointReader::has(int tensor, const std::string& array) const {
+  for (const auto& p : pieces_.at(std::size_t(tensor)))
+    if (p.offsets.count(array)) return true;
+  return false;
+}
+
+const std::string& ShardedCheckpointReader::bytes_of(int shard) {
+  auto it = loaded_.find(shard);
+  if (it != loaded_.end()) return it->second;
+  const auto& entry = shards_.at(std::size_t(shard));
+  const std::string path = (fs::path(dir_) / entry.at("file").get<std::string>()).string();
+  std::string bytes = read_shard_bytes(path);
+  const auto want = entry.at("bytes").get<std::uint64_t>();
+  if (bytes.size() != want)
+    throw DataError(path + " holds " + std::to_string(bytes.size()) + " bytes where the index says " +
+                    std::to_string(want) + ": the shard is truncated or replaced; use another checkpoint");
+  const auto crc = static_cast<std::uint32_t>(
+      crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()));
+  if (crc != entry.at("crc32").get<std::uint32_t>())
+    throw DataError(path +
+                    " does not match its CRC-32 in the index: the shard is damaged; use another checkpoint");
+  return loaded_.emplace(shard, std::move(bytes)).first->second;
+}
+
+void ShardedCheckpointReader::read(int tensor, const std::string& array, std::int64_t start,
+                                   std::int64_t count, void* out) {
+  const auto& t = tensors_.at(std::size_t(tensor));
+  const std::size_t esize = dtype_bytes(t.dtype);
+  std::int64_t at = start;
+  const std::int64_t end = start + count;
+  for (const auto& p : pieces_.at(std::size_t(tensor))) {
+    if (p.start + p.count <= at || p.start >= end) continue;
+    if (p.start > at) break;  // a gap: nobody wrote element `at`
+    auto off = p.offsets.find(array);
+    if (off == p.offsets.end()) break;
+    const std::int64_t to = std::min(end, p.start + p.count);
+    const std::string& bytes = bytes_of(p.shard);
+    const std::uint64_t from = off->second + std::uint64_t(at - p.start) * esize;
+    const std::uint64_t n = std::uint64_t(to - at) * esize;
+    if (from + n > bytes.size())
+      throw DataError("shard " + shards_.at(std::size_t(p.shard)).at("file").get<std::string>() + " of " +
+                      dir_ + " is shorter than its index says: use another checkpoint");
+    std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data() + from, n);
+    at = to;
+    if (at == end) return;
+  }
+  if (count == 0) return;
+  throw DataError("sharded checkpoint " + dir_ + " has no '" + array + "' for elements " +
+                  std::to_string(at) + ".. of '" + t.name +
+                  "': a shard is missing from its index; use another checkpoint");
+}
+
+}  // namespace lockstep::train
