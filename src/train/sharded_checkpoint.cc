@@ -218,8 +218,13 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
     reader.read(t, array, 0, saved.numel(), out.data_ptr());
     return out;
   };
-  for (std::size_t i = 0; i < listed.tensors.size(); ++i)
-    const_cast<torch::Tensor&>(listed.live[i]).copy_(read_tensor(found[i], "value"));
+  for (std::size_t i = 0; i < listed.tensors.size(); ++i) {
+    const auto& live = listed.live[i];
+    if (live.is_cpu() && live.is_contiguous())  // straight into the model's memory: no second copy
+      reader.read(found[i], "value", 0, live.numel(), live.data_ptr());
+    else
+      live.copy_(read_tensor(found[i], "value"));
+  }
   const nlohmann::json record = reader.extra().value("optimizer", nlohmann::json::object());
   const auto state = record.value("state", std::vector<std::string>{});
   if (!optimizer || state.empty()) return record;

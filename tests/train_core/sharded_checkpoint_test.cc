@@ -113,6 +113,13 @@ TEST(ShardedCheckpoint, DamageIsADataErrorNamingTheFile) {
   expect_data_error(dir.path(), "is not a lockstep sharded checkpoint");
 }
 
+// The standard check value, so that any CRC-32C implementation verifies our shards.
+TEST(ShardedCheckpoint, TheChecksumIsCrc32c) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  std::string long_text(1000, 'x');
+  EXPECT_NE(crc32c(long_text.data(), 1000), crc32c(long_text.data(), 999));
+}
+
 TEST(ShardedCheckpoint, ARangeNobodyWroteIsNamed) {
   Fixture f;
   testing::TempDir dir("sharded-gap");

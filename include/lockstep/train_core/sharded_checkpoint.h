@@ -11,10 +11,10 @@
 // Files in the checkpoint directory (format in docs/checkpoint-format.md):
 //   shard-<r>-of-<W>.bin   the arrays, raw, little-endian, one after the other
 //   index.json             the tensors, every shard's pieces with the byte offset of each array,
-//                          each file's size and CRC-32, and what the caller adds (optimizer kind,
+//                          each file's size and CRC-32C, and what the caller adds (optimizer kind,
 //                          step count, ...), written last: a directory without it is no checkpoint.
 //
-// Errors: a shard that is missing, truncated or damaged (size or CRC-32 differs from the index),
+// Errors: a shard that is missing, truncated or damaged (size or CRC-32C differs from the index),
 // an index that does not parse, or a range nobody wrote is a DataError naming the file and what
 // is wrong. Writing: a StorageError naming the path (a full disk).
 #pragma once
@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ struct CheckpointTensor {
   bool buffer = false;              // a buffer (BatchNorm statistics), not a trainable parameter
   std::int64_t numel() const;
 };
+
+// CRC-32C (Castagnoli) of `n` bytes: the checksum of every shard file in the index.
+std::uint32_t crc32c(const void* data, std::size_t n);
 
 // Bytes per element of a dtype name; DataError for one it does not know.
 std::size_t dtype_bytes(const std::string& dtype);
@@ -57,8 +61,8 @@ std::string sharded_index(const std::vector<CheckpointTensor>& tensors,
 // Whether `dir` holds a sharded checkpoint (an index.json).
 bool is_sharded_checkpoint(const std::string& dir);
 
-// Reads a sharded checkpoint. Each shard file is read whole (and its CRC checked) the first time
-// a piece of it is needed, and kept while the reader lives.
+// Reads a sharded checkpoint. Each shard file is mapped (and its CRC-32C checked) the first time a
+// piece of it is needed, and stays mapped while the reader lives.
 class ShardedCheckpointReader {
  public:
   explicit ShardedCheckpointReader(const std::string& dir);
@@ -79,14 +83,19 @@ class ShardedCheckpointReader {
     std::int64_t start = 0, count = 0;
     std::map<std::string, std::uint64_t> offsets;  // array -> byte offset in the shard file
   };
-  const std::string& bytes_of(int shard);
+  struct Mapped {
+    const char* data = nullptr;
+    std::size_t size = 0;
+    std::shared_ptr<void> keep;  // the mapping, undone when the reader goes
+  };
+  const Mapped& bytes_of(int shard);
 
   std::string dir_;
   std::vector<CheckpointTensor> tensors_;
   nlohmann::json extra_;
   std::vector<nlohmann::json> shards_;
   std::vector<std::vector<Piece>> pieces_;  // per tensor, by start
-  std::map<int, std::string> loaded_;       // shard -> its bytes
+  std::map<int, std::shared_ptr<Mapped>> loaded_;  // shard -> its bytes, mapped
 };
 
 }  // namespace lockstep::train

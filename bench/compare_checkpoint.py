@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""What a checkpoint costs the training: today's consolidated save (ZeRO's slices gathered on
+rank 0, which writes model.pt and optimizer.pt) against sharded saves (every rank writes its own
+shard), synchronous and in the background; and what resuming costs, at the same and at another
+world size. One run, one machine, the same job for every side.
+
+The job: examples/gpt with a model of --n-embd/--n-layer (default 512 x 8, 25 M parameters:
+100 MB of float32, 300 MB with AdamW's two moments), ZeRO stage 2 on --workers workers, a save
+every --save-steps steps. From each run's metrics.jsonl: the median step time of the steps that
+did not save, and for every save the stall (the step's time spent on it: for a background save,
+the snapshot copied to memory and the hand-over; the slowest of rank 0's saves is reported) and
+the time until the checkpoint was complete on disk. Then each side's last checkpoint is resumed
+by a 1-step run on the same number of workers and on --resume-workers, timing the read.
+
+    /usr/bin/python3 bench/compare_checkpoint.py [--build build] [--workers 2] [--resume-workers 1,3]
+        [--steps 12] [--save-steps 4] [--n-embd 512] [--n-layer 8] [--out bench/CHECKPOINT.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SIDES = {
+    "consolidated": ["--save-format", "consolidated"],
+    "sharded, background": ["--save-format", "sharded"],
+    "sharded, synchronous": ["--save-format", "sharded", "--save-in-background=false"],
+}
+
+
+def cpu():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def events(path, kind):
+    out = []
+    for line in open(path):
+        line = line.strip()
+        if line:
+            j = json.loads(line)
+            if j.get("event") == kind:
+                out.append(j)
+    return out
+
+
+def gpt(args, workers, out, extra):
+    argv = [f"{args.build}/tools/lockstep", "run", "--nproc-per-node", str(workers), f"{args.build}/examples/gpt",
+            "--n-embd", str(args.n_embd), "--n-layer", str(args.n_layer), "--n-head", "8",
+            "--per-device-train-batch-size", str(args.batch), "--zero-stage", "2", "--output-dir", out,
+            "--disable-tqdm", "--eval-strategy", "no", "--logging-steps", "1", "--train-limit", "4000"] + extra
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(argv)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--resume-workers", default="1,3")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--save-steps", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=512)
+    ap.add_argument("--n-layer", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--out", default=os.path.join(HERE, "CHECKPOINT.md"))
+    args = ap.parse_args()
+    rows, loads = [], []
+    with tempfile.TemporaryDirectory(prefix="lockstep-checkpoint-bench-", dir="/var/tmp") as tmp:
+        for side, flags in SIDES.items():
+            out = os.path.join(tmp, side.replace(", ", "-"))
+            gpt(args, args.workers, out, flags + ["--max-steps", str(args.steps), "--save-strategy", "steps",
+                                                   "--save-steps", str(args.save_steps)])
+            metrics = os.path.join(out, "metrics.jsonl")
+            saves = [c for c in events(metrics, "checkpoint") if c["action"] == "save"]
+            saved_steps = {c["step"] for c in saves}
+            steps = [l["step_seconds"] for l in events(metrics, "log") if l["step"] not in saved_steps]
+            step = statistics.median(steps)
+            rows.append((side, step, max(c["stall_seconds"] for c in saves),
+                         statistics.median(c["write_seconds"] for c in saves), saves[-1]["bytes"]))
+            print(rows[-1], flush=True)
+            last = saves[-1]["dir"]
+            for workers in [args.workers] + [int(w) for w in args.resume_workers.split(",") if w]:
+                again = os.path.join(tmp, f"resume-{side.replace(', ', '-')}-{workers}")
+                gpt(args, workers, again, flags + ["--max-steps", str(args.steps + 1), "--save-strategy", "no",
+                                                   "--resume-from-checkpoint", last])
+                read = events(os.path.join(again, "metrics.jsonl"), "checkpoint")[0]
+                loads.append((side, workers, read["stall_seconds"]))
+                print(loads[-1], flush=True)
+    blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
+    lines = ["# Checkpoints: consolidated against sharded, synchronous and in the background", "",
+             f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores, commit "
+             f"{subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}; "
+             f"the GPT at {args.n_embd} wide x {args.n_layer} layers, ZeRO stage 2 on {args.workers} workers, "
+             f"batch {args.batch} x 128 bytes, one intra-op and one BLAS thread each (BLAS: {blas}); checkpoints "
+             f"on /var/tmp ({subprocess.run(['df', '--output=source,fstype', '/var/tmp'], capture_output=True, text=True).stdout.split()[-1]}).",
+             f"Command: `/usr/bin/python3 bench/compare_checkpoint.py {' '.join(sys.argv[1:])}`", "",
+             "| save | step without a save (median) | stall of the slowest save | stall / step | "
+             "checkpoint complete after (median) | checkpoint size |", "|---|---|---|---|---|---|"]
+    for side, step, stall, write, size in rows:
+        lines.append(f"| {side} | {step * 1e3:.0f} ms | {stall * 1e3:.0f} ms | {(step + stall) / step:.2f}x | "
+                     f"{write * 1e3:.0f} ms | {size / 1e6:.0f} MB |")
+    lines += ["", "| checkpoint | resumed on | read (model and optimizer state, every rank) |", "|---|---|---|"]
+    for side, workers, seconds in loads:
+        lines.append(f"| {side} | {workers} worker{'s' if workers > 1 else ''} | {seconds * 1e3:.0f} ms |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
