@@ -25,6 +25,12 @@
 using lockstep::data::FashionMnist;
 using namespace lockstep::train;
 
+// Under --zero-stage 3 a layer's parameters are gathered only while it runs: the models name
+// their large layers as units and run them through the runner (lockstep/ddp/parameter_units.h).
+using lockstep::run_unit;
+using lockstep::UnitRunner;
+using Units = std::vector<std::shared_ptr<torch::nn::Module>>;
+
 // 784-512-256-10 with ReLU.
 struct MlpImpl : torch::nn::Module {
   MlpImpl()
@@ -32,10 +38,14 @@ struct MlpImpl : torch::nn::Module {
         fc2(register_module("fc2", torch::nn::Linear(512, 256))),
         fc3(register_module("fc3", torch::nn::Linear(256, 10))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(fc1(x.flatten(1)));
-    return fc3(torch::relu(fc2(h)));
+    auto h = run_unit(runner, 0, [&](const torch::Tensor& in) { return torch::relu(fc1(in.flatten(1))); }, x);
+    h = run_unit(runner, 1, [&](const torch::Tensor& in) { return torch::relu(fc2(in)); }, h);
+    return fc3(h);
   }
+  Units parameter_units() { return {fc1.ptr(), fc2.ptr()}; }
+  void set_unit_runner(UnitRunner r) { runner = std::move(r); }
   torch::nn::Linear fc1, fc2, fc3;
+  UnitRunner runner;
 };
 TORCH_MODULE(Mlp);
 
@@ -53,13 +63,17 @@ struct CnnImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
     h = torch::max_pool2d(torch::relu(bn2(conv2(h))), 2);
-    return fc2(torch::relu(fc1(h.flatten(1))));
+    h = run_unit(runner, 0, [&](const torch::Tensor& in) { return torch::relu(fc1(in.flatten(1))); }, h);
+    return fc2(h);
   }
+  Units parameter_units() { return {fc1.ptr()}; }  // 200,000 of its 206,000 parameters
+  void set_unit_runner(UnitRunner r) { runner = std::move(r); }
   torch::nn::Conv2d conv1;
   lockstep::SyncBatchNorm bn1;
   torch::nn::Conv2d conv2;
   lockstep::SyncBatchNorm bn2;
   torch::nn::Linear fc1, fc2;
+  UnitRunner runner;
 };
 TORCH_MODULE(Cnn);
 
@@ -74,11 +88,15 @@ struct WideImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = x.flatten(1);
-    for (auto& l : layers) h = torch::relu(l(h));
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      h = run_unit(runner, int(i), [&](const torch::Tensor& in) { return torch::relu(layers[i](in)); }, h);
     return head(h);
   }
+  Units parameter_units() { return {layers[0].ptr(), layers[1].ptr(), layers[2].ptr()}; }
+  void set_unit_runner(UnitRunner r) { runner = std::move(r); }
   std::vector<torch::nn::Linear> layers;
   torch::nn::Linear head{nullptr};
+  UnitRunner runner;
 };
 TORCH_MODULE(Wide);
 

@@ -145,6 +145,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   mutable std::mutex mu;
   std::vector<Param> params;  // trainable ones, registration order
   std::vector<Bucket> buckets;
+  std::function<void(int)> on_launched;
   std::vector<char> ready;
   std::vector<int> arrival;  // readiness order of the first synchronised step
   std::size_t next_launch = 0;
@@ -161,6 +162,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void install_hooks();
   double bucket_cap_mb() const;
   void build_buckets(const std::vector<int>& order);
+  std::vector<std::vector<int>> given_buckets() const;
   torch::Tensor bucket_memory(std::int64_t numel, const torch::TensorOptions& options, bool& shared);
   // Under reduce_scatter the buckets take turns in a few slots of memory (shared when the
   // communicator has it, so the reduce-scatter reads peers' slots in place).
@@ -250,8 +252,10 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     inputs.push_back({p.tensor.numel() * std::int64_t(p.tensor.element_size()),
                       std::string(c10::toString(p.tensor.scalar_type())) + "@" + p.tensor.device().str()});
   const auto mb = [](double m) { return std::int64_t(m * 1024 * 1024); };
-  const auto layout = assign_buckets(inputs, order, {mb(std::min(options.first_bucket_cap_mb, bucket_cap_mb())),
-                                                     mb(bucket_cap_mb())});
+  const auto layout = sharding && !sharding->buckets.empty()
+                          ? given_buckets()
+                          : assign_buckets(inputs, order, {mb(std::min(options.first_bucket_cap_mb, bucket_cap_mb())),
+                                                           mb(bucket_cap_mb())});
 
   torch::NoGradGuard no_grad;
   buckets.clear();
@@ -296,6 +300,26 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     }
   }
   if (reduce_scatter) allocate_slots();
+}
+
+// The sharding's own buckets, checked: every trainable parameter in exactly one, of one dtype each.
+std::vector<std::vector<int>> Reducer::Impl::given_buckets() const {
+  std::vector<int> seen(params.size(), 0);
+  for (const auto& group : sharding->buckets)
+    for (int i : group) {
+      if (i < 0 || std::size_t(i) >= params.size() || seen[std::size_t(i)]++)
+        throw ConfigError("a bucket sharding lists trainable parameter " + std::to_string(i) +
+                          " twice or out of range (" + std::to_string(params.size()) + " parameters)");
+      if (params[std::size_t(i)].tensor.scalar_type() != params[std::size_t(group.front())].tensor.scalar_type())
+        throw ConfigError("a bucket of a sharding mixes dtypes ('" + params[std::size_t(i)].name + "' and '" +
+                          params[std::size_t(group.front())].name + "'): give each dtype its own");
+    }
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!seen[i]) throw ConfigError("a bucket sharding leaves out trainable parameter '" + params[i].name + "'");
+  std::vector<std::vector<int>> out;
+  for (const auto& group : sharding->buckets)
+    if (!group.empty()) out.push_back(group);
+  return out;
 }
 
 // Two slots (one while the other's bucket is reduced) of the largest bucket's size. Collective:
@@ -507,6 +531,7 @@ void Reducer::Impl::launch(int b) {
   } else {
     bucket.work = reduce(send, bucket.codec);
   }
+  if (on_launched) on_launched(b);
 }
 
 // The average of `flat` over the ranks: all of it (through the bucket's codec between machines,
@@ -723,6 +748,16 @@ const DdpStats& Reducer::stats() const {
 const DdpOptions& Reducer::options() const {
   return impl_->options;
 }
+void Reducer::set_on_launched(std::function<void(int)> callback) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->on_launched = std::move(callback);
+}
+
+bool Reducer::in_backward() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->armed && impl_->backward_seen;
+}
+
 const std::optional<BucketSharding>& Reducer::sharding() const {
   return impl_->sharding;
 }

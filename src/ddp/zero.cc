@@ -1,4 +1,5 @@
-// ZeRO stages 1 and 2 and the one-copy mode over the reducer's flat buckets (see zero.h).
+// ZeRO stages 1, 2 and 3 and the one-copy mode over the reducer's flat buckets (see zero.h);
+// stage 3's units live in zero3_units.cc.
 #include "lockstep/ddp/zero.h"
 
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 #include "lockstep/error.h"
 #include "lockstep/ddp/optimizer_state.h"
 #include "tensor_alias.h"
+#include "zero3_units.h"
 
 namespace lockstep {
 namespace {
@@ -40,8 +42,37 @@ comm::DType float_dtype_of(const torch::Tensor& t) {
 BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world) {
   BucketSharding sharding;
   sharding.slices = world;
-  sharding.reduce_scatter = zero.stage == 2;
+  sharding.reduce_scatter = zero.stage >= 2;
   if (zero.stage == 2) sharding.max_bucket_cap_mb = 4;
+  return sharding;
+}
+
+BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world, torch::nn::Module& model,
+                                    const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  BucketSharding sharding = zero_bucket_sharding(zero, world);
+  std::map<const void*, int> index;  // trainable parameter -> its place in registration order
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) index.emplace(p.unsafeGetTensorImpl(), int(index.size()));
+  std::vector<int> unit_of(index.size(), -1);
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (const auto& p : units[u]->parameters()) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;
+      if (unit_of[std::size_t(it->second)] >= 0)
+        throw ConfigError("ZeRO stage 3: a parameter is in units " + std::to_string(unit_of[std::size_t(it->second)]) +
+                          " and " + std::to_string(u) + " of parameter_units(): give each parameter one unit");
+      unit_of[std::size_t(it->second)] = int(u);
+    }
+  for (std::size_t u = units.size(); u-- > 0;) {
+    std::vector<int> group;
+    for (std::size_t i = 0; i < unit_of.size(); ++i)
+      if (unit_of[i] == int(u)) group.push_back(int(i));
+    sharding.buckets.push_back(group);
+  }
+  std::vector<int> root;
+  for (std::size_t i = 0; i < unit_of.size(); ++i)
+    if (unit_of[i] < 0) root.push_back(int(i));
+  sharding.buckets.push_back(root);
   return sharding;
 }
 
@@ -67,8 +98,11 @@ struct ZeroOptimizer::Impl {
   bool mirror_gradients_in = false;  // this step's mirror gradients are in place
   double clip_coefficient = 1;       // this step's clipping, applied to the mirror gradients too
   UpdatePhase phase = UpdatePhase::idle;
+  std::unique_ptr<ddp_detail::ParameterUnits> units;  // stage 3
 
   bool mirrored() const { return options.mirror_of >= 0; }
+  bool stage3() const { return options.stage == 3; }
+  void make_units();
   std::int64_t slice_length(std::size_t b) const { return buckets[b].numel / world; }
   std::int64_t offset_of(int owner, std::size_t b) const { return owner * slice_length(b); }
   std::int64_t my_offset(std::size_t b) const { return offset_of(rank, b); }
@@ -85,11 +119,18 @@ struct ZeroOptimizer::Impl {
 };
 
 void ZeroOptimizer::Impl::check_reducer() const {
-  if (options.stage != 1 && options.stage != 2)
-    throw ConfigError("ZeRO stage " + std::to_string(options.stage) + " is not one lockstep has: use 1 or 2");
+  if (options.stage < 1 || options.stage > 3)
+    throw ConfigError("ZeRO stage " + std::to_string(options.stage) + " is not one lockstep has: use 1, 2 or 3");
   const auto& sharding = reducer.sharding();
-  if (!sharding || sharding->slices != comm.size() || sharding->reduce_scatter != (options.stage == 2))
-    throw ConfigError("ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
+  if (!sharding || sharding->slices != comm.size() || sharding->reduce_scatter != (options.stage >= 2) ||
+      (stage3() && sharding->buckets.empty()))
+    throw ConfigError(stage3() ? "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size(), model, "
+                                 "units) for stage 3"
+                               : "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
+  if (stage3() && (options.shared_parameters || mirrored()))
+    throw ConfigError(std::string("ZeRO stage 3 ") +
+                      (mirrored() ? "in elastic jobs (mirrored slices)" : "with one copy per machine (hybrid)") +
+                      " is not built yet: use stage 2 for that, or stage 3 without it");
   if (!mirrored()) return;
   if (options.shared_parameters)
     throw ConfigError("ZeRO mirrors (elastic jobs) keep private slices: they do not combine with shared parameters");
@@ -102,6 +143,10 @@ void ZeroOptimizer::Impl::check_reducer() const {
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),
 // or (one copy) one block every rank of the machine maps.
 void ZeroOptimizer::Impl::allocate_flat() {
+  if (stage3()) {  // memory of its own, freed and allocated again as the unit comes and goes
+    for (auto& b : buckets) flat.push_back(torch::zeros({b.numel}, b.params.front().options().requires_grad(false)));
+    return;
+  }
   if (!options.shared_parameters) {
     for (auto& b : buckets) {
       auto opts = b.params.front().options().requires_grad(false);
@@ -138,10 +183,35 @@ void ZeroOptimizer::Impl::move_parameters_in() {
       if (writer) alias.copy_(p);
       p.set_data(alias);
     }
-    shards.push_back(alias_range(flat[b], my_offset(b), slice_length(b)));
+    // Stage 3: the slice is kept apart, since the flat array's memory comes and goes.
+    shards.push_back(stage3() ? flat[b].narrow(0, my_offset(b), slice_length(b)).clone()
+                              : alias_range(flat[b], my_offset(b), slice_length(b)));
     shards.back().set_requires_grad(true);
   }
   if (options.shared_parameters) comm.barrier()->wait();
+}
+
+// Stage 3: which bucket each of the model's units is (the sharding lists them last unit first,
+// then the root), and the units' memory freed.
+void ZeroOptimizer::Impl::make_units() {
+  if (!stage3()) return;
+  const int count = int(reducer.sharding()->buckets.size()) - 1;  // the model's units; the last is the root
+  std::map<const void*, int> bucket_of_param;
+  for (std::size_t b = 0; b < buckets.size(); ++b)
+    for (const auto& p : buckets[b].params) bucket_of_param[p.unsafeGetTensorImpl()] = int(b);
+  auto bucket_of_group = [&](const std::vector<int>& group) {
+    if (group.empty()) return -1;
+    std::vector<torch::Tensor> trainable;
+    for (const auto& p : module.parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    return bucket_of_param.at(trainable.at(std::size_t(group.front())).unsafeGetTensorImpl());
+  };
+  const auto& groups = reducer.sharding()->buckets;
+  std::vector<int> bucket_of_unit(std::size_t(std::max(0, count)));
+  for (int u = 0; u < count; ++u) bucket_of_unit[std::size_t(u)] = bucket_of_group(groups[std::size_t(count - 1 - u)]);
+  units = std::make_unique<ddp_detail::ParameterUnits>(comm, flat, shards, bucket_of_unit,
+                                                       bucket_of_group(groups.back()));
+  reducer.set_on_launched([u = units.get()](int b) { u->release(b); });
 }
 
 void ZeroOptimizer::Impl::gather_parameters() {
@@ -216,6 +286,7 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::
   impl_->optimizer = make(impl_->shards);
   impl_->kind = kind_of(*impl_->optimizer);
   impl_->make_mirrors(make);
+  impl_->make_units();
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -255,7 +326,9 @@ void ZeroOptimizer::step() {
     s.comm.allreduce(&ready, 1, comm::DType::i32, comm::ReduceOp::sum)->wait();
   }
   s.apply_update();
-  if (s.options.shared_parameters) {
+  if (s.stage3()) {
+    s.units->release_all();  // the next forward gathers the updated slices
+  } else if (s.options.shared_parameters) {
     s.comm.barrier()->wait();  // nobody reads a slice its owner still writes
   } else {
     s.gather_parameters();
@@ -385,6 +458,31 @@ void ZeroOptimizer::load_consolidated(torch::optim::Optimizer& full) {
   }
 }
 
+UnitRunner ZeroOptimizer::unit_runner() {
+  auto& s = *impl_;
+  if (!s.stage3()) throw ConfigError("ZeroOptimizer::unit_runner: only stage 3 runs units");
+  return [units = s.units.get(), reducer = &s.reducer](int unit, const UnitForward& forward, const torch::Tensor& x) {
+    return units->run(unit, forward, x, reducer);
+  };
+}
+
+void ZeroOptimizer::before_forward() {
+  if (impl_->stage3()) impl_->units->before_forward();
+}
+
+void ZeroOptimizer::gather_all() {
+  if (!impl_->stage3()) throw ConfigError("ZeroOptimizer::gather_all: only stage 3 shards the parameters");
+  impl_->units->gather_all();
+}
+
+void ZeroOptimizer::release_all(bool keep_values) {
+  if (!impl_->stage3()) throw ConfigError("ZeroOptimizer::release_all: only stage 3 shards the parameters");
+  if (keep_values)
+    impl_->units->keep_gathered_values();
+  else
+    impl_->units->release_all();
+}
+
 ZeroMemory ZeroOptimizer::memory() const {
   auto& s = *impl_;
   ZeroMemory m;
@@ -396,8 +494,9 @@ ZeroMemory ZeroOptimizer::memory() const {
     m.padding += s.buckets[b].numel;
     for (const auto& p : s.buckets[b].params) m.padding -= p.numel();
   }
-  m.parameters = s.options.shared_parameters ? all / s.comm.size() : all;
-  m.gradients = s.options.stage == 2 ? owned : all;
+  m.parameters = s.options.shared_parameters || s.stage3() ? all / s.comm.size() : all;
+  m.gradients = s.options.stage >= 2 ? owned : all;
+  if (s.units) m.gathered_high_water = s.units->high_water_bytes();
   m.gradient_slots = std::int64_t(s.reducer.bucket_slot_bytes());
   std::int64_t state = 0;
   for (auto& [key, st] : s.optimizer->state())

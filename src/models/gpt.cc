@@ -139,12 +139,20 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
                       std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = drop(wte(tokens) + wpe(positions));
-  for (const auto& module : *h) {
-    auto block = module->as<BlockImpl>();
-    x = checkpointing_ && is_training() ? gradient_checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x)
-                                        : block->forward(x);
+  for (std::size_t i = 0; i < h->size(); ++i) {
+    auto block = h[i]->as<BlockImpl>();
+    const UnitForward unit = [this, i, block](const torch::Tensor& in) {
+      return run_unit(runner_, int(i), [block](const torch::Tensor& y) { return block->forward(y); }, in);
+    };
+    x = checkpointing_ && is_training() ? gradient_checkpoint(unit, x) : unit(x);
   }
   return ln_f(x);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GptModelImpl::parameter_units() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& block : *h) out.push_back(block);
+  return out;
 }
 
 GptLmHeadModelImpl::GptLmHeadModelImpl(const GptConfig& c) {

@@ -150,6 +150,9 @@ void Trainer::Impl::plan_elastic(const data::ElasticSampler& sampler) {
 
 void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
   plan_elastic(sampler);
+  if (args.zero_stage == 3)
+    throw ConfigError("--zero-stage 3 in an elastic job: its parameter slices have no mirrors yet; use --zero-stage 1 "
+                      "or 2 (each shard is mirrored on another machine)");
   if (args.zero_stage > 0 && args.zero_shared_parameters)
     throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
                       "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");

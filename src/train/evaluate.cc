@@ -52,7 +52,13 @@ data::EvalTotals evaluate_totals(
     for (std::int64_t i = 0; i < n; ++i)
       if (!sampler.is_padding(k + static_cast<std::size_t>(i))) real.push_back(i);
     k += static_cast<std::size_t>(n);
-    if (real.empty()) continue;
+    if (real.empty() && !setup.before_forward) continue;
+    if (setup.before_forward) setup.before_forward();
+    if (real.empty()) {  // only so the others' gathers have a partner; nothing counted
+      CpuAutocast autocast(setup.bf16);
+      model.forward(batch->input);
+      continue;
+    }
     torch::Tensor x = batch->input, y = batch->target;
     if (static_cast<std::int64_t>(real.size()) != n) {
       auto keep = torch::tensor(real, torch::kLong);
@@ -87,7 +93,9 @@ nlohmann::json Trainer::Impl::evaluate() {
   broadcast_buffers(*model.module, *comm);
   const data::EvalTotals total =
       evaluate_totals(model, *eval_set, *comm,
-                      {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16}, loss_fn);
+                      {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16,
+                       stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr},
+                      loss_fn);
   metrics::EvalLog m;
   m.step = state.global_step;
   m.epoch = state.fractional_epoch();

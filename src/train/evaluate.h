@@ -56,6 +56,9 @@ struct EvalSetup {
   int batch_size = 256;
   int loader_workers = 0;
   bool bf16 = false;
+  // ZeRO stage 3: runs before each forward, and every rank forwards every batch (its forward
+  // gathers parameters with the others), also a batch that is all padding for this rank.
+  std::function<void()> before_forward = nullptr;
 };
 
 // Collective: loss and correct predictions over the whole dataset, split over ranks by a

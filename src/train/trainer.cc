@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <exception>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -72,7 +73,15 @@ void Trainer::Impl::build_reducer() {
   if (hook == CommHook::powersgd || hook == CommHook::int8 || hook == CommHook::automatic)
     ddp.first_bucket_cap_mb = ddp.bucket_cap_mb;
   std::optional<BucketSharding> sharding;
-  if (args.zero_stage > 0) sharding = zero_bucket_sharding({args.zero_stage, args.zero_shared_parameters}, world());
+  const ZeroOptions zero_options{args.zero_stage, args.zero_shared_parameters};
+  if (args.zero_stage == 3) {
+    if (!model.parameter_units)
+      throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
+                        "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
+    sharding = zero_bucket_sharding(zero_options, world(), *model.module, model.parameter_units());
+  } else if (args.zero_stage > 0) {
+    sharding = zero_bucket_sharding(zero_options, world());
+  }
   reducer = std::make_unique<Reducer>(model.module, *comm, ddp, sharding);
 }
 
@@ -81,6 +90,7 @@ void Trainer::Impl::build_optimizer() {
     zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm,
                                            ZeroOptions{args.zero_stage, args.zero_shared_parameters},
                                            [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
+    if (stage3()) model.set_unit_runner(zero->unit_runner());
     return;
   }
   if (args.zero_stage > 0 && rank() == 0)
@@ -292,6 +302,7 @@ void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& ru
 void Trainer::Impl::load_best_model() {
   if (!args.load_best_model_at_end || state.best_checkpoint.empty()) return;
   const std::string best = (fs::path(args.output_dir) / state.best_checkpoint).string();
+  WholeParameters whole(*this, true);
   load_module(*model.module, (fs::path(best) / "model.pt").string());
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "loaded the best model, " << state.best_checkpoint << " ("
@@ -333,8 +344,19 @@ std::string parameters_fingerprint(const torch::nn::Module& module) {
 
 }  // namespace
 
+WholeParameters::WholeParameters(Trainer::Impl& trainer, bool keep_values) : keep_values_(keep_values) {
+  if (!trainer.stage3()) return;
+  zero_ = trainer.zero.get();
+  zero_->gather_all();
+}
+
+WholeParameters::~WholeParameters() noexcept(false) {
+  if (zero_ && std::uncaught_exceptions() == 0) zero_->release_all(keep_values_);
+}
+
 void Trainer::Impl::check_replicas() {
   if (world() == 1) return;
+  WholeParameters whole(*this, false);
   const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module));
   if (rank() != 0) return;
   std::string differ;

@@ -91,6 +91,7 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
     improved_since_save = false;
   }
   // Under ZeRO the slices' state is put together first, into the file DDP would write.
+  WholeParameters parameters(*this, false);
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (zero) whole = zero->consolidated([this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
   std::string error;
@@ -234,6 +235,7 @@ std::string Trainer::Impl::resume_target() const {
 // The model and the optimizer's state from either format, at any world size and ZeRO stage: each
 // rank reads the whole state and, under ZeRO, keeps its slices.
 void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
+  WholeParameters parameters(*this, true);  // stage 3: loaded whole, then cut into slices
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (zero) whole = make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = zero ? *whole : *optimizer;

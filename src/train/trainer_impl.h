@@ -47,6 +47,20 @@ struct RunProgress {
   std::optional<int> straggler;                      // named in the last window, if any
 };
 
+// Under ZeRO stage 3, every parameter gathered for the scope (collective), then back to slices;
+// with keep_values, what was written into them (a load) becomes the slices. Elsewhere nothing.
+class WholeParameters {
+ public:
+  WholeParameters(Trainer::Impl& trainer, bool keep_values);
+  ~WholeParameters() noexcept(false);
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  ZeroOptimizer* zero_ = nullptr;
+  bool keep_values_;
+};
+
 struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
@@ -64,6 +78,7 @@ struct Trainer::Impl {
   bool improved_since_save = false;  // the best metric changed since the last checkpoint
   std::unique_ptr<RunOutputs> outputs;
 
+  bool stage3() const { return zero && args.zero_stage == 3; }
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
   // Samples one rank takes per optimiser step.

@@ -33,6 +33,7 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
     trainer.reducer->set_sync(micro.last());
     trainer.reducer->before_forward();  // broadcasts buffers: a wait for the slowest rank, not compute
   }
+  if (trainer.zero) trainer.zero->before_forward();  // stage 3: the root unit's parameters
   const auto synced = Clock::now();
   torch::Tensor loss;
   {

@@ -22,7 +22,24 @@ struct Net {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<std::pair<torch::Tensor, torch::Tensor>(int rank, int step)> batch;
+  // Stage 3: the model's units and how its forward runs them.
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  std::function<void(UnitRunner)> set_runner;
 };
+
+// 20-33-5 with the first layer a unit of its own (stage 3); the second stays in the root.
+struct MlpUnitsImpl : torch::nn::Module {
+  MlpUnitsImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(20, 33));
+    fc2 = register_module("fc2", torch::nn::Linear(33, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2(run_unit(runner, 0, [this](const torch::Tensor& in) { return torch::relu(fc1(in)); }, x));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  UnitRunner runner;
+};
+TORCH_MODULE(MlpUnits);
 
 struct CnnBnImpl : torch::nn::Module {
   CnnBnImpl() {
@@ -33,11 +50,13 @@ struct CnnBnImpl : torch::nn::Module {
     fc = register_module("fc", torch::nn::Linear(4 * 4 * 4, 5));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return fc(torch::max_pool2d(torch::relu(norm(conv(x))), 2).flatten(1));
+    auto h = run_unit(runner, 0, [this](const torch::Tensor& in) { return conv(in); }, x);
+    return fc(torch::max_pool2d(torch::relu(norm(h)), 2).flatten(1));
   }
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d norm{nullptr};
   torch::nn::Linear fc{nullptr};
+  UnitRunner runner;
 };
 TORCH_MODULE(CnnBn);
 
@@ -57,25 +76,29 @@ Net make_net(const std::string& name) {
   std::lock_guard<std::mutex> lock(init_mu);
   torch::manual_seed(3);
   if (name == "mlp") {
-    auto m = torch::nn::Sequential(torch::nn::Linear(20, 33), torch::nn::ReLU(), torch::nn::Linear(33, 5));
+    MlpUnits m;
     return {m.ptr(), [m](const torch::Tensor& x) mutable { return m->forward(x); },
-            [](int r, int s) { return std::make_pair(seeded_randn({8, 20}, 100 * s + r), seeded_labels(8, 5, 7 + 100 * s + r)); }};
+            [](int r, int s) { return std::make_pair(seeded_randn({8, 20}, 100 * s + r), seeded_labels(8, 5, 7 + 100 * s + r)); },
+            {m->fc1.ptr()}, [m](UnitRunner u) mutable { m->runner = std::move(u); }};
   }
   if (name == "cnn") {
     CnnBn m;
     return {m.ptr(), [m](const torch::Tensor& x) mutable { return m->forward(x); },
-            [](int r, int s) { return std::make_pair(seeded_randn({8, 1, 8, 8}, 100 * s + r), seeded_labels(8, 5, 7 + 100 * s + r)); }};
+            [](int r, int s) { return std::make_pair(seeded_randn({8, 1, 8, 8}, 100 * s + r), seeded_labels(8, 5, 7 + 100 * s + r)); },
+            {m->conv.ptr()}, [m](UnitRunner u) mutable { m->runner = std::move(u); }};
   }
   models::GptConfig c;
-  c.vocab_size = 64, c.block_size = 16, c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.dropout = 0;
+  c.vocab_size = 64, c.block_size = 16, c.n_layer = name == "gpt_deep" ? 4 : 2, c.n_head = 2, c.n_embd = 32, c.dropout = 0;
   models::GptLmHeadModel m(c);
+  m->set_gradient_checkpointing(name == "gpt_checkpointed");
   return {m.ptr(), [m](const torch::Tensor& x) mutable { return m->forward(x); },
           [](int r, int s) {
             auto g = at::detail::createCPUGenerator(500 + 100 * s + r);
             auto t = torch::randint(64, {4, 17}, g);
             using torch::indexing::Slice;
             return std::make_pair(t.index({Slice(), Slice(0, 16)}), t.index({Slice(), Slice(1, 17)}));
-          }};
+          },
+          m->parameter_units(), [m](UnitRunner u) mutable { m->set_unit_runner(std::move(u)); }};
 }
 
 torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& target) {
@@ -111,7 +134,8 @@ std::vector<std::vector<torch::Tensor>> train(const Case& c, const std::function
     ddp.first_bucket_cap_mb = 0.001;
     const ZeroOptions zo{c.stage, c.shared};
     std::optional<BucketSharding> sharding;
-    if (c.stage > 0) sharding = zero_bucket_sharding(zo, comm.size());
+    if (c.stage == 3) sharding = zero_bucket_sharding(zo, comm.size(), *net.module, net.units);
+    if (c.stage == 1 || c.stage == 2) sharding = zero_bucket_sharding(zo, comm.size());
     Reducer reducer(net.module, comm, ddp, sharding);
     std::unique_ptr<ZeroOptimizer> zero;
     std::unique_ptr<torch::optim::Optimizer> plain;
@@ -119,9 +143,11 @@ std::vector<std::vector<torch::Tensor>> train(const Case& c, const std::function
       zero = std::make_unique<ZeroOptimizer>(*net.module, reducer, comm, zo, adamw);
     else
       plain = adamw(net.module->parameters());
+    if (c.stage == 3) net.set_runner(zero->unit_runner());
     for (int step = 0; step < kSteps; ++step) {
       auto [x, y] = net.batch(comm.rank(), step);
       reducer.before_forward();
+      if (zero) zero->before_forward();
       auto out = net.forward(x);
       reducer.after_forward(&out);
       loss_of(out, y).backward();
@@ -136,8 +162,10 @@ std::vector<std::vector<torch::Tensor>> train(const Case& c, const std::function
       }
     }
     if (after && zero) after(*zero, comm);
+    if (c.stage == 3) zero->gather_all();  // the parameters exist whole only when gathered
     auto& mine = finals[static_cast<std::size_t>(comm.rank())];
     for (auto& p : net.module->parameters()) mine.push_back(p.detach().clone());
+    if (c.stage == 3) zero->release_all(false);
   });
   return finals;
 }
@@ -179,6 +207,7 @@ TEST_P(ZeroTrains, LikeDdpWithEveryRankBitwiseEqual) {
   // ...and not by accident: training moved the parameters far beyond that tolerance.
   std::vector<torch::Tensor> initial;
   for (auto& p : make_net(c.model).module->parameters()) initial.push_back(p.detach().clone());
+  ASSERT_EQ(initial.size(), ddp[0].size());
   EXPECT_GT(max_difference(std::vector<torch::Tensor>(ddp[0].begin(), ddp[0].begin() + long(initial.size())), initial), 1e-3);
 }
 
@@ -186,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(
     Models, ZeroTrains,
     ::testing::Values(Case{"mlp", 1, 1}, Case{"mlp", 2, 1}, Case{"mlp", 3, 1}, Case{"mlp", 2, 2}, Case{"mlp", 3, 2},
                       Case{"cnn", 2, 1}, Case{"cnn", 3, 2}, Case{"cnn", 2, 2}, Case{"cnn", 3, 1}, Case{"gpt", 2, 1}, Case{"gpt", 3, 2},
-                      Case{"gpt", 2, 2, true}, Case{"mlp", 3, 1, true}),
+                      Case{"gpt", 2, 2, true}, Case{"mlp", 3, 1, true}, Case{"mlp", 2, 3}, Case{"mlp", 3, 3},
+                      Case{"cnn", 2, 3}, Case{"gpt", 2, 3}, Case{"gpt", 3, 3}, Case{"gpt_checkpointed", 2, 3}),
     [](const ::testing::TestParamInfo<Case>& param) { return name_of(param.param); });
 
 // The one-copy mode needs no all-gather: each rank writes its slices into the one copy. Were the
@@ -227,6 +257,26 @@ TEST(ZeroMemory, StateAndGradientsAreOneWthOfDdps) {
       EXPECT_LT(m.padding, 3 * 8) << "at most W - 1 padding elements per bucket";
     }
   }
+}
+
+// Stage 3: a rank holds 1/W of the parameters at rest, and never more than the root and three of
+// the four blocks at once (one computing, the next prefetched, the last not yet handed to the
+// reduce-scatter): the whole model never exists on any rank. At rest the parameters have no memory.
+TEST(ZeroMemory, StageThreeHoldsOneWthOfTheParametersAndNeverTheWholeModel) {
+  models::GptConfig c;
+  c.vocab_size = 64, c.block_size = 16, c.n_layer = 4, c.n_head = 2, c.n_embd = 32, c.dropout = 0;
+  models::GptLmHeadModel probe(c);
+  std::int64_t all = 0, block = 0, root = 0;
+  for (auto& p : probe->parameters()) all += p.numel() * 4;
+  for (auto& p : probe->transformer->h[0]->parameters()) block += p.numel() * 4;
+  root = all - 4 * block;
+  train({"gpt_deep", 3, 3}, [&](ZeroOptimizer& z, comm::Communicator& comm) {
+    const ZeroMemory m = z.memory();
+    EXPECT_NEAR(double(m.parameters), double(all) / 3, 4.0 * double(m.padding) / 3 + 4) << "rank " << comm.rank();
+    EXPECT_GE(m.gathered_high_water, root + block) << "rank " << comm.rank();
+    EXPECT_LE(m.gathered_high_water, root + 3 * block + 4 * 16 * 3) << "rank " << comm.rank();
+    EXPECT_LT(m.gathered_high_water, all);
+  });
 }
 
 TEST(ZeroMemory, StageTwoReleasesTheParametersGradients) {

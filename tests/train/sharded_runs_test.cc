@@ -153,4 +153,13 @@ TEST(ShardedRuns, AStageTwoCheckpointOfTwoResumesUnderDdpOnThreeTrainingEachSamp
   EXPECT_EQ(loads.front()["world_size"], 3);
 }
 
+// Stage 3 needs the model's units (libtorch has no forward hooks): a model without them is told so.
+TEST(ShardedRuns, StageThreeWithAModelThatNamesNoUnitsIsOneClearError) {
+  TempDir out("zero3-no-units"), record("zero3-no-units-record");
+  Process p(launch(2, ELASTIC_WORKER, {"--record-dir", record.path(), "--zero-stage", "3", "--max-steps", "2",
+                                       "--output-dir", out.path()}));
+  EXPECT_NE(p.wait(120), 0);
+  EXPECT_NE(p.output().find("--zero-stage 3: the model names no parameter units"), std::string::npos) << p.output();
+}
+
 }  // namespace

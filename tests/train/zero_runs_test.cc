@@ -113,7 +113,7 @@ TEST(ZeroRuns, ACheckpointResumesUnderDdpAndWithOneOrThreeWorkers) {
     int workers;
     std::vector<std::string> flags;
   };
-  for (const Resume& r : {Resume{2, {}}, Resume{1, {}}, Resume{3, {"--zero-stage", "1"}}}) {
+  for (const Resume& r : {Resume{2, {}}, Resume{1, {}}, Resume{3, {"--zero-stage", "1"}}, Resume{3, {"--zero-stage", "3"}}}) {
     TempDir out("zero-resume");
     const std::string o = run_ok(launch(
         r.workers, with(with(flags, r.flags), {"--resume-from-checkpoint", base / "checkpoint-10", "--output-dir", out.path()})));
@@ -125,6 +125,29 @@ TEST(ZeroRuns, ACheckpointResumesUnderDdpAndWithOneOrThreeWorkers) {
     if (r.workers == 2)
       EXPECT_NEAR(after, straight[1]["loss"].get<double>(), 1e-3 * after) << "DDP from a ZeRO checkpoint";
   }
+}
+
+// Stage 3 (the parameters sharded too) under the launcher: killed and restarted from its sharded
+// checkpoint it ends bitwise equal to an uninterrupted stage-3 run, and its checkpoint continues
+// under DDP on 3 workers and evaluates in one process.
+TEST(ZeroRuns, StageThreeRestartsBitwiseAndItsCheckpointGoesOnUnderDdp) {
+  const auto flags = with(kShortRun, {"--model", "mlp", "--zero-stage", "3", "--max-steps", "30", "--save-strategy",
+                                      "steps", "--save-steps", "13", "--logging-steps", "10"});
+  TempDir straight("zero3-straight"), killed("zero3-killed"), resumed("zero3-ddp");
+  const std::string a = run_ok(launch(2, with(flags, {"--output-dir", straight.path()})));
+  EXPECT_NE(a.find("ZeRO stage 3"), std::string::npos) << a;
+  const std::string b = run_ok(launch(2, with(flags, {"--output-dir", killed.path()}), {"--max-restarts", "1"}),
+                               {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:17:1"}});
+  EXPECT_NE(b.find("resumed from " + killed.path() + "/checkpoint-13 at step 13"), std::string::npos) << b;
+  ASSERT_FALSE(fingerprint(a).empty()) << a;
+  EXPECT_EQ(fingerprint(b), fingerprint(a));
+  const std::string c = run_ok(launch(3, with(kShortRun, {"--model", "mlp", "--max-steps", "40", "--output-dir",
+                                                          resumed.path(), "--resume-from-checkpoint",
+                                                          straight / "checkpoint-26"})));
+  EXPECT_NE(c.find("resumed from " + straight.path() + "/checkpoint-26 at step 26"), std::string::npos) << c;
+  Process eval({FASHION_MNIST, "evaluate", "--model", "mlp", "--checkpoint", straight / "checkpoint-30", "--eval-limit",
+                "200"});
+  EXPECT_EQ(eval.wait(60), 0) << eval.output();
 }
 
 // train_begin says what each worker holds: under stage 1 half of DDP's optimizer state, under

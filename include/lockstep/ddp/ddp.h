@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +85,9 @@ struct BucketSharding {
   // released when their bucket launches.
   bool reduce_scatter = false;
   double max_bucket_cap_mb = 0;  // a ceiling on DdpOptions::bucket_cap_mb (0: none)
+  // The buckets themselves, as lists of trainable-parameter indices (registration order), in the
+  // order they are reduced; empty: cut by size (assign_buckets). ZeRO stage 3 gives one per unit.
+  std::vector<std::vector<int>> buckets{};
 };
 
 using SteadyTime = std::chrono::steady_clock::time_point;
@@ -160,6 +164,13 @@ class Reducer {
   torch::Tensor averaged_range(int b, std::int64_t offset, std::int64_t length) const;
   // Under reduce_scatter: the bytes of the slots buckets take turns in while they are reduced.
   std::size_t bucket_slot_bytes() const;
+  // Called on the thread running backward as soon as bucket b is handed to the communicator: its
+  // gradients are in the bucket (under reduce_scatter the parameters' own grads are released), so
+  // backward no longer needs its parameters (ZeRO stage 3 frees them here).
+  void set_on_launched(std::function<void(int bucket)> callback);
+  // Whether the backward of the current synchronised step has begun (the forward's output got its
+  // gradient): a block run now is a recomputation inside backward.
+  bool in_backward() const;
 
  private:
   struct Impl;

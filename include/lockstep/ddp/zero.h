@@ -30,6 +30,16 @@
 // backward while an owner writes them) and one after it (no rank's next forward reads a slice
 // that is still being written).
 //
+// Stage 3: the parameters sharded too. The reducer's buckets are the model's units (see
+// ddp/parameter_units.h: one bucket per unit, in the order backward finishes them, then the root
+// unit's parameters); a rank keeps its slice of each (the optimizer's parameters) and a unit's
+// whole parameters exist only while it runs: gathered just before (the next unit prefetched
+// while this one computes), freed after, gathered again before its backward, freed once its
+// gradients are handed to the reduce-scatter. The step updates the slices and gathers nothing.
+// At rest a rank holds 1/W of parameters, gradients and optimizer state; in flight, the root and
+// a unit or two (ZeroMemory::gathered_high_water). The same bytes on the wire as ZeRO-2 plus one
+// all-gather of each unit per forward and one per backward (1.5x DDP's traffic, as in the paper).
+//
 // Mirrors (elastic jobs, ddp/zero_elastic.h). A lost rank takes its slices of the optimizer
 // state with it, and nobody else has them. With mirror_of set, each rank also keeps a second set
 // of slices, another rank's (on another machine: the Trainer picks the next machine's rank in the
@@ -55,6 +65,7 @@
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/parameter_units.h"
 
 namespace lockstep {
 
@@ -68,7 +79,7 @@ enum class UpdatePhase {
 struct ZeroOptions {
   ZeroOptions() = default;
   ZeroOptions(int s, bool shared) : stage(s), shared_parameters(shared) {}
-  int stage = 1;                   // 1: shard the optimizer state; 2: and the gradients
+  int stage = 1;                   // 1: shard the optimizer state; 2: and the gradients; 3: and the parameters
   bool shared_parameters = false;  // one copy of the parameters per machine (all ranks on one)
   int mirror_of = -1;              // the rank whose slices this rank mirrors (-1: no mirrors)
   int mirrored_by = -1;            // the rank that mirrors this rank's slices
@@ -98,6 +109,11 @@ struct HeldShard {
 // buckets' worth of gradients besides the slices: small buckets keep that small and start
 // reducing sooner). Reducer::bucket_cap_mb() says what the cap came to.
 BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world);
+// Stage 3: besides, one bucket per unit of `model` (units whose parameters are all frozen get
+// none), the last unit first, and one for the parameters in no unit (the root). A ConfigError
+// when a parameter is in two units.
+BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world, torch::nn::Module& model,
+                                    const std::vector<std::shared_ptr<torch::nn::Module>>& units);
 
 // What one worker holds, in bytes.
 struct ZeroMemory {
@@ -107,6 +123,7 @@ struct ZeroMemory {
   std::int64_t optimizer_state = 0;  // measured once the optimizer has stepped, else expected
   std::int64_t padding = 0;          // elements added to even out the slices
   std::int64_t mirrors = 0;          // mirrors: the mirrored slices' parameters and optimizer state
+  std::int64_t gathered_high_water = 0;  // stage 3: the most parameter bytes gathered at once so far
 };
 
 class ZeroOptimizer {
@@ -140,6 +157,17 @@ class ZeroOptimizer {
   void load_consolidated(torch::optim::Optimizer& full);
 
   ZeroMemory memory() const;
+
+  // Stage 3 (ConfigError at other stages, except before_forward, a no-op there).
+  // What the model runs its units through (its set_unit_runner), with `units` as the model named
+  // them when the sharding was made.
+  UnitRunner unit_runner();
+  // Before every forward (training or not): gathers the root unit's parameters.
+  void before_forward();
+  // Collective: every parameter gathered whole, to read or to load; then back to slices. With
+  // keep_values, the parameters' values (written meanwhile, e.g. by a load) become the slices.
+  void gather_all();
+  void release_all(bool keep_values);
 
   // Elastic jobs (ddp/zero_elastic.h drives these). After a collective failed: keeps what an
   // update would need (the gradients, copied out of the reducer's buckets), so the reducer and the

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/ddp/parameter_units.h"
+
 namespace lockstep::models {
 
 struct GptConfig {
@@ -83,6 +85,9 @@ class GptModelImpl : public torch::nn::Module {
   explicit GptModelImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& tokens);
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  // ZeRO stage 3 (ddp/parameter_units.h): each block is a unit; the embeddings and ln_f the root.
+  std::vector<std::shared_ptr<torch::nn::Module>> parameter_units();
+  void set_unit_runner(UnitRunner runner) { runner_ = std::move(runner); }
   const GptConfig& config() const { return config_; }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
@@ -93,6 +98,7 @@ class GptModelImpl : public torch::nn::Module {
  private:
   GptConfig config_;
   bool checkpointing_ = false;
+  UnitRunner runner_;
 };
 TORCH_MODULE(GptModel);
 
@@ -101,6 +107,8 @@ class GptLmHeadModelImpl : public torch::nn::Module {
   explicit GptLmHeadModelImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, T, vocab]
   void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
+  std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
+  void set_unit_runner(UnitRunner runner) { transformer->set_unit_runner(std::move(runner)); }
   const GptConfig& config() const { return transformer->config(); }
 
   GptModel transformer{nullptr};
@@ -114,6 +122,8 @@ class GptForSequenceClassificationImpl : public torch::nn::Module {
   GptForSequenceClassificationImpl(const GptConfig& c, int num_labels, int pad_token = 0);
   torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, num_labels]
   void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
+  std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
+  void set_unit_runner(UnitRunner runner) { transformer->set_unit_runner(std::move(runner)); }
   const GptConfig& config() const { return transformer->config(); }
 
   GptModel transformer{nullptr};

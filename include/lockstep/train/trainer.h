@@ -31,6 +31,7 @@
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/rendezvous.h"
+#include "lockstep/ddp/parameter_units.h"
 #include "lockstep/train_core/arguments.h"
 
 namespace lockstep::train {
@@ -56,12 +57,19 @@ struct Model {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void(bool)> set_gradient_checkpointing;  // empty: the model cannot
+  // ZeRO stage 3 (ddp/parameter_units.h); empty: the model names no units.
+  std::function<std::vector<std::shared_ptr<torch::nn::Module>>()> parameter_units;
+  std::function<void(UnitRunner)> set_unit_runner;
 
   template <class M>
   static Model of(std::shared_ptr<M> m) {
-    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr};
+    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr, nullptr, nullptr};
     if constexpr (has_checkpointing<M>(0))
       model.set_gradient_checkpointing = [raw = m.get()](bool on) { raw->set_gradient_checkpointing(on); };
+    if constexpr (has_units<M>(0)) {
+      model.parameter_units = [raw = m.get()] { return raw->parameter_units(); };
+      model.set_unit_runner = [raw = m.get()](UnitRunner r) { raw->set_unit_runner(std::move(r)); };
+    }
     return model;
   }
   template <class Holder, class = decltype(std::declval<Holder>().ptr())>
@@ -76,6 +84,15 @@ struct Model {
   }
   template <class M>
   static constexpr bool has_checkpointing(...) {
+    return false;
+  }
+  template <class M>
+  static constexpr auto has_units(int)
+      -> decltype(std::declval<M&>().parameter_units(), std::declval<M&>().set_unit_runner(UnitRunner{}), true) {
+    return true;
+  }
+  template <class M>
+  static constexpr bool has_units(...) {
     return false;
   }
 };

@@ -118,8 +118,9 @@ inline Rule backend_rule() {
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
   X(bool, sync_batchnorm, false,                                                                               \
     "normalise over the global batch: the model's lockstep::SyncBatchNorm layers all-reduce their statistics", any()) \
-  X(int, zero_stage, 0, "ZeRO: 1 shards the optimizer state across workers, 2 also the gradients; 0: DDP",      \
-    within(0, 2))                                                                                              \
+  X(int, zero_stage, 0,                                                                                        \
+    "ZeRO: 1 shards the optimizer state across workers, 2 also the gradients, 3 also the parameters; 0: DDP",  \
+    within(0, 3))                                                                                              \
   X(bool, zero_shared_parameters, false,                                                                       \
     "ZeRO: keep the parameters once per machine in shared memory (every worker on one machine)", any())       \
   X(std::string, backend, "auto", "the communication backend", backend_rule())                                \

@@ -1,0 +1,161 @@
+// ZeRO stage 3's parameter units (see zero3_units.h).
+#include "zero3_units.h"
+
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <algorithm>
+
+#include "lockstep/ddp/comm_dtype.h"
+#include "lockstep/error.h"
+
+namespace lockstep::ddp_detail {
+namespace {
+
+// Gives the flat array's storage `bytes` bytes (0: frees it). The parameters are views of this
+// storage, so they see the new memory without being touched.
+void resize_storage(const torch::Tensor& flat, std::size_t bytes) {
+  at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), bytes);
+}
+
+// The identity in forward; in backward, first gathers its unit again (its backward comes next).
+struct GatherBeforeBackward : torch::autograd::Node {
+  explicit GatherBeforeBackward(std::function<void()> before) : before_(std::move(before)) {}
+  std::string name() const override { return "lockstep::GatherBeforeBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    before_();
+    return {grads[0]};
+  }
+
+ private:
+  std::function<void()> before_;
+};
+
+torch::Tensor gather_before_backward(const torch::Tensor& out, std::function<void()> before) {
+  auto node = std::shared_ptr<GatherBeforeBackward>(new GatherBeforeBackward(std::move(before)),
+                                                    torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(out));
+  torch::Tensor result = out.detach();
+  torch::autograd::set_history(result, node);
+  return result;
+}
+
+}  // namespace
+
+ParameterUnits::ParameterUnits(comm::Communicator& comm, std::vector<torch::Tensor> flat,
+                               std::vector<torch::Tensor> shards, std::vector<int> bucket_of_unit, int root)
+    : comm_(comm),
+      flat_(std::move(flat)),
+      shards_(std::move(shards)),
+      bucket_of_unit_(std::move(bucket_of_unit)),
+      root_(root),
+      gathered_(flat_.size(), 1),
+      works_(flat_.size()) {
+  for (std::size_t b = 0; b < flat_.size(); ++b) gathered_bytes_ += bytes_of(int(b));
+  release_all();
+  high_water_ = 0;  // training's, not the construction's (every unit starts whole)
+}
+
+ParameterUnits::~ParameterUnits() {
+  for (auto& w : works_)
+    if (w) w->wait();
+}
+
+std::int64_t ParameterUnits::bytes_of(int b) const {
+  return flat_[std::size_t(b)].numel() * std::int64_t(flat_[std::size_t(b)].element_size());
+}
+
+void ParameterUnits::prefetch(int b) {
+  if (b < 0 || gathered_[std::size_t(b)]) return;
+  const auto& flat = flat_[std::size_t(b)];
+  resize_storage(flat, std::size_t(bytes_of(b)));
+  gathered_[std::size_t(b)] = 1;
+  gathered_bytes_ += bytes_of(b);
+  high_water_ = std::max(high_water_, gathered_bytes_);
+  const auto& shard = shards_[std::size_t(b)];
+  works_[std::size_t(b)] = comm_.allgather(shard.data_ptr(), flat.data_ptr(), std::size_t(shard.numel()),
+                                           *comm_dtype_of(flat.scalar_type()));
+}
+
+void ParameterUnits::finish(int b) {
+  if (auto& w = works_[std::size_t(b)]) {
+    w->wait();
+    w.reset();
+  }
+}
+
+void ParameterUnits::gather(int b) {
+  if (b < 0) return;
+  prefetch(b);
+  finish(b);
+}
+
+void ParameterUnits::release(int b) {
+  if (b < 0 || !gathered_[std::size_t(b)]) return;
+  finish(b);
+  resize_storage(flat_[std::size_t(b)], 0);
+  gathered_[std::size_t(b)] = 0;
+  gathered_bytes_ -= bytes_of(b);
+}
+
+void ParameterUnits::gather_all() {
+  for (std::size_t b = 0; b < flat_.size(); ++b) prefetch(int(b));
+  for (std::size_t b = 0; b < flat_.size(); ++b) finish(int(b));
+}
+
+void ParameterUnits::release_all() {
+  for (std::size_t b = 0; b < flat_.size(); ++b) release(int(b));
+}
+
+void ParameterUnits::keep_gathered_values() {
+  torch::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < flat_.size(); ++b) {
+    if (!gathered_[b]) continue;
+    finish(int(b));
+    const auto n = shards_[b].numel();
+    shards_[b].copy_(flat_[b].narrow(0, comm_.rank() * n, n));
+  }
+  release_all();
+}
+
+int ParameterUnits::next_in_forward(int b) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), b);
+  return it == forward_order_.end() || it + 1 == forward_order_.end() ? -1 : *(it + 1);
+}
+
+int ParameterUnits::previous_in_forward(int b) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), b);
+  return it == forward_order_.end() || it == forward_order_.begin() ? -1 : *(it - 1);
+}
+
+void ParameterUnits::before_forward() {
+  if (!forward_order_.empty()) order_known_ = true;
+  gather(root_);
+}
+
+torch::Tensor ParameterUnits::run(int unit, const UnitForward& forward, const torch::Tensor& input,
+                                  const Reducer* reducer) {
+  if (unit < 0 || std::size_t(unit) >= bucket_of_unit_.size())
+    throw ConfigError("ZeRO stage 3: the model ran unit " + std::to_string(unit) + " but names " +
+                      std::to_string(bucket_of_unit_.size()) + " in parameter_units()");
+  const int b = bucket_of_unit_[std::size_t(unit)];
+  if (b < 0) return forward(input);
+  const bool in_backward = reducer && reducer->in_backward();
+  const bool training = torch::GradMode::is_enabled();
+  if (!order_known_ && training && !in_backward &&
+      std::find(forward_order_.begin(), forward_order_.end(), b) == forward_order_.end())
+    forward_order_.push_back(b);
+  gather(b);
+  if (order_known_ && !in_backward) prefetch(next_in_forward(b));
+  torch::Tensor out = forward(input);
+  if (training && out.requires_grad())
+    out = gather_before_backward(out, [this, b] {
+      gather(b);
+      if (order_known_) prefetch(previous_in_forward(b));
+    });
+  if (!in_backward) release(b);
+  return out;
+}
+
+}  // namespace lockstep::ddp_detail
