@@ -18,6 +18,7 @@
 #include "lockstep/base/main.h"
 #include "lockstep/comm/shm_segments.h"
 #include "lockstep/error.h"
+#include "oom.h"
 
 namespace lockstep::launch {
 
@@ -30,6 +31,7 @@ struct Attempt {
       : group(program, argv, std::move(output)) {}
   WorkerGroup group;
   Clock::time_point start = Clock::now();
+  std::int64_t oom_kills_at_start = oom_kills();  // to tell the kernel's OOM kills from other SIGKILLs
   Clock::time_point deadline = Clock::time_point::max();  // --timeout
   Clock::time_point next_check = Clock::now();
   std::chrono::milliseconds tick{100};
@@ -162,7 +164,7 @@ void Agent::watch_once(Attempt& a) {
   const bool local_done = a.group.all_exited();
   const Worker* failed = a.group.first_failure();
   if (local_done && !a.failure && failed)  // every exit is in: no need to settle
-    a.failure = root_cause(worker_failure(*failed, options_.node_rank, a.start), a);
+    a.failure = root_cause(worker_failure(*failed, options_.node_rank, a.start, a.oom_kills_at_start), a);
   if (local_done && a.failure) {
     a.finished = true;
     return;
@@ -189,7 +191,7 @@ void Agent::watch_once(Attempt& a) {
   if (!a.failure && a.group.first_failure()) {
     if (!a.settle_until) a.settle_until = Clock::now() + kSettle;
     if (Clock::now() >= *a.settle_until)
-      fail(a, root_cause(worker_failure(*a.group.first_failure(), options_.node_rank, a.start), a));
+      fail(a, root_cause(worker_failure(*a.group.first_failure(), options_.node_rank, a.start, a.oom_kills_at_start), a));
   }
   const auto now = Clock::now();
   if (!a.failure && now >= a.deadline) {

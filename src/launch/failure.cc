@@ -2,15 +2,20 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cstdio>
 #include <ctime>
+
+#include "oom.h"
 
 namespace lockstep::launch {
 
 nlohmann::json Failure::to_json() const {
   return {{"reason", reason}, {"detail", detail}, {"rank", rank},       {"local_rank", local_rank},
           {"node", node},     {"host", host},     {"pid", pid},         {"code", code},
-          {"signal", signal}, {"time", time},     {"elapsed", elapsed}, {"stderr_tail", stderr_tail}};
+          {"signal", signal}, {"time", time},     {"elapsed", elapsed}, {"stderr_tail", stderr_tail},
+          {"out_of_memory", out_of_memory}};
 }
 
 Failure Failure::from_json(const nlohmann::json& j) {
@@ -27,6 +32,7 @@ Failure Failure::from_json(const nlohmann::json& j) {
   f.time = j.value("time", "?");
   f.elapsed = j.value("elapsed", 0.0);
   f.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
+  f.out_of_memory = j.value("out_of_memory", "");
   return f;
 }
 
@@ -40,6 +46,10 @@ std::string Failure::describe() const {
   const std::string who = "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) +
                           ", node " + std::to_string(node) + ", host " + host + ", pid " +
                           std::to_string(pid) + ")";
+  if (!out_of_memory.empty())
+    return who + " ran out of memory: the kernel's OOM killer ended it (SIGKILL) when " + out_of_memory +
+           " was reached; give each worker less to hold (a higher --zero-stage, fewer workers per machine, a "
+           "smaller batch, --gradient-checkpointing) or the machine more memory";
   return who + " " +
          (signal ? "was killed by " + signal_name(signal) : "exited with code " + std::to_string(code));
 }
@@ -59,7 +69,7 @@ std::string wall_clock() {
   return buf;
 }
 
-Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_start) {
+Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_start, std::int64_t oom_kills_at_start) {
   Failure f;
   f.rank = w.spec.rank;
   f.local_rank = w.spec.local_rank;
@@ -71,6 +81,10 @@ Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_star
   f.time = wall_clock();
   f.elapsed = std::chrono::duration<double>(w.exit->when - attempt_start).count();
   f.stderr_tail.assign(w.err_tail.begin(), w.err_tail.end());
+  if (f.signal == SIGKILL && oom_kills_at_start >= 0 && oom_kills() > oom_kills_at_start) {
+    f.out_of_memory = memory_limit_text();
+    if (f.out_of_memory.empty()) f.out_of_memory = "the memory available";
+  }
   return f;
 }
 

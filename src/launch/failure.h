@@ -21,6 +21,7 @@ struct Failure {
   int signal = 0;          // the worker's terminating signal, 0 when it exited
   std::string host, time;  // where, and the wall-clock time (HH:MM:SS)
   double elapsed = 0;      // seconds into the attempt
+  std::string out_of_memory;  // killed by the kernel's OOM killer: the limit it hit (else empty)
   std::vector<std::string> stderr_tail;
 
   nlohmann::json to_json() const;
@@ -32,8 +33,9 @@ struct Failure {
 std::string host_name();
 std::string wall_clock();  // HH:MM:SS, local time
 
-// A worker's failure, as this node saw it.
-Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_start);
+// A worker's failure, as this node saw it; oom_kills_at_start: the kernel's count when the
+// attempt began (oom.h), to tell an OOM kill from another SIGKILL.
+Failure worker_failure(const Worker& w, int node, Clock::time_point attempt_start, std::int64_t oom_kills_at_start);
 // An event that ends the attempt (timeout, interrupted, store-lost, agent-lost).
 Failure event_failure(const std::string& reason, const std::string& detail, int code, int node,
                       Clock::time_point attempt_start);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cgroup.h"
 #include "lockstep/train/checkpoint.h"
 #include "testing.h"
 
@@ -236,43 +237,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClusterConformance,
                                   (param.param.last_machine ? "_last" + std::to_string(param.param.last_machine) : "");
                          });
 
-// A cpu cgroup (v1, or v2's cpu.max) that lets its processes use `share` of one core; removed
-// when destroyed (after the processes in it are gone). Empty path() where none can be made.
-class CpuLimit {
- public:
-  explicit CpuLimit(double share) {
-    const int quota = static_cast<int>(share * 100000);
-    const std::string v1 = "/sys/fs/cgroup/cpu", v2 = "/sys/fs/cgroup";
-    const std::string name = "/lockstep-test-" + std::to_string(::getpid());
-    if (fs::exists(v1 + "/cpu.cfs_quota_us") && fs::create_directory(v1 + name)) {
-      path_ = v1 + name;
-      std::ofstream(path_ + "/cpu.cfs_period_us") << 100000;
-      std::ofstream(path_ + "/cpu.cfs_quota_us") << quota;
-    } else if (fs::exists(v2 + "/cgroup.controllers") && fs::create_directory(v2 + name)) {
-      path_ = v2 + name;
-      std::ofstream(path_ + "/cpu.max") << quota << " 100000";
-    }
-  }
-  ~CpuLimit() {
-    if (!path_.empty()) ::rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  // argv run inside the cgroup.
-  std::vector<std::string> around(const std::vector<std::string>& argv) const {
-    std::vector<std::string> out = {"/bin/sh", "-c", "echo $$ > " + path_ + "/cgroup.procs && exec \"$@\"", "sh"};
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
-
 // One machine of two limited to half a core: the Trainer on rank 0 names rank 1 (machine 1's
 // only worker) as the straggler, and says its compute is what is slow, not its data.
 TEST(Cluster, AMachineLimitedToHalfACoreIsNamedAsTheStraggler) {
   REQUIRE_CLUSTER();
-  CpuLimit half(0.5);  // outlives the cluster: its processes are gone before it is removed
+  const Cgroup half = Cgroup::cpu(0.5);  // outlives the cluster: its processes are gone before it is removed
   if (half.path().empty()) GTEST_SKIP() << "no cpu cgroup can be made here";
   VirtualCluster cluster({2, "1gbit"});
   TempDir out("cluster-straggler");

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "lockstep/comm/store.h"
+#include "cgroup.h"
 #include "testing.h"
 
 namespace lockstep::testing {
@@ -107,6 +108,22 @@ TEST(Launch, AKilledWorkerStopsTheJobWithASummaryNamingIt) {
   EXPECT_NE(run.output().find("killed by SIGKILL"), std::string::npos) << run.output();
   EXPECT_NE(run.output().find("| rank 1 is about to be killed"), std::string::npos) << run.output();
   EXPECT_EQ(count_of(run.output(), "finished 20 steps"), 0u) << run.output();
+  EXPECT_EQ(run.output().find("out of memory"), std::string::npos) << run.output();
+}
+
+// A worker that outgrows its machine's memory (a 256 MiB cgroup here) dies of the kernel's OOM
+// killer, which sends SIGKILL like anyone; the report says it ran out of memory, and of which limit.
+TEST(Launch, AWorkerKilledForMemoryIsNamedAsOutOfMemory) {
+  const auto limit = lockstep::testing::Cgroup::memory(256 << 20);
+  if (limit.path().empty()) GTEST_SKIP() << "no memory cgroup can be made here (needs root)";
+  Process run(limit.around({kLockstep, "run", "--nproc-per-node", "1", "/usr/bin/python3", "-c",
+                            "import sys; print('allocating', flush=True); x = b'x' * (1 << 30); print(len(x))"}));
+  EXPECT_EQ(run.wait(120), 128 + SIGKILL) << run.output();
+  EXPECT_NE(run.output().find("ran out of memory: the kernel's OOM killer ended it (SIGKILL) when its memory "
+                              "cgroup's limit of 256 MiB was reached"),
+            std::string::npos)
+      << run.output();
+  // An ordinary SIGKILL is not called that (AKilledWorkerStopsTheJobWithASummaryNamingIt).
 }
 
 TEST(Launch, WithARestartTheJobRunsAgainAndSucceeds) {
