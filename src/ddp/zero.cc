@@ -143,8 +143,9 @@ void ZeroOptimizer::Impl::check_reducer() const {
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),
 // or (one copy) one block every rank of the machine maps.
 void ZeroOptimizer::Impl::allocate_flat() {
-  if (stage3()) {  // memory of its own, freed and allocated again as the unit comes and goes
-    for (auto& b : buckets) flat.push_back(torch::zeros({b.numel}, b.params.front().options().requires_grad(false)));
+  if (stage3()) {  // memory of its own, freed and allocated again as the unit comes and goes; not
+    // touched (not resident) until move_parameters_in fills it, a bucket at a time
+    for (auto& b : buckets) flat.push_back(torch::empty({b.numel}, b.params.front().options().requires_grad(false)));
     return;
   }
   if (!options.shared_parameters) {
@@ -183,9 +184,17 @@ void ZeroOptimizer::Impl::move_parameters_in() {
       if (writer) alias.copy_(p);
       p.set_data(alias);
     }
-    // Stage 3: the slice is kept apart, since the flat array's memory comes and goes.
-    shards.push_back(stage3() ? flat[b].narrow(0, my_offset(b), slice_length(b)).clone()
-                              : alias_range(flat[b], my_offset(b), slice_length(b)));
+    // Stage 3: the slice is kept apart, and the bucket's memory goes back before the next bucket
+    // takes its own, so the model never exists twice.
+    if (stage3()) {
+      flat[b].narrow(0, buckets[b].offsets.back() + buckets[b].params.back().numel(),
+                     buckets[b].numel - buckets[b].offsets.back() - buckets[b].params.back().numel())
+          .zero_();  // the padding
+      shards.push_back(flat[b].narrow(0, my_offset(b), slice_length(b)).clone());
+      ddp_detail::free_storage(flat[b]);
+    } else {
+      shards.push_back(alias_range(flat[b], my_offset(b), slice_length(b)));
+    }
     shards.back().set_requires_grad(true);
   }
   if (options.shared_parameters) comm.barrier()->wait();

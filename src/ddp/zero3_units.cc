@@ -5,7 +5,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <new>
 
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
@@ -13,10 +16,12 @@
 namespace lockstep::ddp_detail {
 namespace {
 
-// Gives the flat array's storage `bytes` bytes (0: frees it). The parameters are views of this
-// storage, so they see the new memory without being touched.
-void resize_storage(const torch::Tensor& flat, std::size_t bytes) {
-  at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), bytes);
+// Points the flat array's storage at `data` (`bytes` long), or at nothing. The parameters are
+// views of this storage, so they follow without being touched.
+void point_storage(const torch::Tensor& flat, void* data, std::size_t bytes) {
+  auto* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(data, data, [](void*) {}, c10::Device(c10::kCPU)));
+  storage->set_nbytes(bytes);
 }
 
 // The identity in forward; in backward, first gathers its unit again (its backward comes next).
@@ -43,6 +48,35 @@ torch::Tensor gather_before_backward(const torch::Tensor& out, std::function<voi
 
 }  // namespace
 
+void free_storage(const torch::Tensor& flat) {
+  at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), 0);
+}
+
+// Blocks of memory the units take turns in. Units come and go many times a step; through malloc
+// their freed blocks stay in its heap, fragmented by everything allocated in between (the
+// launcher asks glibc to keep freed memory for reuse), and the process grew by half the model
+// here. The pool holds as many blocks as were ever gathered at once, no more, mapped apart.
+void* UnitPool::take(std::size_t bytes) {
+  for (std::size_t i = 0; i < free_.size(); ++i)
+    if (free_[i].bytes == bytes) {
+      void* p = free_[i].data;
+      free_.erase(free_.begin() + std::ptrdiff_t(i));
+      return p;
+    }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  all_.push_back({p, bytes});
+  return p;
+}
+
+void UnitPool::give_back(void* data, std::size_t bytes) {
+  free_.push_back({data, bytes});
+}
+
+UnitPool::~UnitPool() {
+  for (const auto& b : all_) ::munmap(b.data, b.bytes);
+}
+
 ParameterUnits::ParameterUnits(comm::Communicator& comm, std::vector<torch::Tensor> flat,
                                std::vector<torch::Tensor> shards, std::vector<int> bucket_of_unit, int root)
     : comm_(comm),
@@ -50,9 +84,14 @@ ParameterUnits::ParameterUnits(comm::Communicator& comm, std::vector<torch::Tens
       shards_(std::move(shards)),
       bucket_of_unit_(std::move(bucket_of_unit)),
       root_(root),
-      gathered_(flat_.size(), 1),
+      gathered_(flat_.size(), 0),
+      from_pool_(flat_.size(), 0),
       works_(flat_.size()) {
-  for (std::size_t b = 0; b < flat_.size(); ++b) gathered_bytes_ += bytes_of(int(b));
+  for (std::size_t b = 0; b < flat_.size(); ++b)
+    if (flat_[b].storage().nbytes() > 0) {
+      gathered_[b] = 1;
+      gathered_bytes_ += bytes_of(int(b));
+    }
   release_all();
   high_water_ = 0;  // training's, not the construction's (every unit starts whole)
 }
@@ -69,7 +108,8 @@ std::int64_t ParameterUnits::bytes_of(int b) const {
 void ParameterUnits::prefetch(int b) {
   if (b < 0 || gathered_[std::size_t(b)]) return;
   const auto& flat = flat_[std::size_t(b)];
-  resize_storage(flat, std::size_t(bytes_of(b)));
+  point_storage(flat, pool_.take(std::size_t(bytes_of(b))), std::size_t(bytes_of(b)));
+  from_pool_[std::size_t(b)] = 1;
   gathered_[std::size_t(b)] = 1;
   gathered_bytes_ += bytes_of(b);
   high_water_ = std::max(high_water_, gathered_bytes_);
@@ -94,7 +134,10 @@ void ParameterUnits::gather(int b) {
 void ParameterUnits::release(int b) {
   if (b < 0 || !gathered_[std::size_t(b)]) return;
   finish(b);
-  resize_storage(flat_[std::size_t(b)], 0);
+  const auto& flat = flat_[std::size_t(b)];
+  if (from_pool_[std::size_t(b)]) pool_.give_back(flat.storage().data(), std::size_t(bytes_of(b)));
+  from_pool_[std::size_t(b)] = 0;
+  free_storage(flat);  // its own allocation, if it still had it, is freed here
   gathered_[std::size_t(b)] = 0;
   gathered_bytes_ -= bytes_of(b);
 }

@@ -29,9 +29,31 @@
 
 namespace lockstep::ddp_detail {
 
+// Gives the flat array's storage back (the views of it keep their shapes, not their memory).
+void free_storage(const torch::Tensor& flat);
+
+// Memory for gathered units, reused as they come and go (zero3_units.cc says why).
+class UnitPool {
+ public:
+  UnitPool() = default;
+  ~UnitPool();
+  UnitPool(const UnitPool&) = delete;
+  UnitPool& operator=(const UnitPool&) = delete;
+  void* take(std::size_t bytes);
+  void give_back(void* data, std::size_t bytes);
+
+ private:
+  struct Block {
+    void* data;
+    std::size_t bytes;
+  };
+  std::vector<Block> all_, free_;
+};
+
 class ParameterUnits {
  public:
-  // flat[b]: bucket b's flat array (its storage freeable), shards[b]: this rank's slice of it;
+  // flat[b]: bucket b's flat array (its storage freeable, maybe freed already), shards[b]: this
+  // rank's slice of it;
   // bucket_of_unit[u]: the bucket of the model's unit u (-1: it has no trainable parameter);
   // root: the bucket of the parameters in no unit (-1: none).
   ParameterUnits(comm::Communicator& comm, std::vector<torch::Tensor> flat, std::vector<torch::Tensor> shards,
@@ -60,10 +82,12 @@ class ParameterUnits {
   int previous_in_forward(int bucket) const;
 
   comm::Communicator& comm_;
+  UnitPool pool_;  // before flat_: outlives the storages that point into it
   std::vector<torch::Tensor> flat_, shards_;
   std::vector<int> bucket_of_unit_;
   int root_;
   std::vector<char> gathered_;        // per bucket: its flat array holds the values (or will, see works_)
+  std::vector<char> from_pool_;       // per bucket: its memory is a pool block (else its own allocation)
   std::vector<comm::WorkPtr> works_;  // per bucket: a gather in flight
   std::vector<int> forward_order_;    // buckets in the order forward first ran their units
   bool order_known_ = false;

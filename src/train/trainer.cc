@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -90,7 +91,15 @@ void Trainer::Impl::build_optimizer() {
     zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm,
                                            ZeroOptions{args.zero_stage, args.zero_shared_parameters},
                                            [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
-    if (stage3()) model.set_unit_runner(zero->unit_runner());
+    if (stage3()) {
+      model.set_unit_runner(zero->unit_runner());
+      // Stage 3 is for models that barely fit: freed memory goes back to the system (the
+      // launcher's default malloc tunables keep up to 1 GB of it for reuse, which speeds up
+      // small models and would cost a large one a third of its machine here).
+      ::mallopt(M_MMAP_THRESHOLD, 16 << 20);
+      ::mallopt(M_TRIM_THRESHOLD, 32 << 20);
+      ::malloc_trim(0);
+    }
     return;
   }
   if (args.zero_stage > 0 && rank() == 0)
