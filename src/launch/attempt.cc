@@ -213,7 +213,7 @@ int Agent::conclude(Attempt& a) {
   if (!a.failure) return kExitOk;
   const Failure& f = *a.failure;
   LOCKSTEP_LOG(error, run) << failure_report(f, a.group.workers(), placement_.attempt, options_.max_restarts,
-                                             placement_.run_id, collectives_at_failure());
+                                             placement_.run_id, a.oom_kills_at_start, collectives_at_failure());
   // A deadline or a Ctrl-C anywhere ends the job on every node: no restart.
   if (f.reason == "timeout") timed_out_ = true;
   if (f.reason == "interrupted") interrupted_ = true;

@@ -103,11 +103,18 @@ Failure event_failure(const std::string& reason, const std::string& detail, int 
 
 namespace {
 
-std::string worker_state(const Worker& w) {
+// Killed by SIGKILL, not by us, while the kernel's OOM kills rose: its memory ran out.
+bool out_of_memory(const Worker& w, std::int64_t oom_kills_at_start) {
+  return w.exit && !w.exit->stopped_by_us && w.exit->signal == SIGKILL && oom_kills_at_start >= 0 &&
+         oom_kills() > oom_kills_at_start;
+}
+
+std::string worker_state(const Worker& w, std::int64_t oom_kills_at_start) {
   if (!w.exit) return "still running (killed)";
   if (w.exit->stopped_by_us)
     return "stopped by lockstep (" +
            (w.exit->signal ? signal_name(w.exit->signal) : "exit " + std::to_string(w.exit->code)) + ")";
+  if (out_of_memory(w, oom_kills_at_start)) return "killed by SIGKILL: ran out of memory (the kernel's OOM killer)";
   if (w.exit->signal) return "killed by " + signal_name(w.exit->signal);
   return "exited with code " + std::to_string(w.exit->code);
 }
@@ -115,7 +122,7 @@ std::string worker_state(const Worker& w) {
 }  // namespace
 
 std::string failure_report(const Failure& f, const std::vector<Worker>& workers, int attempt,
-                           int max_restarts, const std::string& run_id,
+                           int max_restarts, const std::string& run_id, std::int64_t oom_kills_at_start,
                            const std::vector<std::string>& collectives) {
   char elapsed[64];
   std::snprintf(elapsed, sizeof elapsed, "%.1f", f.elapsed);
@@ -128,10 +135,19 @@ std::string failure_report(const Failure& f, const std::vector<Worker>& workers,
   } else if (f.reason == "exit") {
     out += "  it wrote nothing to stderr\n";
   }
+  // The first failure agreed on may be another rank's reaction to this node's OOM kill.
+  for (const auto& w : workers)
+    if (f.out_of_memory.empty() && out_of_memory(w, oom_kills_at_start)) {
+      const std::string limit = memory_limit_text();
+      out += "  on this node, rank " + std::to_string(w.spec.rank) + " ran out of memory first: the kernel's OOM "
+             "killer ended it when " + (limit.empty() ? std::string("the memory available") : limit) +
+             " was reached (the failure above followed from it)\n";
+      break;
+    }
   out += "  workers on this node (" + host_name() + "):\n";
   for (const auto& w : workers)
     out += "    rank " + std::to_string(w.spec.rank) + " (pid " + std::to_string(w.pid) +
-           "): " + worker_state(w) + "\n";
+           "): " + worker_state(w, oom_kills_at_start) + "\n";
   if (!collectives.empty()) {
     out += "  collectives (the ranks' flight records, furthest behind first):\n";
     for (const auto& line : collectives) out += "    " + line + "\n";

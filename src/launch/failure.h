@@ -43,7 +43,7 @@ Failure event_failure(const std::string& reason, const std::string& detail, int 
 // The report every agent prints: the first failure, its stderr, this node's workers, and, when
 // the workers published flight records, what each rank was doing with its collectives.
 std::string failure_report(const Failure& f, const std::vector<Worker>& workers, int attempt,
-                           int max_restarts, const std::string& run_id,
+                           int max_restarts, const std::string& run_id, std::int64_t oom_kills_at_start = -1,
                            const std::vector<std::string>& collectives = {});
 
 }  // namespace lockstep::launch

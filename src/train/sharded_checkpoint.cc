@@ -74,17 +74,19 @@ Listed list_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-// A contiguous CPU copy of elements [start, start + count) of t, kept in `owned`.
+// Elements [start, start + count) of t as contiguous CPU memory kept alive in `owned`: a copy,
+// or (copy false: the writer finishes before training touches t again) t's own where it can.
 const void* copy_of(const torch::Tensor& t, std::int64_t start, std::int64_t count,
-                    std::vector<torch::Tensor>& owned) {
-  owned.push_back(t.detach().reshape({-1}).narrow(0, start, count).to(torch::kCPU).clone());
+                    std::vector<torch::Tensor>& owned, bool copy = true) {
+  auto part = t.detach().reshape({-1}).narrow(0, start, count).to(torch::kCPU);
+  owned.push_back(copy || !part.is_contiguous() ? part.clone() : part);
   return owned.back().data_ptr();
 }
 
 void add_buffers(const Listed& listed, ShardSnapshot& s) {
   for (std::size_t i = listed.parameters; i < listed.tensors.size(); ++i) {
     const std::int64_t n = listed.live[i].numel();
-    s.pieces.push_back({int(i), 0, n, {{"value", copy_of(listed.live[i], 0, n, s.owned)}}});
+    s.pieces.push_back({int(i), 0, n, {{"value", copy_of(listed.live[i], 0, n, s.owned, s.copies)}}});
   }
 }
 
@@ -117,10 +119,11 @@ std::string shard_file_name(int rank, int world) {
 }
 
 ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                  int rank, int world) {
+                                  int rank, int world, bool copy) {
   torch::NoGradGuard no_grad;
   const Listed listed = list_tensors(module);
   ShardSnapshot s;
+  s.copies = copy;
   s.tensors = listed.tensors;
   const Kind kind = ddp_detail::kind_of(optimizer);
   std::int64_t total = 0, step = 0;
@@ -132,7 +135,7 @@ ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim:
                        to = std::min(hi, listed.flat_offsets[i] + p.numel());
     if (from >= to) continue;
     ShardPiece piece{int(i), from - listed.flat_offsets[i], to - from, {}};
-    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned);
+    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned, copy);
     auto it = optimizer.state().find(ddp_detail::key_of(p));
     if (it != optimizer.state().end()) {
       const auto st = ddp_detail::read_state(kind, *it->second);
@@ -148,10 +151,11 @@ ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim:
   return s;
 }
 
-ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank) {
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy) {
   torch::NoGradGuard no_grad;
   const Listed listed = list_tensors(module);
   ShardSnapshot s;
+  s.copies = copy;
   s.tensors = listed.tensors;
   const auto held = zero.holdings();
   std::vector<std::string> names;
@@ -159,10 +163,10 @@ ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer
     auto at = std::upper_bound(listed.flat_offsets.begin(), listed.flat_offsets.end(), r.begin);
     const auto i = std::size_t(at - listed.flat_offsets.begin()) - 1;
     ShardPiece piece{int(i), r.begin - listed.flat_offsets[i], r.values.numel(), {}};
-    piece.arrays["value"] = copy_of(r.values, 0, piece.count, s.owned);
+    piece.arrays["value"] = copy_of(r.values, 0, piece.count, s.owned, copy);
     names.clear();
     for (const auto& [name, t] : r.state) {
-      piece.arrays[name] = copy_of(t, 0, piece.count, s.owned);
+      piece.arrays[name] = copy_of(t, 0, piece.count, s.owned, copy);
       names.push_back(name);
     }
     s.pieces.push_back(std::move(piece));

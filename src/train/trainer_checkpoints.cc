@@ -192,8 +192,9 @@ std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
   CheckpointWriter::Job save_job;
   save_job.tmp_dir = tmp.string();
   save_job.final_dir = dir.string();
-  save_job.snapshot = zero ? snapshot_zero(*model.module, *zero, rank())
-                      : snapshot_replicated(*model.module, *optimizer, rank(), world());
+  // A synchronous save writes straight from the live tensors (no copy: the step waits for it).
+  save_job.snapshot = zero ? snapshot_zero(*model.module, *zero, rank(), args.save_in_background)
+                           : snapshot_replicated(*model.module, *optimizer, rank(), world(), args.save_in_background);
   if (rank() == 0) {
     save_job.extra = {{"optimizer", save_job.snapshot.optimizer},
                  {"global_step", state.global_step},

@@ -25,11 +25,14 @@
 
 namespace lockstep::train {
 
-// What a rank writes: the pieces point into `owned`, copies made when the snapshot was taken.
+// What a rank writes: the pieces point into `owned`, copies made when the snapshot was taken
+// (or, with copies false, the live tensors themselves: for a write that ends before training goes
+// on, and a model that has no memory to spare for a copy).
 struct ShardSnapshot {
   std::vector<CheckpointTensor> tensors;
   std::vector<ShardPiece> pieces;
   std::vector<torch::Tensor> owned;
+  bool copies = true;
   nlohmann::json optimizer;  // {"kind": "adamw", "step": N, "state": ["exp_avg", "exp_avg_sq"]}
   std::size_t bytes() const;
 };
@@ -39,9 +42,9 @@ std::string shard_file_name(int rank, int world);  // "shard-00003-of-00008.bin"
 // DDP (or one process): the r-th of `world` cuts of every trainable parameter's values and the
 // optimizer's state for them, and (rank 0) the buffers.
 ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                  int rank, int world);
+                                  int rank, int world, bool copy = true);
 // ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
-ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank);
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true);
 
 // Reads a sharded checkpoint into the module (parameters and buffers, each checked against the
 // model's name, shape and dtype: a ConfigError naming the first that differs) and, when given,

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""ZeRO stage 3 against stage 2 on 2 machines x 2 workers (network namespaces), each machine's
+processes in a memory cgroup of --cap: the largest GPT each trains (--steps steps, then a sharded
+checkpoint) before the kernel's OOM killer ends it; and the throughput of both on one GPT at
+--rates (no cap). Needs root (namespaces, cgroups).
+
+Largest: the GPT is --n-embd wide (default 512) with as many layers as fit; a binary search over
+the layer count per stage, each try a whole job (exit 0, or killed for memory). Each layer is
+3.1 M parameters at width 512: 12.6 MB of float32, 50 MB with its gradient and AdamW's moments.
+
+    sudo /usr/bin/python3 bench/compare_zero3.py [--build build] [--cap 2g] [--max-layers 64]
+        [--rates 10gbit,1gbit] [--throughput-layers 8] [--out bench/ZERO3.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from compare_cluster import Cluster, PORT, cpu, sh  # noqa: E402
+
+
+def parse_bytes(text):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1].lower()]) if text[-1].lower() in units else int(text)
+
+
+class MemoryCgroup:
+    def __init__(self, name, limit):
+        self.path = f"/sys/fs/cgroup/memory/{name}"
+        os.makedirs(self.path, exist_ok=True)
+        for f in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if os.path.exists(f"{self.path}/{f}"):
+                open(f"{self.path}/{f}", "w").write(str(limit))
+
+    def around(self, argv):
+        return ["/bin/sh", "-c", f"echo $$ > {self.path}/cgroup.procs && exec \"$@\"", "sh"] + argv
+
+    def close(self):
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def job(cluster, args, stage, layers, out, cgroups=None, steps=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LOCKSTEP_TOKEN="bench-token")
+    program = [f"{args.build}/examples/gpt", "--n-embd", str(args.n_embd), "--n-layer", str(layers), "--n-head", "8",
+               "--block-size", "64", "--per-device-train-batch-size", "1", "--zero-stage", str(stage),
+               "--max-steps", str(steps or args.steps), "--logging-steps", "1", "--eval-strategy", "no",
+               "--save-strategy", "steps", "--save-steps", str(steps or args.steps), "--train-limit", "400",
+               "--disable-tqdm", "--output-dir", out, "--save-in-background=false"]
+    procs = []
+    for m in range(cluster.n):
+        argv = [f"{args.build}/tools/lockstep", "run", "--nnodes", str(cluster.n), "--node-rank", str(m),
+                "--nproc-per-node", "2", "--master-addr", cluster.address(0), "--master-port", str(PORT)] + program
+        argv = cluster.on(m, argv)
+        if cgroups:
+            argv = cgroups[m].around(argv)
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [p.communicate(timeout=3600)[0] for p in procs]
+    ok = all(p.returncode == 0 for p in procs)
+    oom = any("ran out of memory" in o for o in outputs)
+    return ok, oom, outputs[0]
+
+
+def largest(cluster, args, stage, cgroups, tmp):
+    lo, hi, report = 0, args.max_layers + 1, []  # lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, oom, text = job(cluster, args, stage, mid, os.path.join(tmp, f"s{stage}-l{mid}"), cgroups)
+        report.append((mid, "trained" if ok else ("out of memory" if oom else "failed")))
+        print(f"stage {stage}, {mid} layers: {report[-1][1]}", flush=True)
+        if not ok and not oom:
+            raise SystemExit(text[-3000:])
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo, report
+
+
+def throughput(cluster, args, stage, tmp):
+    _, _, text = job(cluster, args, stage, args.throughput_layers, os.path.join(tmp, f"t{stage}"), None, steps=12)
+    metrics = os.path.join(tmp, f"t{stage}", "metrics.jsonl")
+    logs = [json.loads(l) for l in open(metrics) if '"event": "log"' in l or '"event":"log"' in l]
+    steps = sorted(l["step_seconds"] for l in logs[3:])
+    return steps[len(steps) // 2]
+
+
+def parameters(layers, n_embd):
+    return 12 * layers * n_embd * n_embd + 13 * layers * n_embd + (256 + 64) * n_embd + 2 * n_embd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--cap", default="2g")
+    ap.add_argument("--n-embd", type=int, default=512)
+    ap.add_argument("--max-layers", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rates", default="10gbit,1gbit")
+    ap.add_argument("--throughput-layers", type=int, default=8)
+    ap.add_argument("--parts", default="largest,throughput")
+    ap.add_argument("--out", default=os.path.join(HERE, "ZERO3.md"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("compare_zero3.py makes namespaces and cgroups: run it as root")
+    lines = ["# ZeRO stage 3 against stage 2, 2 machines x 2 workers", "",
+             f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by both machines, commit "
+             f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; the GPT {args.n_embd} wide, 64 "
+             "tokens of context, batch 1 per worker, AdamW; one intra-op and one BLAS thread per worker.",
+             f"Command: `sudo /usr/bin/python3 bench/compare_zero3.py {' '.join(sys.argv[1:])}`", ""]
+    with tempfile.TemporaryDirectory(prefix="lockstep-zero3-", dir="/var/tmp") as tmp:
+        if "largest" in args.parts:
+            cap = parse_bytes(args.cap)
+            cluster = Cluster(2, "10gbit")
+            cgroups = [MemoryCgroup(f"lockstep-bench-{os.getpid()}-m{m}", cap) for m in range(2)]
+            try:
+                found = {s: largest(cluster, args, s, cgroups, tmp) for s in (2, 3)}
+            finally:
+                cluster.close()
+                for g in cgroups:
+                    g.close()
+            lines += [f"## The largest GPT that trains {args.steps} steps and saves, each machine capped at {args.cap}", "",
+                      "| stage | layers | parameters | tries (layers: outcome) |", "|---|---|---|---|"]
+            for s, (layers, tries) in found.items():
+                lines.append(f"| {s} | {layers} | {parameters(layers, args.n_embd) / 1e6:.1f} M | "
+                             + ", ".join(f"{l}: {o}" for l, o in tries) + " |")
+            two, three = (parameters(found[s][0], args.n_embd) for s in (2, 3))
+            lines += ["", f"Stage 3 trains a model {three / two:.2f}x the parameters of stage 2's largest.", ""]
+        if "throughput" in args.parts:
+            lines += [f"## Throughput, the GPT at {args.throughput_layers} layers "
+                      f"({parameters(args.throughput_layers, args.n_embd) / 1e6:.1f} M parameters), no cap", "",
+                      "| link | stage 2 step | stage 3 step | stage 3 / stage 2 throughput |", "|---|---|---|---|"]
+            for rate in args.rates.split(","):
+                cluster = Cluster(2, rate)
+                try:
+                    t2, t3 = throughput(cluster, args, 2, tmp), throughput(cluster, args, 3, tmp)
+                finally:
+                    cluster.close()
+                lines.append(f"| {rate} | {t2 * 1e3:.0f} ms | {t3 * 1e3:.0f} ms | {t2 / t3:.2f}x |")
+                print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
