@@ -492,6 +492,55 @@ void ZeroOptimizer::release_all(bool keep_values) {
     impl_->units->release_all();
 }
 
+void ZeroOptimizer::visit_parameters(const std::function<void(const torch::Tensor&)>& visit) {
+  auto& s = *impl_;
+  std::map<const void*, int> bucket_of;
+  for (std::size_t b = 0; b < s.buckets.size(); ++b)
+    for (const auto& p : s.buckets[b].params) bucket_of[p.unsafeGetTensorImpl()] = int(b);
+  int held = -1;  // the unit gathered for the parameters being visited
+  for (const auto& p : s.module.parameters()) {
+    if (!p.requires_grad()) continue;
+    if (s.stage3()) {
+      const int b = bucket_of.at(p.unsafeGetTensorImpl());
+      if (b != held) {
+        s.units->release_unit(held);  // never the root: it is held until the end
+        s.units->gather(b);
+        held = b;
+      }
+    }
+    visit(p);
+  }
+  if (s.stage3()) s.units->release_all();
+}
+
+void ZeroOptimizer::load_slices(const RangeReader& read, const std::vector<std::string>& state, std::int64_t step) {
+  auto& s = *impl_;
+  if (!s.stage3()) throw ConfigError("ZeroOptimizer::load_slices: only stage 3 keeps nothing but its slices");
+  std::map<const void*, int> place;  // trainable parameter -> its place in module.parameters()
+  for (const auto& p : s.module.parameters())
+    if (p.requires_grad()) place.emplace(p.unsafeGetTensorImpl(), int(place.size()));
+  torch::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < s.buckets.size(); ++b) {
+    const std::int64_t lo = s.my_offset(b), hi = lo + s.slice_length(b);
+    auto& shard = s.shards[b];
+    ParamState st{step, {}};
+    for (const auto& name : state) st.tensors[name] = torch::zeros_like(shard);
+    const auto esize = std::int64_t(shard.element_size());
+    for (std::size_t k = 0; k < s.buckets[b].params.size(); ++k) {
+      const auto& p = s.buckets[b].params[k];
+      const std::int64_t p_lo = s.buckets[b].offsets[k], p_hi = p_lo + p.numel();
+      const std::int64_t from = std::max(lo, p_lo), to = std::min(hi, p_hi);
+      if (from >= to) continue;
+      const int at = place.at(p.unsafeGetTensorImpl());
+      auto into = [&](const torch::Tensor& t) { return static_cast<char*>(t.data_ptr()) + (from - lo) * esize; };
+      read(at, "value", from - p_lo, to - from, into(shard));
+      for (auto& [name, t] : st.tensors) read(at, name, from - p_lo, to - from, into(t));
+    }
+    if (!state.empty()) s.optimizer->state()[key_of(shard)] = make_state(s.kind, st);
+  }
+  s.units->release_all();
+}
+
 ZeroMemory ZeroOptimizer::memory() const {
   auto& s = *impl_;
   ZeroMemory m;

@@ -142,6 +142,10 @@ void ParameterUnits::release(int b) {
   gathered_bytes_ -= bytes_of(b);
 }
 
+void ParameterUnits::release_unit(int b) {
+  if (b != root_) release(b);
+}
+
 void ParameterUnits::gather_all() {
   for (std::size_t b = 0; b < flat_.size(); ++b) prefetch(int(b));
   for (std::size_t b = 0; b < flat_.size(); ++b) finish(int(b));

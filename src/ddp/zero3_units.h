@@ -63,6 +63,7 @@ class ParameterUnits {
   void gather(int bucket);
   void prefetch(int bucket);
   void release(int bucket);
+  void release_unit(int bucket);  // release, unless it is the root (held for a whole step)
   void gather_all();
   void release_all();
   // After the parameters were written whole (a load): their slices into the shards.

@@ -191,11 +191,11 @@ std::vector<std::pair<CheckpointTensor, torch::Tensor>> read_sharded_values(cons
   return out;
 }
 
-nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
-                            torch::optim::Optimizer* optimizer) {
-  torch::NoGradGuard no_grad;
-  ShardedCheckpointReader reader(dir);
-  const Listed listed = list_tensors(module);
+namespace {
+
+// Where each of the model's tensors is in the checkpoint, after checking that they match: a
+// ConfigError naming the first that is missing, of another shape, or extra.
+std::vector<int> matching_tensors(const ShardedCheckpointReader& reader, const Listed& listed, const std::string& dir) {
   auto fail = [&](const std::string& what) {
     throw ConfigError("checkpoint " + dir + " does not fit this model: " + what +
                       "; load it into the model it was saved from");
@@ -216,6 +216,23 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
     for (const auto& mine : listed.tensors) known |= mine.name == saved.name;
     if (!known) fail("it holds '" + saved.name + "', which the model does not have");
   }
+  return found;
+}
+
+void check_optimizer_kind(const nlohmann::json& record, Kind kind, const std::string& dir) {
+  if (record.value("kind", "") != kind_name(kind))
+    throw ConfigError("checkpoint " + dir + " holds the state of a " + record.value("kind", std::string("?")) +
+                      " optimizer, and this run uses " + kind_name(kind) + ": resume with the same --optim");
+}
+
+}  // namespace
+
+nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
+                            torch::optim::Optimizer* optimizer) {
+  torch::NoGradGuard no_grad;
+  ShardedCheckpointReader reader(dir);
+  const Listed listed = list_tensors(module);
+  const std::vector<int> found = matching_tensors(reader, listed, dir);
   auto read_tensor = [&](int t, const std::string& array) {
     const auto& saved = reader.tensors()[std::size_t(t)];
     auto out = torch::empty(saved.shape, torch::TensorOptions().dtype(scalar_type_of(saved.dtype)));
@@ -233,15 +250,35 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
   const auto state = record.value("state", std::vector<std::string>{});
   if (!optimizer || state.empty()) return record;
   const Kind kind = ddp_detail::kind_of(*optimizer);
-  if (record.value("kind", "") != kind_name(kind))
-    throw ConfigError("checkpoint " + dir + " holds the state of a " +
-                      record.value("kind", std::string("?")) + " optimizer, and this run uses " +
-                      kind_name(kind) + ": resume with the same --optim");
+  check_optimizer_kind(record, kind, dir);
   for (std::size_t i = 0; i < listed.parameters; ++i) {
     ddp_detail::ParamState st{record.value("step", std::int64_t{0}), {}};
     for (const auto& name : state) st.tensors[name] = read_tensor(found[i], name).to(listed.live[i].device());
     optimizer->state()[ddp_detail::key_of(listed.live[i])] = ddp_detail::make_state(kind, st);
   }
+  return record;
+}
+
+
+
+nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero) {
+  torch::NoGradGuard no_grad;
+  ShardedCheckpointReader reader(dir);
+  const Listed listed = list_tensors(module);
+  const std::vector<int> found = matching_tensors(reader, listed, dir);
+  for (std::size_t i = listed.parameters; i < listed.tensors.size(); ++i) {  // the buffers, whole
+    auto whole = torch::empty(listed.live[i].sizes(), listed.live[i].options().device(torch::kCPU));
+    reader.read(found[i], "value", 0, whole.numel(), whole.data_ptr());
+    listed.live[i].copy_(whole);
+  }
+  const nlohmann::json record = reader.extra().value("optimizer", nlohmann::json::object());
+  const auto state = record.value("state", std::vector<std::string>{});
+  if (!state.empty()) check_optimizer_kind(record, ddp_detail::kind_of(zero.shard_optimizer()), dir);
+  zero.load_slices(
+      [&](int parameter, const std::string& array, std::int64_t start, std::int64_t count, void* out) {
+        reader.read(found.at(std::size_t(parameter)), array, start, count, out);
+      },
+      state, record.value("step", std::int64_t{0}));
   return record;
 }
 

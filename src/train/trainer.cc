@@ -338,13 +338,18 @@ namespace {
 // A hash of every parameter's bytes (FNV-1a): equal on every rank exactly when the replicas
 // are bitwise equal, which DDP promises. A check at the end catches what breaks it (an op
 // that is not deterministic, a rank that skipped a step) at the cost of one allgather.
-std::string parameters_fingerprint(const torch::nn::Module& module) {
+std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimizer* zero) {
   std::uint64_t h = 14695981039346656037ull;
-  for (const auto& p : module.parameters()) {
+  auto hash = [&](const torch::Tensor& p) {
     const auto t = p.detach().contiguous().to(torch::kCPU);
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     for (std::size_t i = 0, n = static_cast<std::size_t>(t.nbytes()); i < n; ++i)
       h = (h ^ bytes[i]) * 1099511628211ull;
+  };
+  if (zero) {  // a unit at a time under stage 3 (frozen parameters are not in it: none here)
+    zero->visit_parameters(hash);
+  } else {
+    for (const auto& p : module.parameters()) hash(p);
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
@@ -365,8 +370,7 @@ WholeParameters::~WholeParameters() noexcept(false) {
 
 void Trainer::Impl::check_replicas() {
   if (world() == 1) return;
-  WholeParameters whole(*this, false);
-  const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module));
+  const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr));
   if (rank() != 0) return;
   std::string differ;
   for (int r = 1; r < world(); ++r)

@@ -236,7 +236,11 @@ std::string Trainer::Impl::resume_target() const {
 // The model and the optimizer's state from either format, at any world size and ZeRO stage: each
 // rank reads the whole state and, under ZeRO, keeps its slices.
 void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
-  WholeParameters parameters(*this, true);  // stage 3: loaded whole, then cut into slices
+  if (stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
+    load_sharded_slices(dir, *model.module, *zero);
+    return;
+  }
+  WholeParameters parameters(*this, true);  // stage 3 from consolidated files: loaded whole, then cut
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (zero) whole = make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = zero ? *whole : *optimizer;

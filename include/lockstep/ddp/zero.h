@@ -168,6 +168,17 @@ class ZeroOptimizer {
   // keep_values, the parameters' values (written meanwhile, e.g. by a load) become the slices.
   void gather_all();
   void release_all(bool keep_values);
+  // Collective: calls `visit` with every trainable parameter whole, in module.parameters() order.
+  // Under stage 3 each unit is gathered only while its parameters are visited (the root for the
+  // whole call), so this never needs the whole model's memory; at other stages it just visits.
+  void visit_parameters(const std::function<void(const torch::Tensor&)>& visit);
+  // Stage 3: this rank's slices of the parameters and of the optimizer's per-element `state`
+  // arrays (with Adam's step count `step`), each range read through `read(parameter, array, start,
+  // count, out)`: `parameter` its place among the trainable parameters in module.parameters()
+  // order, `out` room for `count` elements of its dtype. Nothing outside the slices is read.
+  using RangeReader = std::function<void(int parameter, const std::string& array, std::int64_t start,
+                                         std::int64_t count, void* out)>;
+  void load_slices(const RangeReader& read, const std::vector<std::string>& state, std::int64_t step);
 
   // Elastic jobs (ddp/zero_elastic.h drives these). After a collective failed: keeps what an
   // update would need (the gradients, copied out of the reducer's buckets), so the reducer and the

@@ -53,6 +53,10 @@ ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer
 nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
                             torch::optim::Optimizer* optimizer);
 
+// Under ZeRO stage 3: the buffers into the module and this rank's slices into `zero`, reading
+// nothing else (a model that barely fits its machines resumes without the whole state anywhere).
+nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero);
+
 // Every tensor's values, by name (what `lockstep checkpoint consolidate` writes as model.pt).
 std::vector<std::pair<CheckpointTensor, torch::Tensor>> read_sharded_values(const std::string& dir);
 
