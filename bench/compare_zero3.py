@@ -70,7 +70,7 @@ def job(cluster, args, stage, layers, out, cgroups=None, steps=None):
 
 
 def largest(cluster, args, stage, cgroups, tmp):
-    lo, hi, report = 0, args.max_layers + 1, []  # lo fits, hi does not
+    lo, hi, report = args.min_layers, args.max_layers + 1, []  # lo fits, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
         ok, oom, text = job(cluster, args, stage, mid, os.path.join(tmp, f"s{stage}-l{mid}"), cgroups)
@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--rates", default="10gbit,1gbit")
     ap.add_argument("--throughput-layers", type=int, default=8)
     ap.add_argument("--parts", default="largest,throughput")
+    ap.add_argument("--min-layers", type=int, default=0, help="the search starts knowing this many fit")
     ap.add_argument("--out", default=os.path.join(HERE, "ZERO3.md"))
     args = ap.parse_args()
     if os.geteuid() != 0:
