@@ -35,6 +35,9 @@ struct Collective {
   // allreduce (f32, sum or avg) only: what crosses between machines (comm/codec.h). Backends
   // that reduce inside one machine, and mpi, reduce exactly and ignore it.
   std::shared_ptr<const Codec> codec;
+  // allgather only: recv is machine memory (Communicator::allocate_machine_memory), filled once
+  // per machine by its ranks together. Backends without machine memory treat it as allgather.
+  bool machine_memory = false;
 
   // "allreduce #12 (f32 x 1000, sum)": used in every error message.
   std::string describe() const;
@@ -64,6 +67,10 @@ class Backend {
   virtual void on_stall(const Collective& /*c*/, Seconds /*running*/) {}
   virtual bool shares_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
+  // One block per machine that every rank of the machine maps (Communicator::
+  // allocate_machine_memory), or nullptr on every rank. Caller's thread, like allocate_shared;
+  // throws SystemError when /dev/shm cannot hold it.
+  virtual std::shared_ptr<void> allocate_machine_memory(std::size_t /*bytes*/) { return nullptr; }
 };
 
 // The shm backend as the hier backend uses it inside a machine: besides the collectives, the
@@ -79,6 +86,11 @@ class LocalBackend : public Backend {
   // of every rank's buffer into its own, `between` runs on it, then the share is copied into
   // every peer's buffer.
   virtual void allreduce_shared_around(const Collective& c, const ShareStep& between) = 0;
+  // c is an allgather into machine memory (c.recv in a block from allocate_machine_memory, at
+  // the same place on every rank of the machine): once every rank of the machine has issued it,
+  // `write` runs, then once every rank's `write` is done, it returns. What each rank writes is
+  // the caller's business (hier: the chunks its group gathered across machines).
+  virtual void fenced_machine_write(const Collective& c, const std::function<void()>& write) = 0;
 };
 
 struct BackendContext {

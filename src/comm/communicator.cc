@@ -11,6 +11,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -302,6 +304,19 @@ WorkPtr Communicator::allgather(const void* send, void* recv, std::size_t count,
   return enqueue(c);
 }
 
+WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_t count, DType dtype) {
+  require_buffer(send, count, "send buffer", "allgather_machine");
+  require_buffer(recv, count, "recv buffer", "allgather_machine");
+  Collective c;
+  c.kind = CollectiveKind::allgather;
+  c.send = send;
+  c.recv = recv;
+  c.count = count;
+  c.dtype = dtype;
+  c.machine_memory = size_ > 1;  // one rank: its own memory is its machine's
+  return enqueue(c);
+}
+
 WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                      ReduceOp op) {
   require_buffer(send, count, "send buffer", "reduce_scatter");
@@ -319,6 +334,26 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t c
 
 WorkPtr Communicator::barrier() {
   return enqueue(Collective{});
+}
+
+std::shared_ptr<void> Communicator::allocate_machine_memory(std::size_t bytes) {
+  if (size_ == 1) return std::shared_ptr<void>(std::calloc(std::max<std::size_t>(bytes, 1), 1), std::free);
+  std::shared_ptr<void> memory;
+  std::string failure;
+  try {
+    memory = backend_->allocate_machine_memory(bytes);
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  // All or none: a rank that could not map its machine's block fails every rank, by name.
+  std::int32_t state = !failure.empty() ? 0 : memory ? 2 : 1;
+  std::int32_t least = state;
+  allreduce(&state, &least, 1, DType::i32, ReduceOp::min)->wait();
+  if (least == 0)
+    throw SystemError(failure.empty() ? "machine memory of " + std::to_string(bytes) +
+                                            " bytes could not be made on another rank (see its message)"
+                                      : failure);
+  return least == 2 ? memory : nullptr;
 }
 
 std::shared_ptr<void> Communicator::allocate_shared(std::size_t bytes) {

@@ -158,6 +158,7 @@ std::string describe_fields(CollectiveKind kind, std::size_t count, DType dtype,
 std::string Collective::describe() const {
   std::string text = describe_fields(kind, count, dtype, op, root);
   if (codec) text.insert(text.size() - 1, ", compressed between machines");
+  if (machine_memory && kind == CollectiveKind::allgather) text.insert(text.size() - 1, ", into machine memory");
   return text + " #" + std::to_string(sequence);
 }
 
@@ -168,6 +169,7 @@ std::uint64_t Collective::signature() const {
   s |= static_cast<std::uint64_t>(dtype) << 43;
   s |= static_cast<std::uint64_t>(reduces ? static_cast<int>(op) : 0) << 46;  // 3 bits
   s |= static_cast<std::uint64_t>(kind == CollectiveKind::broadcast ? root & 0x3fff : 0) << 49;
+  s |= static_cast<std::uint64_t>(kind == CollectiveKind::allgather && machine_memory ? 1 : 0) << 49;
   s |= static_cast<std::uint64_t>(codec ? 1 : 0) << 63;
   return s;
 }
@@ -178,6 +180,8 @@ std::string describe_signature(std::uint64_t s) {
                                      static_cast<DType>((s >> 43) & 7), static_cast<ReduceOp>((s >> 46) & 7),
                                      static_cast<int>((s >> 49) & 0x3fff));
   if (s >> 63) text.insert(text.size() - 1, ", compressed between machines");
+  if (static_cast<CollectiveKind>((s >> 40) & 7) == CollectiveKind::allgather && ((s >> 49) & 1))
+    text.insert(text.size() - 1, ", into machine memory");
   return text;
 }
 

@@ -118,6 +118,24 @@ class Communicator {
   // stays valid while the returned pointer (or a copy) lives, even after the communicator.
   std::shared_ptr<void> allocate_shared(std::size_t bytes);
 
+  // Machine memory: one block per machine that every rank on it maps (the same bytes for all of
+  // them), so that data every rank of a machine reads (ZeRO-3's gathered parameters) is held
+  // once per machine. Collective: all ranks call it in the same order with the same size; every
+  // rank gets a block, or every rank nullptr when the backend has none (gloo and mpi, which do not
+  // know who shares a machine; hier when the machines hold unequal numbers of ranks). SystemError,
+  // on every rank, when /dev/shm cannot hold it. Zeros at first; stays mapped while the pointer
+  // (or a copy) lives.
+  std::shared_ptr<void> allocate_machine_memory(std::size_t bytes);
+  // allgather into machine memory: recv is the same place of a block from
+  // allocate_machine_memory on every rank of a machine, and the machine's ranks fill it together
+  // (on hier each rank gathers its share across machines and writes it once; on shm each writes
+  // its own chunk): every element is written once per machine, not once per rank. Two promises
+  // make the block safe to reuse: nobody writes until every rank of the machine has issued this
+  // call (so a rank that stopped reading before issuing it is never overwritten), and the Work is
+  // done only once the whole block is written on the machine. Ranks that pass different places
+  // get a MismatchError. Where allocate_machine_memory gives nullptr this is an allgather.
+  WorkPtr allgather_machine(const void* send, void* recv, std::size_t count, DType dtype);
+
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
   // Safe to call from any thread, also while collectives run.

@@ -20,6 +20,11 @@
 // reduce_scatter: inside the machine, local rank l gets the partial sums of the M blocks whose
 //   owners have index l; across machines, a reduce-scatter of those gives each rank its block.
 // barrier: inside, across, inside.
+// allgather into machine memory (one block per machine): each rank gathers its chunk across
+//   machines in its index group, into scratch of M chunks; then, once every rank of the machine
+//   has issued the call, each writes those M chunks into the block: every chunk crosses the
+//   network once per machine and is written once per machine, where a plain allgather writes the
+//   whole result once per rank.
 //
 // Machines with unequal numbers of ranks (say 2 and 1): only the first S local indices have a
 // group across machines, S being the fewest ranks any machine holds. allreduce: the whole buffer
@@ -119,12 +124,19 @@ class HierBackend final : public Backend {
   std::shared_ptr<void> allocate_shared(std::size_t bytes) override {
     return local_backend_->allocate_shared(bytes);
   }
+  // Only where every machine holds the same number of ranks: allgather_machine's chunks are laid
+  // out by index group.
+  std::shared_ptr<void> allocate_machine_memory(std::size_t bytes) override {
+    return uniform_ ? local_backend_->allocate_machine_memory(bytes) : nullptr;
+  }
 
   void run(const Collective& c) override {
     switch (c.kind) {
       case CollectiveKind::allreduce: return uniform_ ? allreduce(c) : allreduce_uneven(c);
       case CollectiveKind::broadcast: return broadcast(c);
-      case CollectiveKind::allgather: return uniform_ ? allgather(c) : allgather_uneven(c);
+      case CollectiveKind::allgather:
+        if (c.machine_memory && uniform_) return allgather_machine(c);
+        return uniform_ ? allgather(c) : allgather_uneven(plain_allgather(c));
       case CollectiveKind::reduce_scatter: return uniform_ ? reduce_scatter(c) : reduce_scatter_uneven(c);
       case CollectiveKind::barrier:
         inside(c);
@@ -177,6 +189,37 @@ class HierBackend final : public Backend {
   char* scratch(std::vector<char>& buffer, std::size_t bytes) {
     if (buffer.size() < bytes) buffer.resize(bytes);
     return buffer.data();
+  }
+
+  // Unequal machines have no machine memory: allgather_machine is an allgather there.
+  static Collective plain_allgather(Collective c) {
+    c.machine_memory = false;
+    return c;
+  }
+
+  void allgather_machine(const Collective& c) {
+    const std::size_t bytes = c.count * dtype_size(c.dtype);
+    char* chunks = scratch(machine_chunks_, bytes * static_cast<std::size_t>(machines()));
+    if (cross_backend_) {
+      Collective step = c;
+      step.machine_memory = false;
+      step.recv = chunks;
+      across(step);
+    } else {
+      std::memcpy(chunks, c.send, bytes);
+    }
+    Collective local = c;
+    local.sequence = next_inside_++;
+    char* block = static_cast<char*>(c.recv);
+    try {
+      local_backend_->fenced_machine_write(local, [&] {
+        for (std::size_t m = 0; m < index_group_.size(); ++m)
+          std::memcpy(block + static_cast<std::size_t>(index_group_[m]) * bytes, chunks + m * bytes, bytes);
+      });
+    } catch (const Error& e) {
+      rethrow_with(
+          e, "inside machine " + std::to_string(machine_) + " (global ranks " + list(machine_ranks_) + ")");
+    }
   }
 
   // avg as a sum everywhere, then one division over the world, on this rank's shard only.
@@ -460,6 +503,7 @@ class HierBackend final : public Backend {
   std::unique_ptr<Backend> cross_backend_;  // null on a single machine
   std::uint64_t next_inside_ = 0, next_across_ = 0;
   std::vector<char> padded_in_, padded_out_, shard_;  // scratch, kept between collectives
+  std::vector<char> machine_chunks_;  // allgather_machine: the chunks gathered across machines
 };
 
 }  // namespace

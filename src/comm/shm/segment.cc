@@ -36,7 +36,6 @@ std::string segment_name(const std::string& what) {
   return "/lockstep-" + std::to_string(::getpid()) + "-" + what + "-" + wire::hex(wire::random_bytes(8));
 }
 
-
 Mapping create_segment(const std::string& name, std::size_t bytes) {
   bytes = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -51,6 +50,20 @@ Mapping create_segment(const std::string& name, std::size_t bytes) {
     ::shm_unlink(name.c_str());
     return failed(step, error);
   }
+  return Mapping{base, bytes, 0, ""};
+}
+
+Mapping open_or_create_segment(const std::string& name, std::size_t bytes) {
+  bytes = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return failed("open", errno);
+  int error = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;  // the same size: no change
+  if (!error) error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* base = error ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const char* step = error ? "reserve" : "map";
+  if (!error && base == MAP_FAILED) error = errno;
+  ::close(fd);
+  if (error) return failed(step, error);
   return Mapping{base, bytes, 0, ""};
 }
 

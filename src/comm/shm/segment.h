@@ -28,6 +28,9 @@ struct Mapping {
 // Creates the object, reserves `bytes` (rounded up to a page) and maps it. On failure returns an
 // empty Mapping saying which step failed, with nothing left behind.
 Mapping create_segment(const std::string& name, std::size_t bytes);
+// The object `name`, made by whichever caller comes first, sized and reserved by each (all pass
+// the same `bytes`), and mapped: ranks that share an object this way never wait for each other.
+Mapping open_or_create_segment(const std::string& name, std::size_t bytes);
 // Maps an existing object; `bytes` 0 takes its size from the object.
 Mapping open_segment(const std::string& name, std::size_t bytes = 0);
 // The failure as a sentence: what, which object, how big, errno's text, and what to check.

@@ -45,6 +45,9 @@
 //     chunks straight out of their buffers (allgather) or reduces its block straight out of
 //     every rank's buffer (reduce_scatter); barrier. No staging: ZeRO's gathers and
 //     reduce-scatters cost what the shared allreduce does.
+//   allgather into machine memory (one block all ranks map, shm/machine_blocks.h): barrier (every
+//     rank issued it, so nobody still reads the block's old contents); each rank writes its own
+//     chunk; barrier. Each chunk is written once, into the one copy.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -65,6 +68,7 @@
 #include "backend.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
+#include "shm/machine_blocks.h"
 #include "shm/reduce.h"
 #include "shm/segment.h"
 #include "shm/shm_buffers.h"
@@ -150,6 +154,7 @@ class ShmBackend final : public LocalBackend {
     base_ = static_cast<char*>(mapped.base);
     own_.emplace(name, rank_);
     peers_.emplace(name);
+    machine_.emplace(name, rank_);
     header_ = reinterpret_cast<Header*>(base_);
     controls_ = reinterpret_cast<RankControl*>(base_ + sizeof(Header));
     slots_ = base_ + header_bytes;
@@ -206,6 +211,19 @@ class ShmBackend final : public LocalBackend {
     }
   }
   std::shared_ptr<void> allocate_shared(std::size_t bytes) override { return own_->allocate(bytes); }
+  std::shared_ptr<void> allocate_machine_memory(std::size_t bytes) override { return machine_->allocate(bytes); }
+
+  void fenced_machine_write(const Collective& c, const std::function<void()>& write) override {
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+    try {
+      fenced(c, write);
+    } catch (const Error& e) {
+      int expected = -1;
+      if (header_->abort_rank.compare_exchange_strong(expected, rank_))
+        std::snprintf(header_->abort_reason, sizeof header_->abort_reason, "%s", e.what());
+      throw;
+    }
+  }
 
   const std::string& name() const override {
     static const std::string kName = "shm";
@@ -396,6 +414,8 @@ class ShmBackend final : public LocalBackend {
       }
       case CollectiveKind::broadcast: return broadcast(c);
       case CollectiveKind::allgather:
+        if (c.machine_memory) return allgather_machine(c);
+        [[fallthrough]];
       case CollectiveKind::reduce_scatter: {
         const auto shared = publish_shared_scatter(c);
         if (!shared) return c.kind == CollectiveKind::allgather ? allgather(c) : reduce_scatter(c);
@@ -537,6 +557,37 @@ class ShmBackend final : public LocalBackend {
                     bufs[static_cast<std::size_t>(r)] + static_cast<std::size_t>(r) * bytes, bytes);
     barrier(c);  // peers no longer read this rank's chunk
     own_->mapped_by_all(id);
+    ++round_;
+  }
+
+  void allgather_machine(const Collective& c) {
+    const std::size_t bytes = c.count * dtype_size(c.dtype);
+    fenced(c, [&] { std::memcpy(static_cast<char*>(c.recv) + static_cast<std::size_t>(rank_) * bytes, c.send, bytes); });
+  }
+
+  // Between two barriers, `write` into the machine block at c.recv, once the ranks agree that it
+  // is the same place of the same block.
+  void fenced(const Collective& c, const std::function<void()>& write) {
+    const auto place = machine_->find(c.recv);
+    if (!place)
+      throw ConfigError("shm: " + c.describe() + " on rank " + std::to_string(global(rank_)) +
+                        ": recv is not memory from allocate_machine_memory");
+    const int parity = static_cast<int>(c.sequence & 1);
+    control(rank_).shared_id[parity] = place->id + 1;
+    control(rank_).shared_offset[parity] = place->offset;
+    begin(c);
+    for (int r = 0; r < size_; ++r)
+      if (control(r).shared_id[parity] != place->id + 1 || control(r).shared_offset[parity] != place->offset)
+        throw MismatchError("shm: " + c.describe() + ": rank " + std::to_string(global(r)) +
+                            " writes another place of the machine's memory (block " +
+                            std::to_string(control(r).shared_id[parity] - 1) + ", byte " +
+                            std::to_string(control(r).shared_offset[parity]) + ") than rank " +
+                            std::to_string(global(rank_)) + " (block " + std::to_string(place->id) + ", byte " +
+                            std::to_string(place->offset) + "): the ranks of a machine must take their memory in "
+                                                            "the same order");
+    if (rank_ == 0) machine_->used_by_all(place->id);
+    write();
+    barrier(c);  // the whole block is written
     ++round_;
   }
 
@@ -685,6 +736,7 @@ class ShmBackend final : public LocalBackend {
   Clock::time_point deadline_;
   std::optional<shm::OwnBuffers> own_;     // this rank's shared buffers
   std::optional<shm::PeerBuffers> peers_;  // peers' shared buffers, mapped on first use
+  std::optional<shm::MachineBlocks> machine_;  // blocks every rank maps (machine memory)
 };
 
 }  // namespace

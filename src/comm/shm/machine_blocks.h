@@ -1,0 +1,51 @@
+// Machine memory on the shm backend (Communicator::allocate_machine_memory): blocks that every
+// rank of the segment maps at once, so data every rank of a machine reads is held there once.
+//
+// The k-th allocation of every rank is one POSIX shared-memory object, "<segment>-machine-<k>":
+// whichever rank comes first makes it, each sizes and reserves it (the same size, so the others'
+// calls change nothing), and nobody waits for anybody. Collectives find a block by address to
+// check that the ranks of a machine name the same place of the same block. Rank 0 unlinks a
+// block's name the first time a collective uses it (every rank mapped it before issuing that
+// collective), or when the registry goes; a worker killed before that leaves a name the launcher
+// removes (it starts with the segment's, which names rank 0's pid).
+//
+// Threading: allocate() on the caller's thread, the rest on the progress thread; one mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace lockstep::comm::shm {
+
+class MachineBlocks {
+ public:
+  MachineBlocks(std::string segment, int rank);
+  ~MachineBlocks();
+  MachineBlocks(const MachineBlocks&) = delete;
+  MachineBlocks& operator=(const MachineBlocks&) = delete;
+
+  // The next block (zeros), mapped until the last copy of the pointer goes. SystemError naming
+  // the size and /dev/shm's free space when it cannot be made.
+  std::shared_ptr<void> allocate(std::size_t bytes);
+
+  struct Place {
+    std::uint64_t id;
+    std::size_t offset;  // bytes from the block's start
+  };
+  // The block holding address p, if any.
+  std::optional<Place> find(const void* p) const;
+  // Every rank has mapped block `id` (rank 0 unlinks its name).
+  void used_by_all(std::uint64_t id);
+
+ private:
+  struct State;
+  std::string segment_;
+  int rank_;
+  std::uint64_t next_id_ = 0;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace lockstep::comm::shm
