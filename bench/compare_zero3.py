@@ -1,15 +1,16 @@
 #!/usr/bin/python3
-"""ZeRO stage 3 against stage 2 on 2 machines x 2 workers (network namespaces), each machine's
-processes in a memory cgroup of --cap: the largest GPT each trains (--steps steps, then a sharded
-checkpoint) before the kernel's OOM killer ends it; and the throughput of both on one GPT at
---rates (no cap). Needs root (namespaces, cgroups).
+"""ZeRO stage 3 (plain, and with one copy of the gathered units per machine: "3-hybrid") against
+stage 2 on 2 machines x 2 workers (network namespaces), each machine's processes in a memory
+cgroup of --cap: the largest GPT each trains (--steps steps, then a sharded checkpoint) before the
+kernel's OOM killer ends it; and the throughput of each on one GPT at --rates (no cap). Needs root
+(namespaces, cgroups).
 
 Largest: the GPT is --n-embd wide (default 512) with as many layers as fit; a binary search over
 the layer count per stage, each try a whole job (exit 0, or killed for memory). Each layer is
 3.1 M parameters at width 512: 12.6 MB of float32, 50 MB with its gradient and AdamW's moments.
 
-    sudo /usr/bin/python3 bench/compare_zero3.py [--build build] [--cap 2g] [--max-layers 64]
-        [--rates 10gbit,1gbit] [--throughput-layers 8] [--out bench/ZERO3.md]
+    sudo /usr/bin/python3 bench/compare_zero3.py [--build build] [--cap 2g] [--min-layers 0] [--max-layers 64]
+        [--variants 2,3,3-hybrid] [--rates 10gbit,1gbit] [--throughput-layers 8] [--out bench/ZERO3.md]
 """
 import argparse
 import datetime
@@ -48,12 +49,18 @@ class MemoryCgroup:
             pass
 
 
-def job(cluster, args, stage, layers, out, cgroups=None, steps=None):
+def stage_flags(variant):
+    """"2" -> --zero-stage 2; "3-hybrid" -> --zero-stage 3 --zero-shared-parameters."""
+    stage, _, mode = variant.partition("-")
+    return ["--zero-stage", stage] + (["--zero-shared-parameters"] if mode == "hybrid" else [])
+
+
+def job(cluster, args, variant, layers, out, cgroups=None, steps=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LOCKSTEP_TOKEN="bench-token")
     program = [f"{args.build}/examples/gpt", "--n-embd", str(args.n_embd), "--n-layer", str(layers), "--n-head", "8",
-               "--block-size", "64", "--per-device-train-batch-size", "1", "--zero-stage", str(stage),
+               "--block-size", "64", "--per-device-train-batch-size", "1", *stage_flags(variant),
                "--max-steps", str(steps or args.steps), "--logging-steps", "1", "--eval-strategy", "no",
-               "--save-strategy", "steps", "--save-steps", str(steps or args.steps), "--train-limit", "400",
+               "--save-strategy", "steps", "--save-steps", str(steps or args.steps), "--train-limit", "400", "--eval-limit", "8",
                "--disable-tqdm", "--output-dir", out, "--save-in-background=false"]
     procs = []
     for m in range(cluster.n):
@@ -69,22 +76,25 @@ def job(cluster, args, stage, layers, out, cgroups=None, steps=None):
     return ok, oom, outputs[0]
 
 
-def largest(cluster, args, stage, cgroups, tmp):
+def largest(cluster, args, variant, cgroups, tmp):
     lo, hi, report = args.min_layers, args.max_layers + 1, []  # lo fits, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ok, oom, text = job(cluster, args, stage, mid, os.path.join(tmp, f"s{stage}-l{mid}"), cgroups)
+        ok, oom, text = job(cluster, args, variant, mid, os.path.join(tmp, f"s{variant}-l{mid}"), cgroups)
         report.append((mid, "trained" if ok else ("out of memory" if oom else "failed")))
-        print(f"stage {stage}, {mid} layers: {report[-1][1]}", flush=True)
+        print(f"stage {variant}, {mid} layers: {report[-1][1]}", flush=True)
         if not ok and not oom:
             raise SystemExit(text[-3000:])
         lo, hi = (mid, hi) if ok else (lo, mid)
     return lo, report
 
 
-def throughput(cluster, args, stage, tmp):
-    _, _, text = job(cluster, args, stage, args.throughput_layers, os.path.join(tmp, f"t{stage}"), None, steps=12)
-    metrics = os.path.join(tmp, f"t{stage}", "metrics.jsonl")
+def throughput(cluster, args, variant, tmp):
+    out = os.path.join(tmp, f"t{variant}-{len(os.listdir(tmp))}")
+    ok, _, text = job(cluster, args, variant, args.throughput_layers, out, None, steps=12)
+    if not ok:
+        raise SystemExit(text[-3000:])
+    metrics = os.path.join(out, "metrics.jsonl")
     logs = [json.loads(l) for l in open(metrics) if '"event": "log"' in l or '"event":"log"' in l]
     steps = sorted(l["step_seconds"] for l in logs[3:])
     return steps[len(steps) // 2]
@@ -105,8 +115,11 @@ def main():
     ap.add_argument("--throughput-layers", type=int, default=8)
     ap.add_argument("--parts", default="largest,throughput")
     ap.add_argument("--min-layers", type=int, default=0, help="the search starts knowing this many fit")
+    ap.add_argument("--variants", default="2,3,3-hybrid", help="stage 2, stage 3, stage 3 with one copy per machine")
+    ap.add_argument("--repeat", type=int, default=2, help="throughput: interleaved runs of each, best kept")
     ap.add_argument("--out", default=os.path.join(HERE, "ZERO3.md"))
     args = ap.parse_args()
+    variants = args.variants.split(",")
     if os.geteuid() != 0:
         raise SystemExit("compare_zero3.py makes namespaces and cgroups: run it as root")
     lines = ["# ZeRO stage 3 against stage 2, 2 machines x 2 workers", "",
@@ -120,7 +133,7 @@ def main():
             cluster = Cluster(2, "10gbit")
             cgroups = [MemoryCgroup(f"lockstep-bench-{os.getpid()}-m{m}", cap) for m in range(2)]
             try:
-                found = {s: largest(cluster, args, s, cgroups, tmp) for s in (2, 3)}
+                found = {v: largest(cluster, args, v, cgroups, tmp) for v in variants}
             finally:
                 cluster.close()
                 for g in cgroups:
@@ -130,19 +143,33 @@ def main():
             for s, (layers, tries) in found.items():
                 lines.append(f"| {s} | {layers} | {parameters(layers, args.n_embd) / 1e6:.1f} M | "
                              + ", ".join(f"{l}: {o}" for l, o in tries) + " |")
-            two, three = (parameters(found[s][0], args.n_embd) for s in (2, 3))
-            lines += ["", f"Stage 3 trains a model {three / two:.2f}x the parameters of stage 2's largest.", ""]
+            lines.append("")
+            if "2" in found:
+                two = parameters(found["2"][0], args.n_embd)
+                for v in variants:
+                    if v != "2":
+                        lines.append(f"Stage {v} trains a model {parameters(found[v][0], args.n_embd) / two:.2f}x the "
+                                     "parameters of stage 2's largest.")
+                lines.append("")
         if "throughput" in args.parts:
             lines += [f"## Throughput, the GPT at {args.throughput_layers} layers "
                       f"({parameters(args.throughput_layers, args.n_embd) / 1e6:.1f} M parameters), no cap", "",
-                      "| link | stage 2 step | stage 3 step | stage 3 / stage 2 throughput |", "|---|---|---|---|"]
+                      "| link | " + " | ".join(f"stage {v} step" for v in variants) + " | " +
+                      " | ".join(f"{v} / 2 throughput" for v in variants if v != "2") + " |",
+                      "|---|" + "---|" * (2 * len(variants) - 1)]
             for rate in args.rates.split(","):
                 cluster = Cluster(2, rate)
                 try:
-                    t2, t3 = throughput(cluster, args, 2, tmp), throughput(cluster, args, 3, tmp)
+                    # interleaved, best of --repeat: noise only ever adds time
+                    steps = {v: [] for v in variants}
+                    for _ in range(args.repeat):
+                        for v in variants:
+                            steps[v].append(throughput(cluster, args, v, tmp))
+                    t = {v: min(steps[v]) for v in variants}
                 finally:
                     cluster.close()
-                lines.append(f"| {rate} | {t2 * 1e3:.0f} ms | {t3 * 1e3:.0f} ms | {t2 / t3:.2f}x |")
+                lines.append(f"| {rate} | " + " | ".join(f"{t[v] * 1e3:.0f} ms" for v in variants) + " | " +
+                             " | ".join(f"{t['2'] / t[v]:.2f}x" for v in variants if v != "2") + " |")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

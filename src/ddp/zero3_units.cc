@@ -55,31 +55,39 @@ void free_storage(const torch::Tensor& flat) {
 // Blocks of memory the units take turns in. Units come and go many times a step; through malloc
 // their freed blocks stay in its heap, fragmented by everything allocated in between (the
 // launcher asks glibc to keep freed memory for reuse), and the process grew by half the model
-// here. The pool holds as many blocks as were ever gathered at once, no more, mapped apart.
+// here. The pool holds as many blocks as were ever gathered at once, no more, mapped apart (or,
+// for the hybrid, in machine memory: a collective, but only while the pool grows, in the first
+// steps).
 void* UnitPool::take(std::size_t bytes) {
   for (std::size_t i = 0; i < free_.size(); ++i)
     if (free_[i].bytes == bytes) {
-      void* p = free_[i].data;
+      void* p = free_[i].memory.get();
       free_.erase(free_.begin() + std::ptrdiff_t(i));
       return p;
     }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  all_.push_back({p, bytes});
-  return p;
+  std::shared_ptr<void> memory;
+  if (comm_) {
+    memory = comm_->allocate_machine_memory(bytes);
+    if (!memory) throw ConfigError("ZeRO stage 3, one copy per machine: the communicator has no machine memory");
+  } else {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    memory = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+  }
+  all_.push_back({memory, bytes});
+  return memory.get();
 }
 
-void UnitPool::give_back(void* data, std::size_t bytes) {
-  free_.push_back({data, bytes});
-}
-
-UnitPool::~UnitPool() {
-  for (const auto& b : all_) ::munmap(b.data, b.bytes);
+void UnitPool::give_back(void* data) {
+  for (const auto& b : all_)
+    if (b.memory.get() == data) return free_.push_back(b);
 }
 
 ParameterUnits::ParameterUnits(comm::Communicator& comm, std::vector<torch::Tensor> flat,
-                               std::vector<torch::Tensor> shards, std::vector<int> bucket_of_unit, int root)
+                               std::vector<torch::Tensor> shards, std::vector<int> bucket_of_unit, int root,
+                               bool one_copy_per_machine)
     : comm_(comm),
+      pool_(one_copy_per_machine ? &comm : nullptr),
       flat_(std::move(flat)),
       shards_(std::move(shards)),
       bucket_of_unit_(std::move(bucket_of_unit)),
@@ -114,8 +122,10 @@ void ParameterUnits::prefetch(int b) {
   gathered_bytes_ += bytes_of(b);
   high_water_ = std::max(high_water_, gathered_bytes_);
   const auto& shard = shards_[std::size_t(b)];
-  works_[std::size_t(b)] = comm_.allgather(shard.data_ptr(), flat.data_ptr(), std::size_t(shard.numel()),
-                                           *comm_dtype_of(flat.scalar_type()));
+  const auto count = std::size_t(shard.numel());
+  const auto dtype = *comm_dtype_of(flat.scalar_type());
+  works_[std::size_t(b)] = pool_.shared() ? comm_.allgather_machine(shard.data_ptr(), flat.data_ptr(), count, dtype)
+                                          : comm_.allgather(shard.data_ptr(), flat.data_ptr(), count, dtype);
 }
 
 void ParameterUnits::finish(int b) {
@@ -135,7 +145,7 @@ void ParameterUnits::release(int b) {
   if (b < 0 || !gathered_[std::size_t(b)]) return;
   finish(b);
   const auto& flat = flat_[std::size_t(b)];
-  if (from_pool_[std::size_t(b)]) pool_.give_back(flat.storage().data(), std::size_t(bytes_of(b)));
+  if (from_pool_[std::size_t(b)]) pool_.give_back(flat.storage().data());
   from_pool_[std::size_t(b)] = 0;
   free_storage(flat);  // its own allocation, if it still had it, is freed here
   gathered_[std::size_t(b)] = 0;

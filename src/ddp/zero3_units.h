@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
@@ -32,21 +33,25 @@ namespace lockstep::ddp_detail {
 // Gives the flat array's storage back (the views of it keep their shapes, not their memory).
 void free_storage(const torch::Tensor& flat);
 
-// Memory for gathered units, reused as they come and go (zero3_units.cc says why).
+// Memory for gathered units, reused as they come and go (zero3_units.cc says why). With a
+// communicator (the hybrid), its blocks are machine memory, one per machine for all its ranks:
+// every rank takes and gives back in the same order, so the ranks of a machine take the same
+// block for the same unit (the allgather into it checks that they do).
 class UnitPool {
  public:
-  UnitPool() = default;
-  ~UnitPool();
+  explicit UnitPool(comm::Communicator* machine_memory_of = nullptr) : comm_(machine_memory_of) {}
   UnitPool(const UnitPool&) = delete;
   UnitPool& operator=(const UnitPool&) = delete;
   void* take(std::size_t bytes);
-  void give_back(void* data, std::size_t bytes);
+  void give_back(void* data);
+  bool shared() const { return comm_ != nullptr; }
 
  private:
   struct Block {
-    void* data;
+    std::shared_ptr<void> memory;
     std::size_t bytes;
   };
+  comm::Communicator* comm_;
   std::vector<Block> all_, free_;
 };
 
@@ -55,9 +60,11 @@ class ParameterUnits {
   // flat[b]: bucket b's flat array (its storage freeable, maybe freed already), shards[b]: this
   // rank's slice of it;
   // bucket_of_unit[u]: the bucket of the model's unit u (-1: it has no trainable parameter);
-  // root: the bucket of the parameters in no unit (-1: none).
+  // root: the bucket of the parameters in no unit (-1: none); one_copy_per_machine: gathered
+  // units live in machine memory, one copy for all the ranks of a machine (the hybrid; the
+  // communicator must have machine memory).
   ParameterUnits(comm::Communicator& comm, std::vector<torch::Tensor> flat, std::vector<torch::Tensor> shards,
-                 std::vector<int> bucket_of_unit, int root);
+                 std::vector<int> bucket_of_unit, int root, bool one_copy_per_machine);
   ~ParameterUnits();
 
   void gather(int bucket);

@@ -153,7 +153,7 @@ void TrainingArguments::validate() const {
                                         std::to_string(eval_every()) + ")");
   }
   if (zero_shared_parameters && zero_stage == 0)
-    bad("zero-shared-parameters", "shards the optimizer update across workers: add --zero-stage 1 or 2");
+    bad("zero-shared-parameters", "is a ZeRO mode: add --zero-stage 1, 2 or 3");
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }

@@ -114,10 +114,20 @@ struct Case {
   int world;
   int stage;  // 0: DDP
   bool shared = false;
+  std::vector<int> machines{};  // hier with these machines (rank -> machine); empty: shm
 };
 
 std::string name_of(const Case& c) {
-  return c.model + "_world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + (c.shared ? "_shared" : "");
+  std::string layout;
+  for (int m : c.machines) layout += std::to_string(m);
+  return c.model + "_world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + (c.shared ? "_shared" : "") +
+         (layout.empty() ? "" : "_hier" + layout);
+}
+
+comm::CommOptions backend_of(const Case& c) {
+  comm::CommOptions options{c.machines.empty() ? "shm" : "hier"};
+  options.machine_of = c.machines;
+  return options;
 }
 
 constexpr int kSteps = 5;
@@ -127,7 +137,7 @@ constexpr double kMaxNorm = 0.5;  // small enough that every step clips
 // own: BatchNorm's running statistics follow the rank's last batch, under DDP as under ZeRO.)
 std::vector<std::vector<torch::Tensor>> train(const Case& c, const std::function<void(ZeroOptimizer&, comm::Communicator&)>& after = {}) {
   std::vector<std::vector<torch::Tensor>> finals(static_cast<std::size_t>(c.world));
-  lockstep::testing::run_ranks_as_threads(c.world, comm::CommOptions{"shm"}, [&](comm::Communicator& comm) {
+  lockstep::testing::run_ranks_as_threads(c.world, backend_of(c), [&](comm::Communicator& comm) {
     Net net = make_net(c.model);
     DdpOptions ddp;
     ddp.bucket_cap_mb = 0.002;  // several buckets, so slices cut through tensors
@@ -216,8 +226,45 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"mlp", 1, 1}, Case{"mlp", 2, 1}, Case{"mlp", 3, 1}, Case{"mlp", 2, 2}, Case{"mlp", 3, 2},
                       Case{"cnn", 2, 1}, Case{"cnn", 3, 2}, Case{"cnn", 2, 2}, Case{"cnn", 3, 1}, Case{"gpt", 2, 1}, Case{"gpt", 3, 2},
                       Case{"gpt", 2, 2, true}, Case{"mlp", 3, 1, true}, Case{"mlp", 2, 3}, Case{"mlp", 3, 3},
-                      Case{"cnn", 2, 3}, Case{"gpt", 2, 3}, Case{"gpt", 3, 3}, Case{"gpt_checkpointed", 2, 3}),
+                      Case{"cnn", 2, 3}, Case{"gpt", 2, 3}, Case{"gpt", 3, 3}, Case{"gpt_checkpointed", 2, 3},
+                      Case{"gpt", 3, 3, true}, Case{"gpt_checkpointed", 4, 3, true, {0, 0, 1, 1}}),
     [](const ::testing::TestParamInfo<Case>& param) { return name_of(param.param); });
+
+// Stage 3 with one copy per machine holds the same slices and gathers the same values into the
+// machine's block: every rank ends bitwise equal to plain stage 3 on the same ranks. On one
+// machine (shm), on 2 x 2 and on 3 machines of 2 with the ranks interleaved (hier, machines
+// declared), where each rank writes its index group's chunks into its machine's block.
+TEST(ZeroStageThreeOneCopyPerMachine, EndsBitwiseEqualToPlainStageThree) {
+  for (const Case& hybrid : {Case{"gpt_deep", 3, 3, true}, Case{"gpt", 4, 3, true, {0, 0, 1, 1}},
+                             Case{"cnn", 6, 3, true, {0, 1, 2, 0, 1, 2}}}) {
+    Case plain = hybrid;
+    plain.shared = false;
+    const auto expected = train(plain);
+    const auto got = train(hybrid);
+    for (int r = 0; r < hybrid.world; ++r)
+      EXPECT_TRUE(bitwise_equal(got[std::size_t(r)], expected[std::size_t(r)])) << name_of(hybrid) << " rank " << r ;
+  }
+}
+
+// Where there is no machine memory (gloo: it does not know who shares a machine) one copy per
+// machine is refused on every rank, naming the backend and what to use.
+TEST(ZeroStageThreeOneCopyPerMachine, IsAClearErrorWithoutMachineMemory) {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  lockstep::testing::run_ranks_as_threads(2, comm::CommOptions{"gloo"}, [&](comm::Communicator& comm) {
+    Net net = make_net("mlp");
+    const ZeroOptions zo{3, true};
+    Reducer reducer(net.module, comm, DdpOptions{}, zero_bucket_sharding(zo, comm.size(), *net.module, net.units));
+    try {
+      ZeroOptimizer zero(*net.module, reducer, comm, zo, adamw);
+    } catch (const ConfigError& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) EXPECT_NE(e.find("gloo backend does not have"), std::string::npos) << e;
+}
 
 // The one-copy mode needs no all-gather: each rank writes its slices into the one copy. Were the
 // memory not shared, a rank would never see the others' updates and would end unlike stage 1.

@@ -1,5 +1,5 @@
-// Sharded data parallelism: ZeRO stages 1 and 2 (Rajbhandari et al., SC'20), and a one-copy
-// mode that keeps the parameters once per machine.
+// Sharded data parallelism: ZeRO stages 1, 2 and 3 (Rajbhandari et al., SC'20), and a one-copy
+// mode that keeps the parameters (stages 1 and 2) or the gathered units (stage 3) once per machine.
 //
 //   Reducer reducer(model, comm, DdpOptions{}, zero_bucket_sharding(zero, comm.size()));
 //   ZeroOptimizer opt(*model, reducer, comm, zero, [](std::vector<torch::Tensor> shard) {
@@ -39,6 +39,16 @@
 // At rest a rank holds 1/W of parameters, gradients and optimizer state; in flight, the root and
 // a unit or two (ZeroMemory::gathered_high_water). The same bytes on the wire as ZeRO-2 plus one
 // all-gather of each unit per forward and one per backward (1.5x DDP's traffic, as in the paper).
+//
+// Stage 3 with one copy per machine (shared_parameters; shm, or hier with the same number of ranks
+// on every machine): at rest the same slices (a machine's L ranks hold 1/M of the model between
+// them), but a unit is gathered into machine memory (Communicator::allgather_machine), once for
+// the machine's L ranks: each rank gathers its slice's M copies across machines (its index group)
+// and writes them into the machine's block, so every element crosses the network and is written
+// once per machine. In flight: the units a step holds at once, once per machine instead of once
+// per rank; no copy of the whole unit per rank. FSDP's HYBRID_SHARD and ZeRO++'s hpZ shard inside
+// a machine and replicate across machines (full parameters per machine at rest, gathers without the
+// network); this does the opposite, sharding across machines, so a model larger than a machine fits.
 //
 // Mirrors (elastic jobs, ddp/zero_elastic.h). A lost rank takes its slices of the optimizer
 // state with it, and nobody else has them. With mirror_of set, each rank also keeps a second set
@@ -80,7 +90,8 @@ struct ZeroOptions {
   ZeroOptions() = default;
   ZeroOptions(int s, bool shared) : stage(s), shared_parameters(shared) {}
   int stage = 1;                   // 1: shard the optimizer state; 2: and the gradients; 3: and the parameters
-  bool shared_parameters = false;  // one copy of the parameters per machine (all ranks on one)
+  bool shared_parameters = false;  // one copy per machine: of the parameters (stages 1, 2: all ranks on
+                                   // one machine), of the gathered units (stage 3: shm or hier)
   int mirror_of = -1;              // the rank whose slices this rank mirrors (-1: no mirrors)
   int mirrored_by = -1;            // the rank that mirrors this rank's slices
   // Tests (fault injection): told when a mirrored update reaches `ready` (before the all-reduce that
@@ -124,6 +135,7 @@ struct ZeroMemory {
   std::int64_t padding = 0;          // elements added to even out the slices
   std::int64_t mirrors = 0;          // mirrors: the mirrored slices' parameters and optimizer state
   std::int64_t gathered_high_water = 0;  // stage 3: the most parameter bytes gathered at once so far
+                                         // (with one copy per machine: the machine's, shared)
 };
 
 class ZeroOptimizer {

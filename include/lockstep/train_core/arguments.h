@@ -122,7 +122,9 @@ inline Rule backend_rule() {
     "ZeRO: 1 shards the optimizer state across workers, 2 also the gradients, 3 also the parameters; 0: DDP",  \
     within(0, 3))                                                                                              \
   X(bool, zero_shared_parameters, false,                                                                       \
-    "ZeRO: keep the parameters once per machine in shared memory (every worker on one machine)", any())       \
+    "ZeRO: one copy per machine in shared memory: stages 1, 2 the parameters (every worker on one machine), " \
+    "3 the gathered units (shm, or hier across machines)",                                                     \
+    any())                                                                                                     \
   X(std::string, backend, "auto", "the communication backend", backend_rule())                                \
   X(std::string, config, "", "YAML or JSON file of these settings (flags override it)", any())
 // clang-format on
