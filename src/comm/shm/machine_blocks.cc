@@ -15,14 +15,16 @@ struct MachineBlocks::State {
     std::uint64_t id;
     std::size_t bytes;
     std::string name;
-    bool linked;  // rank 0: its name is still in /dev/shm
+    bool unused;  // no collective used it yet: this rank removes its name when it goes
   };
   std::mutex mu;
   std::map<const char*, Block> by_base;
 
-  void unlink_locked(Block& b) {
-    if (b.linked) ::shm_unlink(b.name.c_str());
-    b.linked = false;
+  // A block never used is nobody else's concern: whichever rank drops it removes the name (a rank
+  // that comes later makes the object anew, and removes it in turn).
+  void drop_name_locked(Block& b) {
+    if (b.unused) ::shm_unlink(b.name.c_str());
+    b.unused = false;
   }
 };
 
@@ -31,7 +33,7 @@ MachineBlocks::MachineBlocks(std::string segment, int rank)
 
 MachineBlocks::~MachineBlocks() {
   std::lock_guard<std::mutex> lock(state_->mu);
-  for (auto& [base, block] : state_->by_base) state_->unlink_locked(block);
+  for (auto& [base, block] : state_->by_base) state_->drop_name_locked(block);
 }
 
 std::shared_ptr<void> MachineBlocks::allocate(std::size_t bytes) {
@@ -39,19 +41,19 @@ std::shared_ptr<void> MachineBlocks::allocate(std::size_t bytes) {
   const std::string name = segment_ + "-machine-" + std::to_string(id);
   const Mapping m = open_or_create_segment(name, bytes);
   if (!m.base) {
-    if (rank_ == 0) ::shm_unlink(name.c_str());
+    ::shm_unlink(name.c_str());
     throw SystemError("machine memory: " + describe_failure(m, name, bytes));
   }
   char* base = static_cast<char*>(m.base);
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    state_->by_base[base] = State::Block{id, m.bytes, name, rank_ == 0};
+    state_->by_base[base] = State::Block{id, m.bytes, name, true};
   }
   return std::shared_ptr<void>(base, [state = state_](void* p) {
     std::lock_guard<std::mutex> lock(state->mu);
     auto it = state->by_base.find(static_cast<const char*>(p));
     if (it == state->by_base.end()) return;
-    state->unlink_locked(it->second);
+    state->drop_name_locked(it->second);
     ::munmap(p, it->second.bytes);
     state->by_base.erase(it);
   });
@@ -71,7 +73,10 @@ std::optional<MachineBlocks::Place> MachineBlocks::find(const void* p) const {
 void MachineBlocks::used_by_all(std::uint64_t id) {
   std::lock_guard<std::mutex> lock(state_->mu);
   for (auto& [base, block] : state_->by_base)
-    if (block.id == id) state_->unlink_locked(block);
+    if (block.id == id && block.unused) {
+      if (rank_ == 0) ::shm_unlink(block.name.c_str());
+      block.unused = false;
+    }
 }
 
 }  // namespace lockstep::comm::shm

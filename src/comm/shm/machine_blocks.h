@@ -6,8 +6,9 @@
 // calls change nothing), and nobody waits for anybody. Collectives find a block by address to
 // check that the ranks of a machine name the same place of the same block. Rank 0 unlinks a
 // block's name the first time a collective uses it (every rank mapped it before issuing that
-// collective), or when the registry goes; a worker killed before that leaves a name the launcher
-// removes (it starts with the segment's, which names rank 0's pid).
+// collective); a block dropped before any use has its name removed by each rank that drops it. A
+// worker killed in between leaves a name the launcher removes (it starts with the segment's,
+// which names rank 0's pid).
 //
 // Threading: allocate() on the caller's thread, the rest on the progress thread; one mutex.
 #pragma once
@@ -37,7 +38,7 @@ class MachineBlocks {
   };
   // The block holding address p, if any.
   std::optional<Place> find(const void* p) const;
-  // Every rank has mapped block `id` (rank 0 unlinks its name).
+  // Every rank has mapped block `id`: rank 0 unlinks its name (every rank calls it).
   void used_by_all(std::uint64_t id);
 
  private:

@@ -585,7 +585,7 @@ class ShmBackend final : public LocalBackend {
                             std::to_string(global(rank_)) + " (block " + std::to_string(place->id) + ", byte " +
                             std::to_string(place->offset) + "): the ranks of a machine must take their memory in "
                                                             "the same order");
-    if (rank_ == 0) machine_->used_by_all(place->id);
+    machine_->used_by_all(place->id);
     write();
     barrier(c);  // the whole block is written
     ++round_;
