@@ -135,6 +135,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     torch::Tensor wire;  // compressed copy, when a comm hook applies
     std::shared_ptr<BucketCodec> codec;  // powersgd, int8, auto: between machines
     torch::Tensor slice;  // this rank's part of the averaged bucket (see Reducer::gradient_slice)
+    bool slice_written = true;  // under reduce_scatter: false until a backward (or a zero fill) wrote it
     std::int64_t numel = 0;  // padded to the sharding's slices
     torch::TensorOptions flat_options, wire_options;
     std::vector<int> params;
@@ -214,7 +215,7 @@ void Reducer::Impl::check_and_broadcast() {
   ddp_detail::check_same_parameters(comm, mine);
   if (comm.size() == 1) return;
   std::vector<torch::Tensor> state = module->parameters();
-  if (!state.empty()) broadcast_flat(comm, state, "a parameter");
+  if (!state.empty() && (!sharding || sharding->broadcast_parameters)) broadcast_flat(comm, state, "a parameter");
   if (options.broadcast_buffers) {
     auto buffers = module->buffers();
     if (!buffers.empty()) broadcast_flat(comm, buffers, "a buffer");
@@ -295,7 +296,10 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
           bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
     if (reduce_scatter) {
       // Nothing lives between steps but this rank's slice; old grads go in at the next backward.
-      bucket.slice = torch::zeros({slice_length(bucket)}, bucket.flat_options);
+      // Not touched (so not resident) until a backward writes it: at construction the whole
+      // model is still there, and ZeRO-3 is about not holding more than that.
+      bucket.slice = torch::empty({slice_length(bucket)}, bucket.flat_options);
+      bucket.slice_written = false;
       continue;
     }
     if (compress) {
@@ -420,6 +424,7 @@ void Reducer::Impl::keep_slice(Bucket& bucket) {
   if (!reduce_scatter || !bucket.flat.defined()) return;
   const auto& reduced = bucket.wire.defined() ? bucket.wire : bucket.flat;
   bucket.slice.copy_(reduced.narrow(0, comm.rank() * slice_length(bucket), slice_length(bucket)));
+  bucket.slice_written = true;
   bucket.flat = torch::Tensor();
   bucket.wire = torch::Tensor();
   for (int i : bucket.params) params[i].view = torch::Tensor();
@@ -828,7 +833,13 @@ std::size_t Reducer::bucket_slot_bytes() const {
 
 torch::Tensor Reducer::gradient_slice(int b) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->buckets.at(std::size_t(b)).slice;
+  auto& bucket = impl_->buckets.at(std::size_t(b));
+  if (!bucket.slice_written) {  // no backward yet: zeros, as a backward without gradients leaves
+    torch::NoGradGuard no_grad;
+    bucket.slice.zero_();
+    bucket.slice_written = true;
+  }
+  return bucket.slice;
 }
 
 torch::Tensor Reducer::averaged_range(int b, std::int64_t offset, std::int64_t length) const {

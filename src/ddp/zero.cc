@@ -52,6 +52,7 @@ BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world) {
 BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world, torch::nn::Module& model,
                                     const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
   BucketSharding sharding = zero_bucket_sharding(zero, world);
+  sharding.broadcast_parameters = false;  // the optimizer broadcasts each unit as it cuts it
   std::map<const void*, int> index;  // trainable parameter -> its place in registration order
   for (const auto& p : model.parameters())
     if (p.requires_grad()) index.emplace(p.unsafeGetTensorImpl(), int(index.size()));
@@ -197,8 +198,13 @@ void ZeroOptimizer::Impl::move_parameters_in() {
       flat[b].narrow(0, buckets[b].offsets.back() + buckets[b].params.back().numel(),
                      buckets[b].numel - buckets[b].offsets.back() - buckets[b].params.back().numel())
           .zero_();  // the padding
+      // Rank 0's values, one unit at a time (the reducer left this to us: broadcast whole, the
+      // model would exist twice for a moment).
+      if (comm.size() > 1)
+        comm.broadcast(flat[b].data_ptr(), std::size_t(flat[b].numel()), float_dtype_of(flat[b]), 0)->wait();
       shards.push_back(flat[b].narrow(0, my_offset(b), slice_length(b)).clone());
       ddp_detail::free_storage(flat[b]);
+      ::malloc_trim(0);  // the bucket's parameters, freed as they moved in, go back now: see below
     } else {
       shards.push_back(alias_range(flat[b], my_offset(b), slice_length(b)));
     }

@@ -16,8 +16,15 @@ std::string gib(double bytes) {
   return text;
 }
 
-// The limit of this process's memory cgroup in bytes, or 0 when it has none it can read.
-double cgroup_limit() {
+struct CgroupLimit {
+  double bytes = 0;  // 0: none, or none it can read
+  std::string path;  // a memory cgroup other than the root whose limit it cannot read
+};
+
+// The limit of this process's memory cgroup. Inside `ip netns exec`, which mounts a /sys of its
+// own, the files are not there to read, but /proc still names the cgroup.
+CgroupLimit cgroup_limit() {
+  CgroupLimit found;
   std::ifstream self("/proc/self/cgroup");
   for (std::string line; std::getline(self, line);) {
     const auto a = line.find(':'), b = line.find(':', a + 1);
@@ -28,12 +35,14 @@ double cgroup_limit() {
     if (controllers.empty()) file = "/sys/fs/cgroup" + path + "/memory.max";
     if (file.empty()) continue;
     std::ifstream in(file);
+    if (!in && path != "/") found.path = path;
     std::string value;
     if (!(in >> value) || value == "max") continue;
     const double bytes = std::stod(value);
-    if (bytes > 0 && bytes < 1e18) return bytes;  // v1 says "no limit" with a huge number
+    if (bytes > 0 && bytes < 1e18) found.bytes = bytes;  // v1 says "no limit" with a huge number
+    if (found.bytes > 0) return found;
   }
-  return 0;
+  return found;
 }
 
 }  // namespace
@@ -48,7 +57,9 @@ std::int64_t oom_kills() {
 }
 
 std::string memory_limit_text() {
-  if (const double limit = cgroup_limit(); limit > 0) return "its memory cgroup's limit of " + gib(limit);
+  const CgroupLimit cgroup = cgroup_limit();
+  if (cgroup.bytes > 0) return "its memory cgroup's limit of " + gib(cgroup.bytes);
+  if (!cgroup.path.empty()) return "the limit of its memory cgroup " + cgroup.path + " (not readable from here)";
   std::ifstream in("/proc/meminfo");
   std::string key;
   double kib = 0;

@@ -246,6 +246,28 @@ TEST(ZeroStageThreeOneCopyPerMachine, EndsBitwiseEqualToPlainStageThree) {
   }
 }
 
+// Stage 3 leaves the broadcast of rank 0's parameters to the optimizer, which sends each unit as
+// it cuts it: ranks that built different parameters all end with rank 0's.
+TEST(ZeroStageThree, EveryRankStartsFromRankZerosParameters) {
+  std::vector<std::vector<torch::Tensor>> seen(3), rank0_built(1);
+  lockstep::testing::run_ranks_as_threads(3, comm::CommOptions{"shm"}, [&](comm::Communicator& comm) {
+    Net net = make_net("gpt");
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : net.module->parameters()) p.add_(float(comm.rank()));
+    }
+    if (comm.rank() == 0)
+      for (auto& p : net.module->parameters()) rank0_built[0].push_back(p.detach().clone());
+    const ZeroOptions zo{3, false};
+    Reducer reducer(net.module, comm, DdpOptions{}, zero_bucket_sharding(zo, comm.size(), *net.module, net.units));
+    ZeroOptimizer zero(*net.module, reducer, comm, zo, adamw);
+    zero.gather_all();
+    for (auto& p : net.module->parameters()) seen[std::size_t(comm.rank())].push_back(p.detach().clone());
+    zero.release_all(false);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(bitwise_equal(seen[std::size_t(r)], rank0_built[0])) << "rank " << r;
+}
+
 // Where there is no machine memory (gloo: it does not know who shares a machine) one copy per
 // machine is refused on every rank, naming the backend and what to use.
 TEST(ZeroStageThreeOneCopyPerMachine, IsAClearErrorWithoutMachineMemory) {

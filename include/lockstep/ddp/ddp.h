@@ -81,13 +81,16 @@ struct BucketSharding {
   int slices = 1;  // the world size: every bucket padded to a multiple of it, rank r owning slice r
   // Each rank receives only its slice of every averaged bucket (ZeRO stage 2): buckets are
   // reduce-scattered instead of all-reduced, taking turns in two slots of memory as they
-  // launch, and leave behind this rank's slices (gradient_slice); the parameters' own grads are
-  // released when their bucket launches.
+  // launch, and leave behind this rank's slices (gradient_slice, whose memory is first touched
+  // by the first backward); the parameters' own grads are released when their bucket launches.
   bool reduce_scatter = false;
   double max_bucket_cap_mb = 0;  // a ceiling on DdpOptions::bucket_cap_mb (0: none)
   // The buckets themselves, as lists of trainable-parameter indices (registration order), in the
   // order they are reduced; empty: cut by size (assign_buckets). ZeRO stage 3 gives one per unit.
   std::vector<std::vector<int>> buckets{};
+  // False: the reducer does not broadcast rank 0's parameters at construction (ZeRO stage 3, whose
+  // optimizer broadcasts each unit as it cuts it, so the model never exists twice on a rank).
+  bool broadcast_parameters = true;
 };
 
 using SteadyTime = std::chrono::steady_clock::time_point;
