@@ -239,6 +239,7 @@ void Trainer::Impl::log_window(RunProgress& run) {
   double pss = static_cast<double>(pss_bytes());
   comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
   entry.job_pss_bytes = pss;
+  if (stage3()) entry.zero_gathered_high_water_bytes = static_cast<double>(zero->memory().gathered_high_water);
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;

@@ -77,6 +77,9 @@
     "(activations kept for backward, gradients, temporaries)")                                                 \
   X(std::optional<double>, job_pss_bytes,                                                                      \
     "all workers' proportional set size summed at the window's end: the job's memory, shared pages once") \
+  X(std::optional<double>, zero_gathered_high_water_bytes,                                                     \
+    "ZeRO stage 3: the most parameter bytes rank 0 held gathered at once so far (with one copy per machine: " \
+    "its machine's, shared)")                                                                                  \
   X(std::optional<int>, straggler_rank, "the rank the others waited for over the window, when one stood out") \
   X(std::optional<std::string>, straggler, "... why: its data loading or its compute, and by how much")
 
