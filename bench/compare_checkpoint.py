@@ -13,7 +13,7 @@ the time until the checkpoint was complete on disk. Then each side's last checkp
 by a 1-step run on the same number of workers and on --resume-workers, timing the read.
 
     /usr/bin/python3 bench/compare_checkpoint.py [--build build] [--workers 2] [--resume-workers 1,3]
-        [--steps 12] [--save-steps 4] [--n-embd 512] [--n-layer 8] [--out bench/CHECKPOINT.md]
+        [--steps 12] [--save-steps 4] [--n-embd 512] [--n-layer 8] [--repeat 5] [--out bench/CHECKPOINT.md]
 """
 import argparse
 import datetime
@@ -57,7 +57,8 @@ def gpt(args, workers, out, extra):
     argv = [f"{args.build}/tools/lockstep", "run", "--nproc-per-node", str(workers), f"{args.build}/examples/gpt",
             "--n-embd", str(args.n_embd), "--n-layer", str(args.n_layer), "--n-head", "8",
             "--per-device-train-batch-size", str(args.batch), "--zero-stage", "2", "--output-dir", out,
-            "--disable-tqdm", "--eval-strategy", "no", "--logging-steps", "1", "--train-limit", "4000"] + extra
+            "--disable-tqdm", "--eval-strategy", "no", "--logging-steps", "1", "--train-limit", "4000",
+            "--eval-limit", "8"] + extra
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run(argv, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -75,9 +76,10 @@ def main():
     ap.add_argument("--n-embd", type=int, default=512)
     ap.add_argument("--n-layer", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5, help="resumes of each checkpoint on each world size")
     ap.add_argument("--out", default=os.path.join(HERE, "CHECKPOINT.md"))
     args = ap.parse_args()
-    rows, loads = [], []
+    rows, last = [], {}
     with tempfile.TemporaryDirectory(prefix="lockstep-checkpoint-bench-", dir="/var/tmp") as tmp:
         for side, flags in SIDES.items():
             out = os.path.join(tmp, side.replace(", ", "-"))
@@ -91,14 +93,20 @@ def main():
             rows.append((side, step, max(c["stall_seconds"] for c in saves),
                          statistics.median(c["write_seconds"] for c in saves), saves[-1]["bytes"]))
             print(rows[-1], flush=True)
-            last = saves[-1]["dir"]
-            for workers in [args.workers] + [int(w) for w in args.resume_workers.split(",") if w]:
-                again = os.path.join(tmp, f"resume-{side.replace(', ', '-')}-{workers}")
-                gpt(args, workers, again, flags + ["--max-steps", str(args.steps + 1), "--save-strategy", "no",
-                                                   "--resume-from-checkpoint", last])
-                read = events(os.path.join(again, "metrics.jsonl"), "checkpoint")[0]
-                loads.append((side, workers, read["stall_seconds"]))
-                print(loads[-1], flush=True)
+            last[side] = saves[-1]["dir"]
+        # Every side's resumes interleaved, --repeat rounds, the median kept: the host's noise
+        # then falls on all sides alike.
+        reads = {}
+        for r in range(args.repeat):
+            for side, flags in SIDES.items():
+                for workers in [args.workers] + [int(w) for w in args.resume_workers.split(",") if w]:
+                    again = os.path.join(tmp, f"resume-{side.replace(', ', '-')}-{workers}-{r}")
+                    gpt(args, workers, again, flags + ["--max-steps", str(args.steps + 1), "--save-strategy", "no",
+                                                       "--resume-from-checkpoint", last[side]])
+                    read = events(os.path.join(again, "metrics.jsonl"), "checkpoint")[0]
+                    reads.setdefault((side, workers), []).append(read["stall_seconds"])
+                    print(side, workers, read["stall_seconds"], flush=True)
+        loads = [(side, workers, statistics.median(t)) for (side, workers), t in reads.items()]
     blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
     lines = ["# Checkpoints: consolidated against sharded, synchronous and in the background", "",
              f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores, commit "
@@ -112,7 +120,8 @@ def main():
     for side, step, stall, write, size in rows:
         lines.append(f"| {side} | {step * 1e3:.0f} ms | {stall * 1e3:.0f} ms | {(step + stall) / step:.2f}x | "
                      f"{write * 1e3:.0f} ms | {size / 1e6:.0f} MB |")
-    lines += ["", "| checkpoint | resumed on | read (model and optimizer state, every rank) |", "|---|---|---|"]
+    lines += ["", f"| checkpoint | resumed on | read (model and optimizer state, every rank; median of {args.repeat}) |",
+              "|---|---|---|"]
     for side, workers, seconds in loads:
         lines.append(f"| {side} | {workers} worker{'s' if workers > 1 else ''} | {seconds * 1e3:.0f} ms |")
     text = "\n".join(lines) + "\n"
