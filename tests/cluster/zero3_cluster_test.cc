@@ -1,11 +1,14 @@
 // ZeRO stage 3 across machines for real (network namespaces, testing/cluster.h): with one copy
 // of the gathered units per machine it trains like DDP on 2 machines x 2 workers, and a model
 // whose training state does not fit one machine trains across two, in memory cgroups that
-// DDP and stage 2 outgrow. Skipped, saying why, where namespaces or cgroups cannot be made.
+// DDP and stage 2 outgrow; its sharded checkpoints move between 2 x 2 under stage 3 and one
+// machine of 3 under DDP. Skipped, saying why, where namespaces or cgroups cannot be made.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "cgroup.h"
@@ -97,6 +100,95 @@ TEST(Zero3Cluster, OneCopyPerMachineOnTwoMachinesOfTwoTrainsLikeDdp) {
   EXPECT_LT(apart, 1e-5);
   EXPECT_GT(moved, 1e-3) << "the last 5 steps moved it";
   std::printf("stage 3 (one copy per machine) vs DDP after 10 steps: %.3g apart; steps 5..10 moved DDP by %.3g\n", apart, moved);
+}
+
+// A job of `steps` steps of the MLP that writes sharded checkpoints every 5 and logs every 5.
+std::vector<std::string> sharded_job(const std::string& out, int steps, const std::vector<std::string>& more) {
+  std::vector<std::string> argv = {FASHION_MNIST, "--model", "mlp", "--train-limit", "2048", "--eval-strategy", "no",
+                                   "--disable-tqdm", "--per-device-train-batch-size", "32", "--max-steps",
+                                   std::to_string(steps), "--save-strategy", "steps", "--save-steps", "5",
+                                   "--save-format", "sharded", "--logging-steps", "5", "--output-dir", out};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+std::vector<nlohmann::json> metrics_events(const std::string& metrics, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == kind) out.push_back(j);
+    }
+  return out;
+}
+
+// What a resumed run must show: the checkpoint read at `step`, written by `saved` workers and read
+// by `now`; the samples of the epoch already trained on kept out, the rest dealt over the new
+// workers; and its first logged loss near where the checkpoint's run left off, far below an
+// untrained model's ln 10 = 2.3.
+void expect_resumed(const std::string& output, const std::string& out, const std::string& from, int step,
+                    int saved, int now, std::int64_t done, double loss_before) {
+  EXPECT_NE(output.find("resumed from " + from + " at step " + std::to_string(step)), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("the " + std::to_string(done) +
+                        " samples of epoch 0 already trained on stay done, the rest "
+                        "are dealt over " +
+                        std::to_string(now)),
+            std::string::npos)
+      << output;
+  const auto loads = metrics_events(out + "/metrics.jsonl", "checkpoint");
+  ASSERT_FALSE(loads.empty()) << output;
+  EXPECT_EQ(loads.front()["action"], "resume");
+  EXPECT_EQ(loads.front()["saved_world_size"], saved);
+  EXPECT_EQ(loads.front()["world_size"], now);
+  const auto logs = metrics_events(out + "/metrics.jsonl", "log");
+  ASSERT_FALSE(logs.empty()) << output;
+  const double first = logs.front()["loss"].get<double>();
+  EXPECT_LT(first, 0.8 * 2.3) << "started over instead of resuming";
+  EXPECT_LT(first, 1.5 * loss_before) << "the loss did not go on from the checkpoint's";
+}
+
+// The resharding the issue names: a stage-3 checkpoint (one copy per machine) of 2 machines x 2
+// workers resumes on one machine with 3 workers under DDP, and that run's checkpoint goes back to
+// 2 x 2 under stage 3. Batches of 32 per worker on 2048 samples: steps 1-5 take 640 (4 x 32 x 5),
+// steps 6-10 480 more (3 x 32 x 5), so the second resume keeps out 1120, all in epoch 0.
+TEST(Zero3Cluster, AStageThreeCheckpointOfTwoMachinesResumesOnOneMachineOfThreeUnderDdpAndBack) {
+  REQUIRE_CLUSTER();
+  TempDir first("zero3-reshard-2x2"), second("zero3-reshard-1x3"), third("zero3-reshard-back");
+  const std::vector<std::string> stage3 = {"--zero-stage", "3", "--zero-shared-parameters"};
+  {
+    VirtualCluster cluster({2, "1gbit"});
+    auto nodes = launch(cluster, sharded_job(first.path(), 5, stage3));
+    for (auto& n : nodes) ASSERT_EQ(n->wait(300), 0) << n->output();
+  }
+  ASSERT_TRUE(fs::exists(first.path() + "/checkpoint-5/index.json"));
+  const double loss5 = metrics_events(first.path() + "/metrics.jsonl", "log").back()["loss"].get<double>();
+
+  const std::string from5 = first.path() + "/checkpoint-5";
+  Process ddp(
+      [&] {
+        std::vector<std::string> argv = {LOCKSTEP_BINARY, "run", "--nproc-per-node", "3"};
+        for (const auto& a : sharded_job(second.path(), 10, {"--resume-from-checkpoint", from5}))
+          argv.push_back(a);
+        return argv;
+      }(),
+      {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(ddp.wait(300), 0) << ddp.output();
+  expect_resumed(ddp.output(), second.path(), from5, 5, 4, 3, 640, loss5);
+  const double loss10 = metrics_events(second.path() + "/metrics.jsonl", "log").back()["loss"].get<double>();
+
+  const std::string from10 = second.path() + "/checkpoint-10";
+  VirtualCluster cluster({2, "1gbit"});
+  auto nodes = launch(cluster, sharded_job(third.path(), 15, [&] {
+                        auto a = stage3;
+                        a.insert(a.end(), {"--resume-from-checkpoint", from10});
+                        return a;
+                      }()));
+  for (auto& n : nodes) ASSERT_EQ(n->wait(300), 0) << n->output();
+  EXPECT_NE(nodes[0]->output().find("ZeRO stage 3"), std::string::npos) << nodes[0]->output();
+  expect_resumed(nodes[0]->output(), third.path(), from10, 10, 3, 4, 1120, loss10);
+  EXPECT_TRUE(fs::exists(third.path() + "/checkpoint-15/index.json"));
 }
 
 // The GPT at 512 wide and 44 layers: 138.7 M parameters, whose float32 parameters, gradients and
