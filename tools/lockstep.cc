@@ -225,6 +225,9 @@ struct BenchCommand : Command {
     allreduce->add_flag("--json", options.json, "print JSON instead of the table");
     allreduce->add_option("--shm-slot-bytes", options.shm_slot_bytes,
                           "shm staging bytes per rank (0: default 1 MiB)");
+    allreduce->add_option("--links", options.link_bytes,
+                          "after the sweep, time each machine's link out alone with this many bytes (0: not)")
+        ->capture_default_str();
   }
 
   int run() override {

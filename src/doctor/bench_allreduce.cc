@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -45,6 +46,46 @@ std::string human_bytes(std::size_t b) {
   else
     std::snprintf(buf, sizeof buf, "%zu", b);
   return buf;
+}
+
+// Each machine's link out, alone: machine m's first rank sends `bytes` to machine m+1's first
+// rank while every other rank waits, so one slow link stands out (an all-reduce only shows the
+// slowest, on every rank alike). GB/s by machine (the launcher's node rank); empty on one machine
+// or outside the launcher.
+std::vector<double> probe_links(Communicator& comm, std::size_t bytes) {
+  const char* group = std::getenv("GROUP_RANK");
+  const char* local = std::getenv("LOCAL_RANK");
+  const std::int32_t mine[2] = {group ? std::atoi(group) : -1, local ? std::atoi(local) : -1};
+  std::vector<std::int32_t> all(2 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(mine, all.data(), 2, DType::i32)->wait();
+  int machines = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[2 * r] < 0 || all[2 * r + 1] < 0) return {};
+    machines = std::max(machines, all[2 * r] + 1);
+  }
+  std::vector<int> first(static_cast<std::size_t>(machines), -1);
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[2 * r + 1] == 0) first[static_cast<std::size_t>(all[2 * r])] = r;
+  if (machines < 2 || std::count(first.begin(), first.end(), -1) > 0) return {};
+  const std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
+  std::vector<float> buffer(count);
+  std::vector<double> gbps(static_cast<std::size_t>(machines), 0.0);
+  for (int m = 0; m < machines; ++m) {
+    const int from = first[static_cast<std::size_t>(m)], to = first[static_cast<std::size_t>((m + 1) % machines)];
+    // One element first, so the connection exists before the clock starts.
+    for (const std::size_t n : {std::size_t{1}, count}) {
+      comm.barrier()->wait();
+      const auto start = std::chrono::steady_clock::now();
+      if (comm.rank() == from) comm.send(buffer.data(), n, DType::f32, to)->wait();
+      if (comm.rank() == to) {
+        comm.recv(buffer.data(), n, DType::f32, from)->wait();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        gbps[static_cast<std::size_t>(m)] = static_cast<double>(n * sizeof(float)) / seconds / 1e9;
+      }
+    }
+  }
+  comm.allreduce(gbps.data(), gbps.size(), DType::f64, ReduceOp::max)->wait();
+  return gbps;
 }
 
 }  // namespace
@@ -140,9 +181,16 @@ int bench_allreduce_worker(const BenchOptions& options) {
       std::fprintf(stderr, "lockstep bench: %llu wrong elements at %s\n",
                    static_cast<unsigned long long>(total_wrong), human_bytes(bytes).c_str());
   }
+  const std::vector<double> links = options.link_bytes > 0 ? probe_links(comm, options.link_bytes)
+                                                           : std::vector<double>{};
+  if (rank == 0 && !options.json)
+    for (std::size_t m = 0; m < links.size(); ++m)
+      std::printf("# link out of machine %zu (to machine %zu), alone: %.3f GB/s\n", m, (m + 1) % links.size(),
+                  links[m]);
   if (rank == 0 && options.json) {
     nlohmann::json doc = {
         {"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
+    if (!links.empty()) doc["link_out_gbps"] = links;
     std::printf("%s\n", doc.dump(2).c_str());
   }
   return wrong_anywhere == 0 ? 0 : 1;

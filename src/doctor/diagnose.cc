@@ -269,8 +269,30 @@ std::optional<Finding> shard_the_optimizer(const Evidence& e) {
   return f;
 }
 
+// One machine's link out is far slower than the others': every all-reduce across the machines
+// goes at its pace, which the training's own figures cannot tell from a slow network overall.
+std::optional<Finding> slow_link(const Evidence& e) {
+  const auto& links = e.link_out_gbps;
+  if (links.size() < 2) return std::nullopt;
+  const auto slowest = std::min_element(links.begin(), links.end());
+  const double fastest = *std::max_element(links.begin(), links.end());
+  if (*slowest <= 0 || *slowest >= 0.5 * fastest) return std::nullopt;
+  const auto m = std::to_string(slowest - links.begin());
+  Finding f;
+  f.kind = "slow_link";
+  f.problem = "machine " + m + "'s link out carries " + fmt("%.3f GB/s", *slowest) + ", " +
+              fmt("%.1fx", fastest / *slowest) + " slower than the fastest machine's (" +
+              fmt("%.3f GB/s", fastest) + "): every all-reduce between the machines goes at its pace";
+  f.action = "look at machine " + m +
+             "'s network (its interface's speed, a rate limit, a busy switch port) or run without it; "
+             "until then --ddp-comm-hook auto sends fewer bytes across every link";
+  f.predicted = "up to " + fmt("%.1fx", fastest / *slowest) + " faster communication between machines";
+  f.saving = exposed_share(e.many) * (1.0 - *slowest / fastest);
+  return f;
+}
+
 using Rule = std::optional<Finding> (*)(const Evidence&);
-constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  straggler_named, data_wait,
+constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  straggler_named, slow_link, data_wait,
                            larger_batch,       link_bound,              comm_competes_for_cores,
                            compress_gradients, shard_the_optimizer,     compute_slowed};
 
@@ -292,8 +314,11 @@ std::vector<Finding> diagnose(const Evidence& evidence) {
   std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) {
     if (x.recommendation != y.recommendation) return x.recommendation;
     if ((x.kind == "threads") != (y.kind == "threads")) return x.kind == "threads";
-    // a straggler distorts what rank 0 measured: it comes before what those numbers suggest
-    if ((x.kind == "straggler") != (y.kind == "straggler")) return x.kind == "straggler";
+    // a straggler or one slow link distorts what rank 0 measured: each comes before what those
+    // numbers suggest
+    const bool x_first = x.kind == "straggler" || x.kind == "slow_link";
+    const bool y_first = y.kind == "straggler" || y.kind == "slow_link";
+    if (x_first != y_first) return x_first;
     return x.saving > y.saving;
   });
   return out;

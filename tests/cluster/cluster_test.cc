@@ -156,56 +156,73 @@ TEST(Cluster, NothingIsLeftBehind) {
   EXPECT_EQ(shm_segments().size(), shm_before);
 }
 
+// `lockstep doctor` on each of a cluster's machines; returns machine 0's report and its doctor.json.
+struct DoctorRun {
+  std::string report;
+  nlohmann::json doc;
+  std::string machine1;
+};
+
+DoctorRun run_doctor(const VirtualCluster& cluster, const TempDir& out) {
+  std::vector<std::unique_ptr<Process>> doctors;
+  for (int m = 0; m < 2; ++m) {
+    const std::vector<std::string> argv = {
+        LOCKSTEP_BINARY, "doctor",        "--nnodes",      "2",        "--node-rank",   std::to_string(m),
+        "--master-addr", cluster.address(0), "--master-port", std::to_string(kPort), "--nproc-per-node", "2",
+        "--steps",       "24",            "--window",      "8",        "--output-dir",  out / ("machine" + std::to_string(m)),
+        "--",            FASHION_MNIST,   "--model",       "mlp",      "--train-limit", "4096",
+        "--per-device-train-batch-size",  "16"};
+    doctors.push_back(std::make_unique<Process>(cluster.on(m, argv),
+                                                std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "doctor"}}));
+  }
+  for (auto& d : doctors) EXPECT_EQ(d->wait(600), 0) << d->output();
+  return {doctors[0]->output(), nlohmann::json::parse(read_file(out / "machine0/doctor.json")),
+          doctors[1]->output()};
+}
+
+bool has_finding(const nlohmann::json& doc, const std::string& kind) {
+  for (const auto& f : doc["findings"])
+    if (f["kind"] == kind) return true;
+  return false;
+}
+
 // lockstep doctor across machines: the same command on each, machine 0 reports the bandwidth
 // between machines against the link's, and, the link being the limit here (1 Gbit/s, small
-// batches), recommends bf16 gradients.
+// batches), recommends compression. Both links are alike, so none is named as slow.
 TEST(Cluster, TheDoctorComparesTheTrafficBetweenMachinesWithTheLinkAndAdvisesCompression) {
   REQUIRE_CLUSTER();
   VirtualCluster cluster({2, "1gbit"});
   TempDir out("cluster-doctor");
-  std::vector<std::unique_ptr<Process>> doctors;
-  for (int m = 0; m < 2; ++m) {
-    const std::vector<std::string> argv = {LOCKSTEP_BINARY,
-                                           "doctor",
-                                           "--nnodes",
-                                           "2",
-                                           "--node-rank",
-                                           std::to_string(m),
-                                           "--master-addr",
-                                           cluster.address(0),
-                                           "--master-port",
-                                           std::to_string(kPort),
-                                           "--nproc-per-node",
-                                           "2",
-                                           "--steps",
-                                           "24",
-                                           "--window",
-                                           "8",
-                                           "--output-dir",
-                                           out / ("machine" + std::to_string(m)),
-                                           "--",
-                                           FASHION_MNIST,
-                                           "--model",
-                                           "mlp",
-                                           "--train-limit",
-                                           "4096",
-                                           "--per-device-train-batch-size",
-                                           "16"};
-    doctors.push_back(std::make_unique<Process>(
-        cluster.on(m, argv), std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "doctor"}}));
-  }
-  for (auto& d : doctors) ASSERT_EQ(d->wait(600), 0) << d->output();
-  const std::string& report = doctors[0]->output();
-  EXPECT_NE(report.find("between the 2 machines:"), std::string::npos) << report;
-  EXPECT_NE(report.find("the link as lockstep bench sees it"), std::string::npos) << report;
-  EXPECT_NE(report.find("--ddp-comm-hook auto"), std::string::npos) << report;
-  const auto doc = nlohmann::json::parse(read_file(out / "machine0/doctor.json"));
-  bool link = false;
-  for (const auto& f : doc["findings"]) link |= f["kind"] == "link";
-  EXPECT_TRUE(link) << doc.dump(2);
-  EXPECT_EQ(doc["many"]["machines"].get<int>(), 2);
-  EXPECT_NE(doctors[1]->output().find("machine 0 prints the report"), std::string::npos)
-      << doctors[1]->output();
+  const DoctorRun run = run_doctor(cluster, out);
+  EXPECT_NE(run.report.find("between the 2 machines:"), std::string::npos) << run.report;
+  EXPECT_NE(run.report.find("the link as lockstep bench sees it"), std::string::npos) << run.report;
+  EXPECT_NE(run.report.find("--ddp-comm-hook auto"), std::string::npos) << run.report;
+  EXPECT_NE(run.report.find("each machine's link out, alone"), std::string::npos) << run.report;
+  EXPECT_TRUE(has_finding(run.doc, "link")) << run.doc.dump(2);
+  EXPECT_FALSE(has_finding(run.doc, "slow_link")) << run.doc.dump(2);
+  EXPECT_EQ(run.doc["many"]["machines"].get<int>(), 2);
+  EXPECT_NE(run.machine1.find("machine 0 prints the report"), std::string::npos) << run.machine1;
+}
+
+// One link cut to 100 Mbit/s (machine 1's way out; machine 0's stays at 1 Gbit/s): an all-reduce
+// shows only that the network is slow, on every rank alike; the doctor times each machine's link
+// out alone and names machine 1's, with the ratio, and blames no rank's compute.
+TEST(Cluster, TheDoctorNamesTheMachineWhoseLinkWasCutTo100Mbit) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "1gbit"});
+  cluster.set_rate(1, "100mbit");
+  TempDir out("cluster-doctor-slow");
+  const DoctorRun run = run_doctor(cluster, out);
+  std::printf("%s\n", run.report.c_str());
+  ASSERT_TRUE(has_finding(run.doc, "slow_link")) << run.report;
+  EXPECT_NE(run.report.find("machine 1's link out carries"), std::string::npos) << run.report;
+  EXPECT_EQ(run.report.find("machine 0's link out carries"), std::string::npos) << run.report;
+  EXPECT_FALSE(has_finding(run.doc, "straggler")) << run.report;
+  const auto links = run.doc["link_out_gbps"];
+  ASSERT_EQ(links.size(), 2u) << run.doc.dump(2);
+  // tbf at 100 Mbit/s is 0.0125 GB/s; 1 Gbit/s 0.125 (the machines share 2 cores, so less).
+  EXPECT_LT(links[1].get<double>(), 0.02);
+  EXPECT_GT(links[0].get<double>(), 3 * links[1].get<double>());
 }
 
 // The conformance table across machines, over hier and (as the peer it must match) gloo.

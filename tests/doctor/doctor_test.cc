@@ -155,6 +155,32 @@ TEST(DoctorAnalysis, AStragglerComesBeforeWhatItsWaitLooksLike) {
   EXPECT_FALSE(has(diagnose(evidence(one, healthy(2), 2.0)), "straggler"));
 }
 
+// Each machine's link out, timed alone: one far slower than the fastest is named first, with the
+// ratio; links within 2x of each other are not (a network that is slow everywhere is the link
+// rule's business).
+TEST(DoctorAnalysis, AMachineWhoseLinkOutIsFarSlowerIsNamedFirst) {
+  RunSummary one = healthy(1), many = healthy(4);
+  many.machines = 2;
+  many.exposed = 0.100;
+  many.comm = 0.110;
+  many.step += 0.098;
+  many.samples_per_second = 4 * 64 / many.step;
+  Evidence e = evidence(one, many, 0.01);
+  e.link_out_gbps = {0.127, 0.0127};
+  const auto f = diagnose(e);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f.front().kind, "slow_link");
+  EXPECT_NE(f.front().problem.find("machine 1's link out carries 0.013 GB/s, 10.0x slower"), std::string::npos)
+      << f.front().problem;
+  EXPECT_NE(f.front().action.find("machine 1's network"), std::string::npos) << f.front().action;
+  EXPECT_NE(format_report(e, f).find("machine 0 0.127 GB/s, machine 1 0.013 GB/s"), std::string::npos)
+      << format_report(e, f);
+  e.link_out_gbps = {0.127, 0.07};
+  EXPECT_FALSE(has(diagnose(e), "slow_link"));
+  e.link_out_gbps = {};
+  EXPECT_FALSE(has(diagnose(e), "slow_link"));
+}
+
 TEST(DoctorAnalysis, KernelsBelowTheCpusComeFirstWithTheMeasuredSpeedup) {
   RunSummary one = healthy(1), many = healthy(2);
   for (RunSummary* s : {&one, &many}) s->blas_core = "Prescott", s->blas_best_core = "SkylakeX";

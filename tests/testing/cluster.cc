@@ -175,6 +175,11 @@ void VirtualCluster::set_link(int machine, bool up) {
   must({"/sbin/ip", "-n", netns(machine), "link", "set", kInterface, up ? "up" : "down"});
 }
 
+void VirtualCluster::set_rate(int machine, const std::string& rate) {
+  must({"/sbin/tc", "-n", netns(machine), "qdisc", "replace", "dev", kInterface, "root", "tbf", "rate", rate,
+        "burst", "512kb", "latency", "20ms"});
+}
+
 void VirtualCluster::kill_all(int machine) {
   std::string pids;
   shell({"/sbin/ip", "netns", "pids", netns(machine)}, &pids);

@@ -45,6 +45,8 @@ class VirtualCluster {
 
   // Takes a machine's link down (a partition: no packet passes, nothing is reset) or up.
   void set_link(int machine, bool up);
+  // Limits what the machine sends to `rate` (a tc rate: "100mbit"), whatever it was made with.
+  void set_rate(int machine, const std::string& rate);
   // SIGKILL to every process in the machine's namespace.
   void kill_all(int machine);
   // SIGKILL to the machine's processes whose command name (/proc/PID/comm) starts with `name`;

@@ -17,6 +17,9 @@ struct BenchOptions {
   int iters = 0;  // 0: chosen per size
   bool json = false;
   std::size_t shm_slot_bytes = 0;  // 0: the communicator's default
+  // After the sweep, each machine's link out timed alone: this many bytes from its first rank to
+  // the next machine's (0: not measured). Needs the launcher's GROUP_RANK and LOCAL_RANK.
+  std::size_t link_bytes = 0;
 
   // ConfigError naming the option when the sweep cannot run (no sizes, a size below one
   // element, a backend or dtype that does not exist).

@@ -45,7 +45,7 @@ struct RunSummary {
 RunSummary read_summary(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // blas | threads | straggler | data | batch | link | compression | scheduling | zero | compute
+  std::string kind;            // blas | threads | straggler | slow_link | data | batch | link | compression | scheduling | zero | compute
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect
@@ -64,6 +64,9 @@ struct Evidence {
   // ... and what its network transport carried meanwhile (several machines): the link's speed
   // as the all-reduce sees it. 0: not measured or one machine.
   double bench_network_gbps = 0;
+  // Each machine's link out timed alone (lockstep bench --links), GB/s by machine; empty: one
+  // machine or not measured.
+  std::vector<double> link_out_gbps;
   // 1-worker samples/s with OPENBLAS_CORETYPE set to the CPU's best kernels over without; 0: not
   // measured.
   double blas_speedup = 0;
