@@ -14,6 +14,7 @@ powersgd:4:2 is rank 4, two exchanges per step (the paper's), powersgd:4:1 alter
 
     sudo /usr/bin/python3 bench/compare_compression.py [--build build] [--rate 10gbit]
         [--hooks none,powersgd:4:2,powersgd:4:1,int8] [--parts cnn,gpt] [--gpt-steps 300]
+        [--gpt-hook-start-step 10]
         [--out bench/COMPRESSION.md]
 """
 import argparse
@@ -62,10 +63,11 @@ def cnn(cluster, build, hook, out):
     return r["eval_accuracy"], r["train_seconds"]
 
 
-def gpt(cluster, build, hook, out, steps, eval_limit):
+def gpt(cluster, build, hook, out, steps, eval_limit, start_step):
     run_job(cluster, build, [f"{build}/examples/gpt", "--max-steps", str(steps), "--output-dir", out,
                              "--disable-tqdm", "--save-strategy", "no", "--eval-strategy", "no",
-                             "--eval-limit", str(eval_limit)] + hook_flags(hook))
+                             "--eval-limit", str(eval_limit), "--comm-hook-start-step", str(start_step)] +
+            hook_flags(hook))
     r = json.load(open(os.path.join(out, "eval_results.json")))
     return r["eval_loss"], r["train_seconds"]
 
@@ -78,6 +80,8 @@ def main():
     ap.add_argument("--parts", default="cnn,gpt")
     ap.add_argument("--gpt-steps", type=int, default=300)
     ap.add_argument("--gpt-eval-limit", type=int, default=200)
+    ap.add_argument("--gpt-hook-start-step", type=int, default=10,
+                    help="GPT steps with exact gradients before the codec starts (PyTorch's start_powerSGD_iter)")
     ap.add_argument("--out", default=os.path.join(HERE, "COMPRESSION.md"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -87,8 +91,8 @@ def main():
              f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by both machines, commit "
              f"{sh('git', '-C', ROOT, 'rev-parse', '--short', 'HEAD').strip()}; 2 machines (network namespaces, "
              f"{args.rate}) x 1 worker, one intra-op and one BLAS thread each (BLAS: "
-             f"{os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}). The first 10 steps are "
-             "exact in every compressed run (--comm-hook-start-step 10).",
+             f"{os.path.realpath('/etc/alternatives/libblas.so.3-x86_64-linux-gnu')}). The first 10 steps (the "
+             f"GPT's first {args.gpt_hook_start_step}) are exact in every compressed run (--comm-hook-start-step).",
              f"Command: `sudo /usr/bin/python3 bench/compare_compression.py {' '.join(sys.argv[1:])}`", ""]
     cluster = Cluster(2, args.rate)
     try:
@@ -108,7 +112,7 @@ def main():
                 exact = None
                 for hook in hooks:
                     loss, secs = gpt(cluster, args.build, hook, os.path.join(tmp, "gpt-" + hook.replace(":", "-")),
-                                     args.gpt_steps, args.gpt_eval_limit)
+                                     args.gpt_steps, args.gpt_eval_limit, args.gpt_hook_start_step)
                     exact = loss if exact is None and hook == "none" else exact
                     rel = f"{(loss / exact - 1) * 100:+.2f}%" if exact else ""
                     lines.append(f"| {hook} | {loss:.4f} | {rel} | {secs:.0f} |")
