@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "lockstep/base/knobs.h"
 #include "lockstep/comm/backends.h"
 #include "lockstep/comm/reference.h"
 #include "lockstep/comm/rendezvous.h"
@@ -53,9 +54,8 @@ std::string human_bytes(std::size_t b) {
 // slowest, on every rank alike). GB/s by machine (the launcher's node rank); empty on one machine
 // or outside the launcher.
 std::vector<double> probe_links(Communicator& comm, std::size_t bytes) {
-  const char* group = std::getenv("GROUP_RANK");
-  const char* local = std::getenv("LOCAL_RANK");
-  const std::int32_t mine[2] = {group ? std::atoi(group) : -1, local ? std::atoi(local) : -1};
+  const auto group = knobs::get(knobs::kGroupRank), local = knobs::get(knobs::kLocalRank);
+  const std::int32_t mine[2] = {group ? std::atoi(group->c_str()) : -1, local ? std::atoi(local->c_str()) : -1};
   std::vector<std::int32_t> all(2 * static_cast<std::size_t>(comm.size()));
   comm.allgather(mine, all.data(), 2, DType::i32)->wait();
   int machines = 0;
