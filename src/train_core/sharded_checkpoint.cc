@@ -99,7 +99,10 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// Appends to a file, keeping a running CRC-32; fsync and close at finish().
+// Appends to a file, keeping a running CRC-32; fsync and close at finish(). Every kFlushBytes it
+// writes the range out and drops it from the page cache: a shard is written once and read by
+// another process later, and under a memory limit (a container, a cgroup) its dirty pages would
+// count against the job, which then thrashes or is killed while it saves.
 class ShardOut {
  public:
   explicit ShardOut(std::string path) : path_(std::move(path)) {
@@ -116,18 +119,20 @@ class ShardOut {
     const std::uint64_t at = written_;
     const auto* p = static_cast<const unsigned char*>(data);
     for (std::size_t done = 0; done < bytes;) {
-      const std::size_t chunk = std::min<std::size_t>(bytes - done, 1u << 30);
-      crc_ = crc32c_update(crc_, p + done, chunk);
+      const std::size_t chunk = std::min<std::size_t>(bytes - done, kFlushBytes);
       ssize_t n = ::write(fd_, p + done, chunk);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw_write_error(path_, errno);
+      crc_ = crc32c_update(crc_, p + done, static_cast<std::size_t>(n));
       done += static_cast<std::size_t>(n);
+      written_ += static_cast<std::size_t>(n);
+      if (written_ - flushed_ >= kFlushBytes) flush_written();
     }
-    written_ += bytes;
     return at;
   }
   void finish() {
     if (::fsync(fd_) != 0) throw_write_error(path_, errno);
+    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);  // clean now: only advice, nothing to check
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) throw_write_error(path_, errno);
@@ -136,9 +141,20 @@ class ShardOut {
   std::uint32_t crc() const { return crc_; }
 
  private:
+  static constexpr std::size_t kFlushBytes = 64u << 20;
+
+  void flush_written() {
+    const auto from = static_cast<off_t>(flushed_), length = static_cast<off_t>(written_ - flushed_);
+    if (::sync_file_range(fd_, from, length,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+      throw_write_error(path_, errno);
+    ::posix_fadvise(fd_, from, length, POSIX_FADV_DONTNEED);
+    flushed_ = written_;
+  }
+
   std::string path_;
   int fd_ = -1;
-  std::uint64_t written_ = 0;
+  std::uint64_t written_ = 0, flushed_ = 0;
   std::uint32_t crc_ = 0;
 };
 

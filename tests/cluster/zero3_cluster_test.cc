@@ -226,7 +226,9 @@ TEST(Zero3Cluster, AModelWhoseStateOutgrowsEachMachineTrainsUnderStageThreeWhere
       EXPECT_NE(n->wait(600), 0) << n->output();
       all += n->output();
     }
-    EXPECT_NE(all.find("ran out of memory: the kernel's OOM killer ended it"), std::string::npos) << all;
+    // Either the OOM kill is the job's first failure or another rank's reaction to it was agreed
+    // first; the launcher names the kill both ways.
+    EXPECT_NE(all.find("the kernel's OOM killer ended it"), std::string::npos) << all;
     EXPECT_FALSE(fs::exists(out.path() + "/checkpoint-1")) << "a checkpoint from a job that did not train";
   }
   TempDir out("zero3-fits");
