@@ -23,8 +23,8 @@ namespace {
 constexpr const char* kFormat = "lockstep-sharded-checkpoint";
 constexpr int kVersion = 1;
 
-// CRC-32C (Castagnoli), the checksum of each shard: the CPU's crc32 instruction where it has one
-// (about 6 GB/s here, against 2.3 GB/s for zlib's CRC-32), else a table.
+// CRC-32C (Castagnoli), the checksum of each shard: the CPU's crc32 instruction on three streams
+// where it has one, else a table.
 std::uint32_t crc32c_table_step(std::uint32_t crc, const unsigned char* p, std::size_t n) {
   static const auto table = [] {
     std::array<std::uint32_t, 256> t{};
@@ -39,6 +39,35 @@ std::uint32_t crc32c_table_step(std::uint32_t crc, const unsigned char* p, std::
   return crc;
 }
 
+// Appending n zero bytes to a message turns its CRC register r into M^(8n) r, M being the
+// one-bit step of the register (a 32 x 32 matrix over GF(2), stored as its columns). The CRC of
+// A then B is the register after A moved past B's bytes, xor B's own (both from the same start).
+using Gf2Matrix = std::array<std::uint32_t, 32>;
+
+std::uint32_t gf2_apply(const Gf2Matrix& m, std::uint32_t v) {
+  std::uint32_t out = 0;
+  for (int bit = 0; v != 0; ++bit, v >>= 1)
+    if (v & 1) out ^= m[static_cast<std::size_t>(bit)];
+  return out;
+}
+
+Gf2Matrix gf2_square(const Gf2Matrix& m) {
+  Gf2Matrix out{};
+  for (std::size_t bit = 0; bit < 32; ++bit) out[bit] = gf2_apply(m, m[bit]);
+  return out;
+}
+
+// The finished CRC-32C of A followed by B, from A's and B's finished CRCs and B's length.
+std::uint32_t crc32c_concat(std::uint32_t crc_a, std::uint32_t crc_b, std::size_t length_b) {
+  Gf2Matrix step{};  // one zero bit: shift right, the polynomial folded in when bit 0 falls out
+  step[0] = 0x82f63b78u;
+  for (std::size_t bit = 1; bit < 32; ++bit) step[bit] = 1u << (bit - 1);
+  Gf2Matrix power = gf2_square(gf2_square(gf2_square(step)));  // one zero byte
+  for (std::size_t n = length_b; n != 0; n >>= 1, power = gf2_square(power))
+    if (n & 1) crc_a = gf2_apply(power, crc_a);
+  return crc_a ^ crc_b;
+}
+
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, const unsigned char* p,
                                                               std::size_t n) {
@@ -51,6 +80,30 @@ __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, 
   }
   return crc32c_table_step(static_cast<std::uint32_t>(c), p + i, n - i);
 }
+
+// Three streams at once: each crc32 instruction waits for the one before it on the same stream
+// (3 cycles) but not for the others', so three thirds run in the time of one, then are joined.
+// Takes and returns the raw register, as crc32c_sse42 does.
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42_3way(std::uint32_t reg, const unsigned char* p,
+                                                                   std::size_t n) {
+  const std::size_t third = (n / 3) & ~std::size_t{7};
+  if (third < 4096) return crc32c_sse42(reg, p, n);
+  std::uint64_t a = reg, b = 0xffffffffu, c = 0xffffffffu;
+  const unsigned char *pa = p, *pb = p + third, *pc = p + 2 * third;
+  for (std::size_t i = 0; i < third; i += 8) {
+    std::uint64_t wa, wb, wc;
+    std::memcpy(&wa, pa + i, 8);
+    std::memcpy(&wb, pb + i, 8);
+    std::memcpy(&wc, pc + i, 8);
+    a = __builtin_ia32_crc32di(a, wa);
+    b = __builtin_ia32_crc32di(b, wb);
+    c = __builtin_ia32_crc32di(c, wc);
+  }
+  const std::size_t rest = n - 3 * third;
+  const auto last = crc32c_sse42(static_cast<std::uint32_t>(c), pc + third, rest);
+  const std::uint32_t ab = crc32c_concat(~static_cast<std::uint32_t>(a), ~static_cast<std::uint32_t>(b), third);
+  return ~crc32c_concat(ab, ~last, third + rest);
+}
 #endif
 
 std::uint32_t crc32c_update(std::uint32_t crc, const void* data, std::size_t n) {
@@ -58,7 +111,7 @@ std::uint32_t crc32c_update(std::uint32_t crc, const void* data, std::size_t n) 
   crc = ~crc;
 #if defined(__x86_64__)
   static const bool hardware = __builtin_cpu_supports("sse4.2");
-  crc = hardware ? crc32c_sse42(crc, p, n) : crc32c_table_step(crc, p, n);
+  crc = hardware ? crc32c_sse42_3way(crc, p, n) : crc32c_table_step(crc, p, n);
 #else
   crc = crc32c_table_step(crc, p, n);
 #endif

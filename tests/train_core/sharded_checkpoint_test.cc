@@ -120,6 +120,26 @@ TEST(ShardedCheckpoint, TheChecksumIsCrc32c) {
   EXPECT_NE(crc32c(long_text.data(), 1000), crc32c(long_text.data(), 999));
 }
 
+// Large buffers are checksummed as three interleaved streams joined afterwards: every length,
+// around the sizes where the split starts and with a tail that is not a multiple of 8, must give
+// what the plain bit-at-a-time definition gives.
+TEST(ShardedCheckpoint, TheChecksumOfLongBuffersIsTheDefinitionsWhateverTheLength) {
+  auto by_definition = [](const unsigned char* p, std::size_t n) {
+    std::uint32_t crc = 0xffffffffu;
+    for (std::size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+    }
+    return ~crc;
+  };
+  std::vector<unsigned char> bytes((1u << 20) + 13);
+  std::uint32_t x = 12345;
+  for (auto& b : bytes) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
+  for (std::size_t n : {std::size_t{0}, std::size_t{9}, std::size_t{12287}, std::size_t{12288},
+                        std::size_t{12300}, std::size_t{24583}, std::size_t{100001}, bytes.size()})
+    EXPECT_EQ(crc32c(bytes.data(), n), by_definition(bytes.data(), n)) << n << " bytes";
+}
+
 TEST(ShardedCheckpoint, ARangeNobodyWroteIsNamed) {
   Fixture f;
   testing::TempDir dir("sharded-gap");
