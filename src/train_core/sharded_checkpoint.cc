@@ -152,7 +152,7 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// Appends to a file, keeping a running CRC-32; fsync and close at finish(). Every kFlushBytes it
+// Appends to a file, keeping a running CRC-32C; fsync and close at finish(). Every kFlushBytes it
 // writes the range out and drops it from the page cache: a shard is written once and read by
 // another process later, and under a memory limit (a container, a cgroup) its dirty pages would
 // count against the job, which then thrashes or is killed while it saves.
