@@ -2,7 +2,10 @@
 """Allreduce, lockstep against its peers, in one run on this machine: lockstep shm and gloo
 (`lockstep bench allreduce --json`), Open MPI's MPI_Allreduce (bench/mpi_allreduce.c) and
 torch.distributed gloo (Debian's python3-torch). 2 ranks, f32 sum, one thread per rank.
-Prints a markdown table with busbw and the ratios lockstep-shm / peer.
+Each pair compares the same operation: lockstep shm and MPI go from a send buffer to a receive
+buffer; lockstep gloo and torch gloo reduce in place (torch's all_reduce has no other form, and
+DDP's buckets are reduced in place). Prints a markdown table with busbw and the ratios
+lockstep-shm / MPI and lockstep-gloo / torch-gloo.
 
     /usr/bin/python3 bench/compare_allreduce.py [--build build] [--max-bytes N] [--ranks 2]
 """
@@ -26,9 +29,10 @@ def parse_lines(text):
     return {row["bytes"]: row for row in (json.loads(l) for l in text.splitlines() if l.startswith("{\"bytes\""))}
 
 
-def run_lockstep(build, backend, ranks, lo, hi):
+def run_lockstep(build, backend, ranks, lo, hi, in_place):
     out = subprocess.run([os.path.join(build, "tools", "lockstep"), "bench", "allreduce", "--nproc", str(ranks),
-                          "--backend", backend, "--min-bytes", str(lo), "--max-bytes", str(hi), "--json"],
+                          "--backend", backend, "--min-bytes", str(lo), "--max-bytes", str(hi), "--json"] +
+                         (["--in-place"] if in_place else []),
                          check=True, capture_output=True, text=True).stdout
     # The launcher prefixes each worker line with "[rank N] "; rank 0 prints the JSON.
     text = "\n".join(l[len("[rank 0] "):] for l in out.splitlines() if l.startswith("[rank 0] "))
@@ -74,8 +78,8 @@ def main():
     args = ap.parse_args()
     lo, hi, n = args.min_bytes, args.max_bytes, args.ranks
     runners = {
-        "lockstep shm": lambda: run_lockstep(args.build, "shm", n, lo, hi),
-        "lockstep gloo": lambda: run_lockstep(args.build, "gloo", n, lo, hi),
+        "lockstep shm": lambda: run_lockstep(args.build, "shm", n, lo, hi, in_place=False),
+        "lockstep gloo": lambda: run_lockstep(args.build, "gloo", n, lo, hi, in_place=True),
         "Open MPI": lambda: run_mpi(args.build, n, lo, hi),
         "torch gloo": lambda: run_torch(n, lo, hi),
     }
@@ -89,8 +93,8 @@ def main():
     factor = 2 * (n - 1) / n if n > 1 else 1
     names = list(sides)
     print(f"allreduce f32 sum, {n} ranks, 1 thread per rank (no BLAS involved); best of {args.rounds} interleaved "
-          f"sweeps per size; time in us, busbw in GB/s\n")
-    head = "| size | " + " | ".join(f"{k} us | {k} busbw" for k in names) + " | shm/MPI | shm/torch |"
+          f"sweeps per size; time in us, busbw in GB/s; shm and MPI send -> receive, both gloo sides in place\n")
+    head = "| size | " + " | ".join(f"{k} us | {k} busbw" for k in names) + " | shm/MPI | gloo/torch |"
     print(head)
     print("|" + "---|" * (1 + 2 * len(names) + 2))
     size = lo
@@ -101,7 +105,7 @@ def main():
             bw[k] = size / (t * 1e-6) / 1e9 * factor
             cells += [f"{t:.1f}", f"{bw[k]:.2f}"]
         print(f"| {human(size)} | " + " | ".join(cells) +
-              f" | {bw['lockstep shm'] / bw['Open MPI']:.2f}x | {bw['lockstep shm'] / bw['torch gloo']:.2f}x |")
+              f" | {bw['lockstep shm'] / bw['Open MPI']:.2f}x | {bw['lockstep gloo'] / bw['torch gloo']:.2f}x |")
         size *= 2
     wrong = sum(r.get("wrong", 0) for k in ("lockstep shm", "lockstep gloo") for r in sides[k].values())
     print(f"\nlockstep correctness check: {wrong} wrong elements")

@@ -223,6 +223,8 @@ struct BenchCommand : Command {
     allreduce->add_option("--iters", options.iters, "timed iterations per size (0: by size)")
         ->capture_default_str();
     allreduce->add_flag("--json", options.json, "print JSON instead of the table");
+    allreduce->add_flag("--in-place", options.in_place,
+                        "time in-place all-reduces (as torch.distributed and DDP do), not send -> receive");
     allreduce->add_option("--shm-slot-bytes", options.shm_slot_bytes,
                           "shm staging bytes per rank (0: default 1 MiB)");
     allreduce->add_option("--links", options.link_bytes,

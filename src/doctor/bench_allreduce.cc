@@ -139,12 +139,17 @@ int bench_allreduce_worker(const BenchOptions& options) {
 
     int iters = options.iters > 0 ? options.iters
                                   : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
-    for (int i = 0; i < options.warmup; ++i)
-      comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    auto timed_allreduce = [&] {
+      if (options.in_place)
+        comm.allreduce(recv.data(), count, dtype, op)->wait();
+      else
+        comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    };
+    for (int i = 0; i < options.warmup; ++i) timed_allreduce();
     comm.barrier()->wait();
     const NetworkStats network_before = comm.network_stats();
     auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
+    for (int i = 0; i < iters; ++i) timed_allreduce();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
     const NetworkStats network_after = comm.network_stats();
     // What the network transport carried while the timed all-reduces ran (0 on shm).

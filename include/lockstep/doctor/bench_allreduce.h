@@ -16,6 +16,9 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 0;  // 0: chosen per size
   bool json = false;
+  // Time the all-reduce in place (one buffer, as torch.distributed's all_reduce and DDP's buckets
+  // do) rather than from a send buffer into a receive buffer (nccl-tests' default).
+  bool in_place = false;
   std::size_t shm_slot_bytes = 0;  // 0: the communicator's default
   // After the sweep, each machine's link out timed alone: this many bytes from its first rank to
   // the next machine's (0: not measured). Needs the launcher's GROUP_RANK and LOCAL_RANK.
