@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "lockstep/base/log.h"
@@ -96,6 +97,17 @@ void broadcast_flat(comm::Communicator& comm, std::vector<torch::Tensor> tensors
   }
 }
 
+// The weights of the module's embedding tables (a weight tied to a head counts: it is the
+// same tensor).
+std::set<const c10::TensorImpl*> embedding_tables(torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> tables;
+  for (auto& sub : module.modules()) {
+    if (auto* e = sub->as<torch::nn::EmbeddingImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
+    if (auto* e = sub->as<torch::nn::EmbeddingBagImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
+  }
+  return tables;
+}
+
 }  // namespace
 
 CommHook parse_comm_hook(const std::string& name) {
@@ -129,6 +141,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     int bucket = -1;
     std::int64_t offset = 0;  // where it starts in its bucket
     torch::Tensor view;       // this parameter's slice of its bucket (while the bucket exists)
+    bool embedding = false;   // the weight of an Embedding or EmbeddingBag (BucketTensor::embedding)
   };
   struct Bucket {
     torch::Tensor flat;  // under reduce_scatter: only from its launch until it is reduced
@@ -233,6 +246,7 @@ void Reducer::Impl::install_hooks() {
     std::weak_ptr<Impl> impl;
     int index;
   };
+  const auto tables = embedding_tables(*module);
   for (auto& item : module->named_parameters()) {
     auto& p = item.value();
     auto& name = item.key();
@@ -240,6 +254,7 @@ void Reducer::Impl::install_hooks() {
     Param param;
     param.name = name;
     param.tensor = p;
+    param.embedding = tables.count(p.unsafeGetTensorImpl()) > 0;
     comm_dtype(p.scalar_type(), "parameter '" + name + "'");
     params.push_back(std::move(param));
   }
@@ -377,7 +392,8 @@ torch::Tensor Reducer::Impl::bucket_memory(std::int64_t numel, const torch::Tens
 // Bucket b's codec over its tensors' places and shapes; auto's decisions are logged on rank 0.
 std::shared_ptr<BucketCodec> Reducer::Impl::codec_for(int b) const {
   std::vector<BucketTensor> layout;
-  for (int i : buckets[std::size_t(b)].params) layout.push_back({params[i].offset, params[i].tensor.sizes().vec()});
+  for (int i : buckets[std::size_t(b)].params)
+    layout.push_back({params[i].offset, params[i].tensor.sizes().vec(), params[i].embedding});
   std::function<void(const std::string&)> log;
   if (comm.rank() == 0)
     log = [b](const std::string& line) { LOCKSTEP_LOG(info, ddp) << "auto comm hook, bucket " << b << ": " << line; };

@@ -89,7 +89,7 @@ class PowerSgdCodec final : public BucketCodec {
   Plan make_plan(std::int64_t first, std::int64_t count) const {
     Plan plan;
     for (const auto& t : layout_) {
-      if (t.shape.size() < 2 || t.shape[0] == 0) continue;
+      if (t.shape.size() < 2 || t.shape[0] == 0 || t.embedding) continue;
       std::int64_t numel = 1;
       for (auto d : t.shape) numel *= d;
       const std::int64_t cols = numel / t.shape[0];

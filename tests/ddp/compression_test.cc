@@ -251,6 +251,38 @@ TEST(Codecs, DdpTrainsWithEachCodecLikeExactWithFewerBytes) {
   }
 }
 
+// An embedding table's gradient (a row per token seen) is far from low rank: PowerSGD sends it
+// exact, bit for bit the exact DDP's, while the linear layer beside it is compressed.
+TEST(Codecs, PowerSgdSendsAnEmbeddingTableExactAndCompressesTheLayerBesideIt) {
+  const int W = 2;
+  auto gradients = [&](CommHook hook) {
+    std::vector<std::vector<torch::Tensor>> grads(W);
+    testing::run_ranks_as_threads(W, machines_of("gloo", {0, 1}), [&](comm::Communicator& comm) {
+      torch::manual_seed(11);
+      auto table = torch::nn::Embedding(64, 48);
+      auto layer = torch::nn::Linear(48, 48);
+      auto model = torch::nn::Sequential(table, layer);
+      DdpOptions o;
+      o.comm_hook = hook;
+      o.compression.start_step = 0;
+      o.compression.powersgd_rank = 1;
+      Reducer reducer(model.ptr(), comm, o);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(std::uint64_t(100 + comm.rank()));
+      auto tokens = torch::randint(64, {128}, gen, torch::kLong);
+      auto target = torch::randn({128, 48}, gen, torch::kFloat);
+      reducer.before_forward();
+      auto out = model->forward(tokens);
+      reducer.after_forward(&out);
+      (out - target).pow(2).sum().backward();
+      grads[comm.rank()] = {table->weight.grad().clone(), layer->weight.grad().clone()};
+    });
+    return grads[0];
+  };
+  auto exact = gradients(CommHook::none), compressed = gradients(CommHook::powersgd);
+  EXPECT_TRUE(torch::equal(compressed[0], exact[0])) << "the table's gradient was not sent exact";
+  EXPECT_GT(relative_error(compressed[1], exact[1]), 1e-3) << "the linear layer was not compressed";
+}
+
 TEST(Codecs, ZeroStageTwoRefusesACodecThatNeedsTheWholeBucket) {
   testing::run_ranks_as_threads(2, machines_of("gloo", {0, 1}), [&](comm::Communicator& comm) {
     auto model = torch::nn::Linear(8, 8);

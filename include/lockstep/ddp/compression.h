@@ -8,8 +8,8 @@
 // machines, P orthonormalised, Q = M^T P summed, the estimate P Q^T of the sum. Q carries over to
 // the next step (warm start: one power iteration per step tracks the top subspace). Per block,
 // (rows + cols) r numbers cross the network instead of rows x cols; vectors (biases, norms),
-// rows cut by a share's edge, and matrices too small to gain at least `min_compression` are sent
-// exact in the first of the two all-reduces. The first `start_step` steps are exact (the
+// embedding tables, rows cut by a share's edge, and matrices too small to gain at least
+// `min_compression` are sent exact in the first of the two all-reduces. The first `start_step` steps are exact (the
 // estimate needs a subspace to start from, as torch's start_powerSGD_iter). Error feedback:
 // each machine keeps what its own sum lost (M minus its part of the estimate) and adds it to the
 // next step's gradient. Cost: two small all-reduces and, per block, three rows x cols x r matrix
@@ -51,6 +51,11 @@ struct CompressionOptions {
 struct BucketTensor {
   std::int64_t offset = 0;
   std::vector<std::int64_t> shape;
+  // An embedding table: its gradient is a sum of the rows of the tokens a step saw, one per
+  // token, not a product of two thin factors, so a low rank loses much of it. PowerSGD sends it
+  // exact (torch's hook compresses it; on the GPT, exact tables took rank 4's validation loss
+  // from 4.9% to 4.2% above exact gradients after 300 steps, for 3% of the parameters).
+  bool embedding = false;
 };
 
 // What a codec chose for a share and why (auto), and what it sent (all codecs).
