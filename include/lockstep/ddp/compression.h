@@ -9,11 +9,12 @@
 // the next step (warm start: one power iteration per step tracks the top subspace). Per block,
 // (rows + cols) r numbers cross the network instead of rows x cols; vectors (biases, norms),
 // embedding tables, rows cut by a share's edge, and matrices too small to gain at least
-// `min_compression` are sent exact in the first of the two all-reduces. The first `start_step` steps are exact (the
-// estimate needs a subspace to start from, as torch's start_powerSGD_iter). Error feedback:
-// each machine keeps what its own sum lost (M minus its part of the estimate) and adds it to the
-// next step's gradient. Cost: two small all-reduces and, per block, three rows x cols x r matrix
-// products, run on the communication thread: they compete with backward for the same cores.
+// `min_compression` are sent exact in the first of the two all-reduces. The first `start_step`
+// steps are exact (the estimate needs a subspace to start from, as torch's start_powerSGD_iter).
+// Error feedback: each machine keeps what its own sum lost (M minus its part of the estimate) and
+// adds it to the next step's gradient. Cost: two small all-reduces and, per block, three
+// rows x cols x r matrix products, run on the communication thread: they compete with backward
+// for the same cores.
 //
 // int8: the share with its error added, scaled per 1024 elements to [-127, 127] and rounded;
 // the holders all-gather the bytes and every one sums the dequantised values in machine order,
