@@ -44,11 +44,12 @@ namespace {
 // one stands out.
 std::optional<Straggler> straggler_among(comm::Communicator& comm, const WindowSums& mine, double steps) {
   if (comm.size() < 2) return std::nullopt;
-  const double local[2] = {mine.data / steps, (mine.forward + mine.backward + mine.optimizer) / steps};
-  std::vector<double> all(2 * static_cast<std::size_t>(comm.size()));
-  comm.allgather(local, all.data(), 2, comm::DType::f64)->wait();
+  const double local[3] = {mine.data / steps, (mine.forward + mine.backward + mine.optimizer) / steps,
+                           mine.total / steps};
+  std::vector<double> all(3 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(local, all.data(), 3, comm::DType::f64)->wait();
   std::vector<RankBusy> ranks;
-  for (std::size_t r = 0; r < all.size(); r += 2) ranks.push_back({all[r], all[r + 1]});
+  for (std::size_t r = 0; r < all.size(); r += 3) ranks.push_back({all[r], all[r + 1], all[r + 2]});
   return find_straggler(ranks);
 }
 

@@ -14,6 +14,7 @@ double median(std::vector<double> v) {
 
 constexpr double kRatio = 1.5;
 constexpr double kExcessSeconds = 0.005;
+constexpr double kShareOfStep = 0.1;
 
 }  // namespace
 
@@ -29,13 +30,15 @@ std::optional<Straggler> find_straggler(const std::vector<RankBusy>& ranks) {
   auto busy = [](const RankBusy& r) { return r.data + r.compute; };
   const auto slowest = std::max_element(ranks.begin(), ranks.end(),
                                         [&](const RankBusy& a, const RankBusy& b) { return busy(a) < busy(b); });
-  std::vector<double> data, compute, total;
+  std::vector<double> data, compute, total, steps;
   for (auto it = ranks.begin(); it != ranks.end(); ++it) {
+    steps.push_back(it->step);
     if (it == slowest) continue;
     data.push_back(it->data), compute.push_back(it->compute), total.push_back(busy(*it));
   }
-  const double others = median(total);
-  if (busy(*slowest) < kRatio * others || busy(*slowest) - others < kExcessSeconds) return std::nullopt;
+  const double others = median(total), excess = busy(*slowest) - others;
+  if (busy(*slowest) < kRatio * others || excess < kExcessSeconds || excess < kShareOfStep * median(steps))
+    return std::nullopt;
   Straggler s;
   s.rank = static_cast<int>(slowest - ranks.begin());
   s.ratio = others > 0 ? busy(*slowest) / others : 0;

@@ -15,6 +15,7 @@ namespace lockstep::train {
 struct RankBusy {
   double data = 0;     // waiting for batches
   double compute = 0;  // forward, backward (hidden communication included) and the optimizer
+  double step = 0;     // the whole step, waits included (0: not known)
 };
 
 struct Straggler {
@@ -25,7 +26,9 @@ struct Straggler {
 };
 
 // The rank whose data + compute time per step is at least 1.5x the median of the others' and
-// 5 ms more (noise on a shared host moves single ranks by less), if there is one. Its cause is
+// 5 ms more (noise on a shared host moves single ranks by less), and whose excess is at least a
+// tenth of the ranks' median step (behind a slow link, a rank a few ms late costs the step a few
+// per cent: the link, not the rank, is what the others wait for), if there is one. Its cause is
 // the part (data or compute) that exceeds the others' medians by more.
 std::optional<Straggler> find_straggler(const std::vector<RankBusy>& ranks);
 
