@@ -150,6 +150,7 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
     lock.unlock();
     backend_->on_thread_stop();
   });
+  store_ = store;
   if (store && size_ > 1) start_watchdog(std::move(store));
 }
 
@@ -516,7 +517,27 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   std::unique_ptr<Communicator> comm(new Communicator(rank, size, std::move(impl), std::move(options), std::move(store)));
   comm->mailbox_ = std::move(mailbox);
   comm->mailbox_error_ = mailbox_error;
+  comm->machine_of_ = where.machine_of;
   return comm;
+}
+
+std::unique_ptr<Communicator> Communicator::machine_communicator() {
+  if (!store_ || machine_of_.empty())
+    throw ConfigError("communicator '" + options_.name +
+                      "' does not know which ranks share a machine (mpi without a store): it cannot make a "
+                      "communicator per machine");
+  const int machine = machine_of_[static_cast<std::size_t>(rank_)];
+  int local_rank = 0, local_size = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (machine_of_[static_cast<std::size_t>(r)] != machine) continue;
+    if (r == rank_) local_rank = local_size;
+    ++local_size;
+  }
+  CommOptions options = options_;
+  options.name = options_.name + "/machine-" + std::to_string(machine);
+  options.backend = "shm";
+  options.machine_of.assign(static_cast<std::size_t>(local_size), 0);
+  return create(store_, local_rank, local_size, std::move(options));
 }
 
 }  // namespace lockstep::comm

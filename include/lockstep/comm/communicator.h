@@ -136,6 +136,15 @@ class Communicator {
   // get a MismatchError. Where allocate_machine_memory gives nullptr this is an allgather.
   WorkPtr allgather_machine(const void* send, void* recv, std::size_t count, DType dtype);
 
+  // Collective over every rank: a communicator of the ranks on this rank's machine (rank = its
+  // index among them, shared memory between them), for work that stays inside a machine while
+  // this one spans them (local SGD's inner steps). Its name is this one's plus "/machine-<m>".
+  // ConfigError when the machines are unknown (mpi without a store).
+  std::unique_ptr<Communicator> machine_communicator();
+  // Which machine each rank is on (0, 0, 1, 1, ...), numbered by each machine's lowest rank;
+  // empty when unknown.
+  const std::vector<int>& machine_of() const { return machine_of_; }
+
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
   // Safe to call from any thread, also while collectives run.
@@ -154,6 +163,8 @@ class Communicator {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Queue> queue_;
   std::unique_ptr<Watchdog> watchdog_;
+  std::shared_ptr<StoreClient> store_;  // kept for machine_communicator()
+  std::vector<int> machine_of_;
   std::unique_ptr<Mailbox> mailbox_;  // point-to-point; null when it could not open (then p2p throws why)
   std::string mailbox_error_;
 };
