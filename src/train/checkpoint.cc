@@ -326,7 +326,7 @@ void rename_into_place(const fs::path& from, const fs::path& to) {
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
                       const nlohmann::json& args, const nlohmann::json& trainer_state,
-                      const std::function<void()>& after_model) {
+                      const std::function<void()>& after_model, torch::optim::Optimizer* outer) {
   const fs::path final_dir = dir;
   const fs::path parent = final_dir.parent_path();
   PendingDir tmp(parent / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid())));
@@ -334,6 +334,9 @@ void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
   if (after_model) after_model();
   write_file_durably((tmp.path() / "optimizer.pt").string(),
                      archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); }));
+  if (outer)
+    write_file_durably((tmp.path() / kOuterOptimizerFile).string(),
+                       archive_bytes("outer optimizer state", [&](auto& a) { outer->save(a); }));
   write_file_durably((tmp.path() / "scheduler.json").string(), scheduler.dump(2));
   write_file_durably((tmp.path() / "training_args.json").string(), args.dump(2));
   write_file_durably((tmp.path() / "trainer_state.json").string(),

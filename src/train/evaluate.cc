@@ -89,6 +89,7 @@ namespace lockstep::train {
 
 nlohmann::json Trainer::Impl::evaluate() {
   if (!eval_set) throw ConfigError("evaluation needs an eval dataset: pass one to the Trainer");
+  meet_machines();
   const auto begin = Clock::now();
   broadcast_buffers(*model.module, *comm);
   const data::EvalTotals total =

@@ -61,6 +61,12 @@ void Trainer::Impl::build_reducer() {
     throw ConfigError("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer (declare the layers "
                       "whose statistics should span the ranks as lockstep::SyncBatchNorm, ddp/sync_batchnorm.h)");
   if (world() == 1) return;
+  comm::Communicator* over = comm;
+  if (args.sync_every > 1) {  // gradients are averaged inside each machine; the machines meet apart
+    machine_comm = comm->machine_communicator();
+    if (machine_comm->size() == 1) return;
+    over = machine_comm.get();
+  }
   DdpOptions ddp;
   ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
@@ -83,7 +89,17 @@ void Trainer::Impl::build_reducer() {
   } else if (args.zero_stage > 0) {
     sharding = zero_bucket_sharding(zero_options, world());
   }
-  reducer = std::make_unique<Reducer>(model.module, *comm, ddp, sharding);
+  reducer = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
+}
+
+void Trainer::Impl::build_outer() {
+  if (args.sync_every == 1 || world() == 1) return;
+  outer = std::make_unique<OuterOptimizer>(*model.module, *comm,
+                                           OuterOptions{args.sync_every, args.outer_learning_rate, args.outer_momentum});
+}
+
+void Trainer::Impl::meet_machines() {
+  if (outer) outer->synchronize();
 }
 
 void Trainer::Impl::build_optimizer() {
@@ -127,6 +143,7 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
   }
   build_reducer();  // before the optimizer: ZeRO shards the reducer's buckets
   build_optimizer();
+  build_outer();  // before a resume, which restarts it from the loaded parameters
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
 
   if (std::string from = resume_target(); !from.empty()) {
@@ -160,6 +177,12 @@ void Trainer::Impl::announce() {
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
   LOCKSTEP_LOG(info, train) << head << (zero ? ", ZeRO stage " + std::to_string(args.zero_stage) : "");
+  if (outer)
+    LOCKSTEP_LOG(info, train) << "local SGD: gradients are averaged inside each machine ("
+                              << (machine_comm ? machine_comm->size() : 1)
+                              << " workers) and the machines meet every " << args.sync_every
+                              << " steps (outer step: lr " << args.outer_learning_rate << ", Nesterov momentum "
+                              << args.outer_momentum << ") and before each evaluation and checkpoint";
   if (zero && zero->memory().mirrors > 0)
     LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
                               << zero->memory().mirrors / 1e6
@@ -407,6 +430,7 @@ TrainResult Trainer::Impl::train() {
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
+  meet_machines();
   finish_background_save();
   check_replicas();
   load_best_model();
@@ -435,6 +459,9 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   if (comm) {
     impl_->comm = comm;
   } else if (comm::started_elastic()) {  // lockstep run --nnodes MIN:MAX: blocks until admitted
+    if (impl_->args.sync_every > 1)
+      throw ConfigError("--sync-every " + std::to_string(impl_->args.sync_every) +
+                        " in an elastic job: local SGD does not follow membership changes yet; use --sync-every 1");
     comm::CommOptions options;
     options.backend = impl_->args.backend;
     impl_->elastic = comm::join_elastic_from_env(options);

@@ -58,7 +58,8 @@ SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer,
     write_checkpoint(dir.string(), *t.model.module, *optimizer, scheduler_json(t), t.args.to_json(),
                      trainer_state_json(t, sampler_position, rngs), [&] {
                        if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
-                     });
+                     },
+                     t.outer ? &t.outer->outer() : nullptr);
     std::vector<std::string> keep = {dir.string()};
     if (!t.state.best_checkpoint.empty()) keep.push_back(t.state.best_checkpoint);
     rotate_checkpoints(t.args.output_dir, t.args.save_total_limit, keep);
@@ -81,6 +82,7 @@ std::string intact_note(const std::string& output_dir) {
 }  // namespace
 
 std::string Trainer::Impl::save(std::size_t sampler_position) {
+  meet_machines();  // local SGD: the checkpoint holds the machines' common model
   if (sharded_saves()) return save_sharded(sampler_position);
   const auto begin = Clock::now();
   const std::vector<std::string> rngs = comm::allgather_strings(*comm, rng_state_hex());
@@ -251,6 +253,20 @@ void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
     load_optimizer(target, (fs::path(dir) / "optimizer.pt").string());
   }
   if (zero) zero->load_consolidated(*whole);
+  if (outer) resume_outer(dir);
+}
+
+// Local SGD: every rank loaded the same parameters, the new anchor; the outer momentum comes
+// from the checkpoint when it has one (a checkpoint of a run without --sync-every has none).
+void Trainer::Impl::resume_outer(const std::string& dir) {
+  outer->restart_from_parameters();
+  const fs::path path = fs::path(dir) / kOuterOptimizerFile;
+  if (fs::exists(path)) {
+    load_optimizer(outer->outer(), path.string());
+  } else if (args.outer_momentum > 0 && rank() == 0) {
+    LOCKSTEP_LOG(info, train) << dir << " holds no " << kOuterOptimizerFile
+                              << " (saved without --sync-every): the outer momentum starts from zero";
+  }
 }
 
 void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sampler) {

@@ -21,6 +21,7 @@
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/local_sgd.h"
 #include "lockstep/ddp/zero.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/run_outputs.h"
@@ -73,6 +74,10 @@ struct Trainer::Impl {
   std::unique_ptr<Reducer> reducer;                     // several workers
   std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, or DDP
   std::unique_ptr<ZeroOptimizer> zero;                  // --zero-stage 1 or 2 on several workers
+  // --sync-every above 1 (local SGD): the reducer spans this machine's ranks only, and the
+  // machines meet through the outer optimizer.
+  std::unique_ptr<comm::Communicator> machine_comm;
+  std::unique_ptr<OuterOptimizer> outer;
   Schedule schedule;
   TrainerState state;
   bool improved_since_save = false;  // the best metric changed since the last checkpoint
@@ -93,6 +98,10 @@ struct Trainer::Impl {
   void prepare(data::DistributedSampler& sampler, bool& resumed_mid_epoch);
   void build_reducer();
   void build_optimizer();
+  void build_outer();
+  // Local SGD: the machines meet if they trained apart since they last did (collective). Called
+  // before anything reads the model: evaluation, a checkpoint, the end of training.
+  void meet_machines();
   // An optimizer of the configured kind (--optim and its settings) over `params`.
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params) const;
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
@@ -140,6 +149,7 @@ struct Trainer::Impl {
   std::string resume_target() const;
   void resume(const std::string& dir, data::DistributedSampler& sampler);
   void load_checkpoint_state(const std::string& dir);
+  void resume_outer(const std::string& dir);
   std::string save(std::size_t sampler_position);
   // Sharded saves (--save-format): every rank writes its part, on the writer's thread when
   // --save-in-background; finish_background_save() is collective: it waits for the save in

@@ -94,6 +94,11 @@ void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
   const auto end = Clock::now();
   t.optimizer = seconds_between(begin, end);
   if (TraceWriter* trace = trainer.trace()) trace->span("optimizer", 1, begin, end);
+  if (trainer.outer && trainer.outer->step()) {  // local SGD: the machines met (waiting for each other)
+    t.exposed_comm += trainer.outer->last_seconds();
+    t.comm += trainer.outer->last_seconds();
+    if (TraceWriter* trace = trainer.trace()) trace->span("machines meet", 1, end, Clock::now());
+  }
 }
 
 }  // namespace

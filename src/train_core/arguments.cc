@@ -154,6 +154,10 @@ void TrainingArguments::validate() const {
   }
   if (zero_shared_parameters && zero_stage == 0)
     bad("zero-shared-parameters", "is a ZeRO mode: add --zero-stage 1, 2 or 3");
+  if (sync_every > 1 && zero_stage > 0)
+    bad("sync-every", "keeps a whole model on every machine; it does not combine with --zero-stage (use one)");
+  if (sync_every > 1 && save_format == "sharded")
+    bad("sync-every", "saves consolidated checkpoints only: drop --save-format sharded");
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }

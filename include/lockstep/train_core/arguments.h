@@ -115,6 +115,11 @@ inline Rule backend_rule() {
     "--ddp-comm-hook powersgd/auto: exchanges per step, 2 (P then Q, the paper) or 1 (sides alternate)", within(1, 2)) \
   X(int, comm_hook_start_step, 10,                                                                             \
     "--ddp-comm-hook powersgd/auto: exact steps before compressing (auto measures the link in them)", at_least(0)) \
+  X(int, sync_every, 1,                                                                                        \
+    "local SGD / DiLoCo: machines average gradients inside themselves and meet (average their progress across " \
+    "machines) every N steps; 1: every step, plain DDP", at_least(1))                                          \
+  X(double, outer_learning_rate, 1.0, "--sync-every above 1: the outer step's learning rate (DiLoCo: 0.7)", above(0)) \
+  X(double, outer_momentum, 0.0, "--sync-every above 1: the outer step's Nesterov momentum (DiLoCo: 0.9)", within(0, 0.999)) \
   X(bool, ddp_find_unused_parameters, false, "reduce zeros for parameters without a gradient", any())          \
   X(bool, sync_batchnorm, false,                                                                               \
     "normalise over the global batch: the model's lockstep::SyncBatchNorm layers all-reduce their statistics", any()) \

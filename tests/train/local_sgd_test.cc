@@ -1,0 +1,219 @@
+// Local SGD / DiLoCo (--sync-every, ddp/local_sgd.h): ranks as threads over real communicators,
+// two machines declared so hier's two levels run in one process. The outer step against the
+// formula; whole Trainer runs: machines apart between meetings and equal after them, the bytes
+// between machines, and a resume from a checkpoint that needs the saved outer momentum.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "lockstep/ddp/local_sgd.h"
+#include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/datasets.h"
+#include "lockstep/train/trainer.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using namespace lockstep;
+using namespace lockstep::train;
+
+namespace {
+
+#ifdef LOCKSTEP_HAVE_GLOO
+const std::vector<int> kTwoMachines = {0, 0, 1, 1};
+
+comm::CommOptions two_machines() {
+  comm::CommOptions options{"hier"};
+  options.machine_of = kTwoMachines;
+  options.timeout = comm::Seconds(120);
+  return options;
+}
+
+// Each rank moves every parameter by its own amount per inner step; the meeting must average the
+// moves and take a Nesterov step on the average, the same on every rank; between meetings no
+// collective is issued.
+TEST(OuterOptimizer, MeetsEveryKStepsWithANesterovStepOnTheAveragedChange) {
+  const double lr = 0.7, mu = 0.9;
+  std::mutex m;
+  std::vector<std::string> failures;
+  std::vector<torch::Tensor> first(4);
+  lockstep::testing::run_ranks_as_threads(4, two_machines(), [&](comm::Communicator& comm) {
+    auto fail = [&](const std::string& what) {
+      std::lock_guard<std::mutex> lock(m);
+      failures.push_back("rank " + std::to_string(comm.rank()) + ": " + what);
+    };
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + comm.rank());  // a different start per rank
+    torch::nn::Linear net(3, 2);
+    for (auto& p : net->parameters()) p.copy_(torch::randn(p.sizes(), gen));
+    auto rank0_start = net->weight.clone();
+    comm.broadcast(rank0_start.data_ptr(), 6, comm::DType::f32, 0)->wait();
+    OuterOptimizer outer(*net, comm, OuterOptions{2, lr, mu});
+    if (!torch::equal(net->weight, rank0_start)) fail("did not start from rank 0's parameters");
+    auto anchor = net->weight.clone(), buffer = torch::zeros_like(anchor);
+    const float move = 0.1f * float(comm.rank() + 1);  // mean over ranks: 0.25 per inner step
+    for (int meeting = 0; meeting < 2; ++meeting) {
+      net->weight.sub_(move);
+      const auto before = comm.issued();
+      if (outer.step()) fail("met after one inner step");
+      if (comm.issued() != before) fail("issued a collective between meetings");
+      net->weight.sub_(move);
+      if (!outer.step()) fail("did not meet at the second inner step");
+      auto delta = torch::full_like(anchor, 0.5f);  // anchor - parameters, averaged
+      buffer = mu * buffer + delta;
+      anchor = anchor - lr * (delta + mu * buffer);
+      if (!torch::allclose(net->weight, anchor, 1e-5, 1e-6))
+        fail("meeting " + std::to_string(meeting) + ": weight " + std::to_string(net->weight[0][0].item<float>()) +
+             ", expected " + std::to_string(anchor[0][0].item<float>()));
+    }
+    const auto before = comm.issued();
+    if (outer.synchronize() || comm.issued() != before) fail("met with no inner step since the last meeting");
+    std::lock_guard<std::mutex> lock(m);
+    first[std::size_t(comm.rank())] = net->weight.clone();
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(first[0], first[std::size_t(r)])) << "rank " << r;
+}
+
+struct TinyImpl : torch::nn::Module {
+  TinyImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x.flatten(1)))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Tiny);
+
+Tiny seeded_tiny() {
+  torch::manual_seed(1234);
+  return Tiny();
+}
+
+std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+TrainingArguments local_args(const std::string& out, int sync_every) {
+  TrainingArguments a;
+  a.output_dir = out;
+  a.save_strategy = "no";
+  a.logging_steps = 1000;
+  a.disable_tqdm = true;
+  a.max_grad_norm = 0;
+  a.lr_scheduler_type = "constant";
+  a.optim = "sgd";
+  a.sgd_momentum = 0;
+  a.learning_rate = 0.05;
+  a.per_device_train_batch_size = 16;
+  a.sync_every = sync_every;
+  return a;
+}
+
+// Records each rank's parameters after `at` and the bytes its world communicator sent between
+// machines by the end.
+class Watch : public TrainerCallback {
+ public:
+  Watch(torch::nn::Module& m, std::int64_t at) : module_(m), at_(at) {}
+  void on_step_end(const TrainerState& s, TrainerControl&) override {
+    if (s.global_step == at_) seen = snapshot(module_);
+  }
+  std::vector<torch::Tensor> seen;
+
+ private:
+  torch::nn::Module& module_;
+  std::int64_t at_;
+};
+
+struct Runs {
+  std::vector<std::vector<torch::Tensor>> at_step, end;
+  std::vector<std::uint64_t> bytes_between_machines;
+};
+
+Runs train_two_machines(const TrainingArguments& args, std::int64_t watch_step) {
+  auto train_set = std::make_shared<FashionMnistDataset>(data::FashionMnist::Split::train, data::kFashionMnistDir, 512);
+  std::vector<Tiny> nets;
+  for (int r = 0; r < 4; ++r) nets.push_back(seeded_tiny());
+  Runs run;
+  run.at_step.resize(4);
+  run.end.resize(4);
+  run.bytes_between_machines.resize(4);
+  lockstep::testing::run_ranks_as_threads(4, two_machines(), [&](comm::Communicator& comm) {
+    const auto r = std::size_t(comm.rank());
+    auto watch = std::make_shared<Watch>(*nets[r], watch_step);
+    Trainer trainer(Model::of(nets[r]), train_set, nullptr, args, {watch}, &comm);
+    trainer.train();
+    run.at_step[r] = watch->seen;
+    run.end[r] = snapshot(*nets[r]);
+    run.bytes_between_machines[r] = comm.network_stats().bytes_sent;
+  });
+  return run;
+}
+
+TEST(LocalSgd, MachinesTrainApartBetweenMeetingsSendAThirdOfTheBytesAndEndEqual) {
+  lockstep::testing::TempDir out("local-sgd");
+  auto args = local_args(out.path(), 4);
+  args.max_steps = 12;
+  const Runs local = train_two_machines(args, 3);
+  EXPECT_TRUE(same(local.at_step[0], local.at_step[1])) << "a machine's two ranks differ after step 3";
+  EXPECT_TRUE(same(local.at_step[2], local.at_step[3])) << "a machine's two ranks differ after step 3";
+  EXPECT_FALSE(same(local.at_step[0], local.at_step[2])) << "the machines did not train apart before meeting";
+  for (int r = 1; r < 4; ++r) EXPECT_TRUE(same(local.end[0], local.end[std::size_t(r)])) << "rank " << r;
+  EXPECT_FALSE(same(local.end[0], snapshot(*seeded_tiny()))) << "nothing was trained";
+
+  args.sync_every = 1;
+  const Runs ddp = train_two_machines(args, 3);
+  EXPECT_TRUE(same(ddp.at_step[0], ddp.at_step[2]));
+  // 3 meetings (+ the first broadcast) against 12 all-reduces (+ DDP's first broadcast).
+  for (std::size_t r = 0; r < 4; ++r)
+    EXPECT_LT(double(local.bytes_between_machines[r]), 0.45 * double(ddp.bytes_between_machines[r]))
+        << "rank " << r << ": " << local.bytes_between_machines[r] << " bytes between machines, DDP "
+        << ddp.bytes_between_machines[r];
+}
+
+// DiLoCo's momentum carries from meeting to meeting, so a resume must bring it back.
+TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
+  lockstep::testing::TempDir whole_dir("whole"), halves_dir("halves");
+  auto args = local_args(whole_dir.path(), 2);
+  args.outer_learning_rate = 0.7;
+  args.outer_momentum = 0.9;
+  args.max_steps = 8;
+  const Runs whole = train_two_machines(args, 8);
+
+  args.output_dir = halves_dir.path();
+  args.save_strategy = "steps";
+  args.save_steps = 4;
+  args.max_steps = 4;
+  train_two_machines(args, 4);
+  ASSERT_TRUE(fs::exists(fs::path(halves_dir.path()) / "checkpoint-4" / kOuterOptimizerFile));
+  args.max_steps = 8;
+  args.resume_from_checkpoint = (fs::path(halves_dir.path()) / "checkpoint-4").string();
+  const Runs resumed = train_two_machines(args, 8);
+  for (std::size_t r = 0; r < 4; ++r) EXPECT_TRUE(same(whole.end[r], resumed.end[r])) << "rank " << r;
+}
+#endif
+
+TEST(LocalSgd, RefusesZero) {
+  TrainingArguments a;
+  a.sync_every = 4;
+  a.zero_stage = 1;
+  try {
+    a.validate();
+    FAIL() << "accepted --sync-every with --zero-stage";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sync-every"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
