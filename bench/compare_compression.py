@@ -10,7 +10,9 @@ link and goes through the codec), in one run.
 
 Each --hooks entry is a --ddp-comm-hook value, optionally with a PowerSGD rank and rounds:
 powersgd:4:2 is rank 4, two exchanges per step (the paper's), powersgd:4:1 alternates sides
-(one exchange). Needs root (namespaces).
+(one exchange). Or local SGD with exact gradients: sync:K meets every K steps by averaging the
+models (--sync-every K), diloco:K with DiLoCo's outer step (lr 0.7, Nesterov momentum 0.9).
+Needs root (namespaces).
 
     sudo /usr/bin/python3 bench/compare_compression.py [--build build] [--rate 10gbit]
         [--hooks none,powersgd:4:2,powersgd:4:1,int8] [--parts cnn,gpt] [--gpt-steps 300]
@@ -48,6 +50,10 @@ def run_job(cluster, build, program, timeout=3600):
 
 def hook_flags(hook):
     name, *rest = hook.split(":")
+    if name == "sync":
+        return ["--sync-every", rest[0]]
+    if name == "diloco":
+        return ["--sync-every", rest[0], "--outer-learning-rate", "0.7", "--outer-momentum", "0.9"]
     flags = ["--ddp-comm-hook", name]
     if rest:
         flags += ["--powersgd-rank", rest[0]]
