@@ -3,10 +3,12 @@
 //
 //   ddp_bench --model mlp|wide|cnn [--batch 64] [--steps N] [--warmup N] [--threads 1]
 //             [--bucket-cap-mb 25] [--comm-hook none|fp16|bf16|powersgd|int8|auto] [--no-sync]
+//             [--sync-every K]
 //
 // Alone, it trains one process without DDP. Under `lockstep run --nproc-per-node N` it wraps
 // the model in DistributedDataParallel (--no-sync: every step under no_sync(), the ceiling
-// with no communication). Rank 0 prints one JSON line: samples/s over all ranks and the mean
+// with no communication; --sync-every K: local SGD, DDP over each machine's ranks and the
+// machines averaging their models every K steps, ddp/local_sgd.h). Rank 0 prints one JSON line: samples/s over all ranks and the mean
 // per-step breakdown (forward, backward, exposed communication, optimizer).
 //
 // --crash-rank/--crash-step make one rank die mid-backward, for the fault tests.
@@ -26,6 +28,7 @@
 #include "lockstep/base/main.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/local_sgd.h"
 #include "lockstep/error.h"
 
 namespace {
@@ -81,7 +84,7 @@ std::vector<int> widths_of(const std::string& model) {
 struct Config {
   std::string model = "mlp", hook = "none", backend = "auto";
   int batch = 64, steps = 60, warmup = 5, threads = 1;
-  int powersgd_rounds = 2;
+  int powersgd_rounds = 2, sync_every = 1;
   double bucket_cap_mb = 25, first_bucket_cap_mb = 1, slot_mb = 1;
   bool no_sync = false, verify = false, private_buckets = false, timeline = false;
   int crash_rank = -1, crash_step = -1;
@@ -100,6 +103,8 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--powersgd-rounds", c.powersgd_rounds, "PowerSGD's exchanges per step: 2 or 1")->capture_default_str();
   app.add_option("--backend", c.backend, "shm | gloo | auto")->capture_default_str();
   app.add_option("--shm-slot-mb", c.slot_mb, "shm backend staging slot per rank")->capture_default_str();
+  app.add_option("--sync-every", c.sync_every, "local SGD: machines average their models every K steps")
+      ->capture_default_str();
   app.add_flag("--no-sync", c.no_sync, "DDP without communication (every step under no_sync)");
   app.add_flag("--private-buckets", c.private_buckets,
                "buckets in private memory, reduced through the shm staging slots (the pre-zero-copy path)");
@@ -113,7 +118,9 @@ void add_options(CLI::App& app, Config& c) {
 struct Side {
   std::shared_ptr<NetImpl> model;
   std::optional<lockstep::comm::Job> job;
+  std::unique_ptr<lockstep::comm::Communicator> machine;  // --sync-every: DDP's, inside a machine
   std::optional<lockstep::DistributedDataParallel<NetImpl>> ddp;
+  std::optional<lockstep::OuterOptimizer> outer;
   int rank = 0, world = 1;
 };
 
@@ -131,7 +138,13 @@ void join(const Config& c, Side& side) {
   o.comm_hook = lockstep::parse_comm_hook(c.hook);
   o.compression.powersgd_rounds = c.powersgd_rounds;
   o.shared_buckets = !c.private_buckets;
-  side.ddp.emplace(side.model, *side.job->comm, o);
+  lockstep::comm::Communicator* over = side.job->comm.get();
+  if (c.sync_every > 1) {
+    side.machine = over->machine_communicator();
+    over = side.machine.get();
+  }
+  if (over->size() > 1) side.ddp.emplace(side.model, *over, o);
+  if (c.sync_every > 1) side.outer.emplace(*side.model, *side.job->comm, lockstep::OuterOptions{c.sync_every});
 }
 
 struct Totals {
@@ -171,6 +184,7 @@ Totals run_steps(const Config& c, Side& side) {
     const auto t2 = Clock::now();
     optimizer.step();
     const auto t3 = Clock::now();
+    if (side.outer && side.outer->step()) t.exposed += side.outer->last_seconds();  // the machines met
     t.forward += std::chrono::duration<double>(t1 - t0).count();
     t.backward += std::chrono::duration<double>(t2 - t1).count();
     t.optimizer += std::chrono::duration<double>(t3 - t2).count();
@@ -183,6 +197,7 @@ Totals run_steps(const Config& c, Side& side) {
       t.shared = s.shared_buckets;
     }
   }
+  if (side.outer) side.outer->synchronize();
   if (side.job) side.job->comm->barrier()->wait();
   t.elapsed = since(start);
   return t;
@@ -217,11 +232,11 @@ void print_json(const Config& c, const Side& side, const Totals& t) {
   const double n = c.steps;
   std::printf(
       "{\"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": %d, \"ddp\": %s, \"no_sync\": %s, "
-      "\"comm_hook\": \"%s\", \"bucket_cap_mb\": %g, \"samples_per_s\": %.1f, \"step_s\": %.6f, "
+      "\"comm_hook\": \"%s\", \"sync_every\": %d, \"bucket_cap_mb\": %g, \"samples_per_s\": %.1f, \"step_s\": %.6f, "
       "\"forward_s\": %.6f, \"backward_s\": %.6f, \"optimizer_s\": %.6f, \"exposed_comm_s\": %.6f, "
       "\"comm_s\": %.6f, \"bytes_per_step\": %zu, \"buckets\": %d, \"shared_buckets\": %d}\n",
       c.model.c_str(), side.world, c.batch, c.threads, side.ddp ? "true" : "false",
-      c.no_sync ? "true" : "false", c.hook.c_str(), c.bucket_cap_mb, c.batch * side.world * n / t.elapsed,
+      c.no_sync ? "true" : "false", c.hook.c_str(), c.sync_every, c.bucket_cap_mb, c.batch * side.world * n / t.elapsed,
       t.elapsed / n, t.forward / n, t.backward / n, t.optimizer / n, t.exposed / n, t.comm / n, t.bytes,
       t.buckets, t.shared);
 }

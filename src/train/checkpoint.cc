@@ -118,6 +118,12 @@ std::string archive_bytes(const char* what, Save&& save) {
   }
 }
 
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+  return archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); });
+}
+
+std::string machine_optimizer_file(int machine) { return "optimizer-machine-" + std::to_string(machine) + ".pt"; }
+
 void save_module(const torch::nn::Module& module, const std::string& path) {
   write_file_durably(path, archive_bytes("model", [&](auto& a) { module.save(a); }));
 }
@@ -326,7 +332,7 @@ void rename_into_place(const fs::path& from, const fs::path& to) {
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
                       const nlohmann::json& args, const nlohmann::json& trainer_state,
-                      const std::function<void()>& after_model, torch::optim::Optimizer* outer) {
+                      const std::function<void()>& after_model, const std::vector<CheckpointFile>& extra) {
   const fs::path final_dir = dir;
   const fs::path parent = final_dir.parent_path();
   PendingDir tmp(parent / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid())));
@@ -334,9 +340,7 @@ void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
   if (after_model) after_model();
   write_file_durably((tmp.path() / "optimizer.pt").string(),
                      archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); }));
-  if (outer)
-    write_file_durably((tmp.path() / kOuterOptimizerFile).string(),
-                       archive_bytes("outer optimizer state", [&](auto& a) { outer->save(a); }));
+  for (const auto& f : extra) write_file_durably((tmp.path() / f.name).string(), f.bytes);
   write_file_durably((tmp.path() / "scheduler.json").string(), scheduler.dump(2));
   write_file_durably((tmp.path() / "training_args.json").string(), args.dump(2));
   write_file_durably((tmp.path() / "trainer_state.json").string(),

@@ -49,9 +49,48 @@ nlohmann::json trainer_state_json(const Trainer::Impl& t, std::size_t sampler_po
 // Rank 0's outcome of a save, shared so every rank fails (or goes on) the same way.
 enum class SaveOutcome : std::int32_t { ok = 0, failed = 1, no_storage = 2 };
 
+// Local SGD: each machine's inner optimizer state is its own (AdamW's moments differ between
+// machines). The first rank of each machine but machine 0 sends its state to rank 0 (point to
+// point: rank 0 alone needs it); rank 0 returns the files, the others nothing.
+std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
+  std::vector<CheckpointFile> files;
+  if (!t.outer) return files;
+  const std::vector<int>& machine_of = t.comm->machine_of();
+  std::vector<int> first_rank;  // machines are numbered by their lowest rank
+  for (int r = 0; r < t.world(); ++r)
+    if (machine_of[std::size_t(r)] == int(first_rank.size())) first_rank.push_back(r);
+  constexpr int kTag = 0x5eed;
+  const int machine = machine_of[std::size_t(t.rank())];
+  if (machine > 0 && first_rank[std::size_t(machine)] == t.rank()) {
+    std::string bytes = optimizer_bytes(*t.optimizer);
+    std::int64_t n = std::int64_t(bytes.size());
+    bytes.resize((bytes.size() + 3) / 4 * 4);
+    t.comm->send(&n, 1, comm::DType::i64, 0, kTag)->wait();
+    t.comm->send(bytes.data(), bytes.size() / 4, comm::DType::i32, 0, kTag)->wait();
+  } else if (t.rank() == 0) {
+    for (int m = 1; m < int(first_rank.size()); ++m) {
+      std::int64_t n = 0;
+      t.comm->recv(&n, 1, comm::DType::i64, first_rank[std::size_t(m)], kTag)->wait();
+      std::string bytes((std::size_t(n) + 3) / 4 * 4, '\0');
+      t.comm->recv(bytes.data(), bytes.size() / 4, comm::DType::i32, first_rank[std::size_t(m)], kTag)->wait();
+      bytes.resize(std::size_t(n));
+      files.push_back({machine_optimizer_file(m), std::move(bytes)});
+    }
+  }
+  return files;
+}
+
+// The files beside the usual ones: local SGD's outer momentum and the other machines' states.
+std::vector<CheckpointFile> extra_files(Trainer::Impl& t) {
+  std::vector<CheckpointFile> files = machine_optimizer_files(t);
+  if (t.outer && t.rank() == 0) files.push_back({kOuterOptimizerFile, optimizer_bytes(t.outer->outer())});
+  return files;
+}
+
 // Rank 0 writes the checkpoint; returns how it went and, on failure, why.
 SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer, const fs::path& dir,
-                           std::size_t sampler_position, const std::vector<std::string>& rngs, std::string& error) {
+                           std::size_t sampler_position, const std::vector<std::string>& rngs,
+                           const std::vector<CheckpointFile>& extra, std::string& error) {
   if (t.rank() != 0) return SaveOutcome::ok;
   try {
     const std::int64_t step = t.state.global_step;
@@ -59,7 +98,7 @@ SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer,
                      trainer_state_json(t, sampler_position, rngs), [&] {
                        if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
                      },
-                     t.outer ? &t.outer->outer() : nullptr);
+                     extra);
     std::vector<std::string> keep = {dir.string()};
     if (!t.state.best_checkpoint.empty()) keep.push_back(t.state.best_checkpoint);
     rotate_checkpoints(t.args.output_dir, t.args.save_total_limit, keep);
@@ -96,9 +135,10 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
   WholeParameters parameters(*this, false);
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (zero) whole = zero->consolidated([this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
+  const std::vector<CheckpointFile> extra = extra_files(*this);
   std::string error;
   auto outcome = static_cast<std::int32_t>(
-      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, error));
+      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, extra, error));
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
   comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
   const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
@@ -250,10 +290,23 @@ void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
     load_sharded(dir, *model.module, &target);
   } else {
     load_module(*model.module, (fs::path(dir) / "model.pt").string());
-    load_optimizer(target, (fs::path(dir) / "optimizer.pt").string());
+    load_optimizer(target, optimizer_path(dir));
   }
   if (zero) zero->load_consolidated(*whole);
   if (outer) resume_outer(dir);
+}
+
+// Local SGD: a machine's own optimizer state when the checkpoint has it (a checkpoint saved
+// with fewer machines, or without --sync-every, gives every machine machine 0's).
+std::string Trainer::Impl::optimizer_path(const std::string& dir) const {
+  const fs::path common = fs::path(dir) / "optimizer.pt";
+  const int machine = outer ? comm->machine_of()[std::size_t(rank())] : 0;
+  if (machine == 0) return common.string();
+  const fs::path own = fs::path(dir) / machine_optimizer_file(machine);
+  if (fs::exists(own)) return own.string();
+  LOCKSTEP_LOG(info, train) << dir << " holds no " << own.filename().string() << ": rank " << rank()
+                            << " (machine " << machine << ") starts from machine 0's optimizer state";
+  return common.string();
 }
 
 // Local SGD: every rank loaded the same parameters, the new anchor; the outer momentum comes

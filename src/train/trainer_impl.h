@@ -150,6 +150,7 @@ struct Trainer::Impl {
   void resume(const std::string& dir, data::DistributedSampler& sampler);
   void load_checkpoint_state(const std::string& dir);
   void resume_outer(const std::string& dir);
+  std::string optimizer_path(const std::string& dir) const;
   std::string save(std::size_t sampler_position);
   // Sharded saves (--save-format): every rank writes its part, on the writer's thread when
   // --save-in-background; finish_background_save() is collective: it waits for the save in

@@ -156,6 +156,9 @@ void TrainingArguments::validate() const {
     bad("zero-shared-parameters", "is a ZeRO mode: add --zero-stage 1, 2 or 3");
   if (sync_every > 1 && zero_stage > 0)
     bad("sync-every", "keeps a whole model on every machine; it does not combine with --zero-stage (use one)");
+  if (sync_every > 1 && (ddp_comm_hook == "powersgd" || ddp_comm_hook == "int8" || ddp_comm_hook == "auto"))
+    bad("sync-every", "sends no gradient between machines, which is all --ddp-comm-hook " + ddp_comm_hook +
+                          " compresses: use one or the other");
   if (sync_every > 1 && save_format == "sharded")
     bad("sync-every", "saves consolidated checkpoints only: drop --save-format sharded");
   if (early_stopping_patience > 0 && eval_strategy == "no")

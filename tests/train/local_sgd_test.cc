@@ -182,10 +182,13 @@ TEST(LocalSgd, MachinesTrainApartBetweenMeetingsSendAThirdOfTheBytesAndEndEqual)
         << ddp.bytes_between_machines[r];
 }
 
-// DiLoCo's momentum carries from meeting to meeting, so a resume must bring it back.
+// DiLoCo's momentum carries from meeting to meeting, and each machine's AdamW moments are its
+// own, so a resume must bring back both.
 TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
   lockstep::testing::TempDir whole_dir("whole"), halves_dir("halves");
   auto args = local_args(whole_dir.path(), 2);
+  args.optim = "adamw";
+  args.learning_rate = 1e-3;
   args.outer_learning_rate = 0.7;
   args.outer_momentum = 0.9;
   args.max_steps = 8;
@@ -197,6 +200,7 @@ TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
   args.max_steps = 4;
   train_two_machines(args, 4);
   ASSERT_TRUE(fs::exists(fs::path(halves_dir.path()) / "checkpoint-4" / kOuterOptimizerFile));
+  ASSERT_TRUE(fs::exists(fs::path(halves_dir.path()) / "checkpoint-4" / machine_optimizer_file(1)));
   args.max_steps = 8;
   args.resume_from_checkpoint = (fs::path(halves_dir.path()) / "checkpoint-4").string();
   const Runs resumed = train_two_machines(args, 8);
@@ -204,16 +208,24 @@ TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
 }
 #endif
 
-TEST(LocalSgd, RefusesZero) {
-  TrainingArguments a;
-  a.sync_every = 4;
-  a.zero_stage = 1;
-  try {
-    a.validate();
-    FAIL() << "accepted --sync-every with --zero-stage";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--sync-every"), std::string::npos) << e.what();
+TEST(LocalSgd, RefusesWhatItCannotCombineWith) {
+  for (const char* what : {"zero", "hook", "sharded"}) {
+    TrainingArguments a;
+    a.sync_every = 4;
+    if (what == std::string("zero")) a.zero_stage = 1;
+    if (what == std::string("hook")) a.ddp_comm_hook = "powersgd";
+    if (what == std::string("sharded")) a.save_format = "sharded";
+    try {
+      a.validate();
+      ADD_FAILURE() << "accepted --sync-every with " << what;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--sync-every"), std::string::npos) << e.what();
+    }
   }
+  TrainingArguments fine;
+  fine.sync_every = 4;
+  fine.ddp_comm_hook = "bf16";  // inside machines, it still halves the bytes
+  EXPECT_NO_THROW(fine.validate());
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 //   trainer_state.json  global step, epoch, sampler position, every rank's RNG state, best
 //                       metric and checkpoint, log history
 //   training_args.json  the arguments of the run that wrote it
-//   outer_optimizer.pt  local SGD (--sync-every above 1) only: the outer step's momentum
+//   outer_optimizer.pt  local SGD (--sync-every above 1) only: the outer step's momentum, and
+//   optimizer-machine-<m>.pt  machine m's own optimizer state (machine 0's is optimizer.pt)
 // Rank 0 writes it into OUTPUT_DIR/.tmp-checkpoint-<step>-<pid>/, flushes every file to disk,
 // and renames the directory into place, so a checkpoint-<step>/ directory is always complete:
 // a process killed mid-write leaves only a .tmp-* directory, which readers ignore and the next
@@ -59,12 +60,18 @@ std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int l
 // Writes checkpoint directory `dir` atomically: model.pt, optimizer.pt, scheduler.json,
 // training_args.json and (last) trainer_state.json go into a .tmp- sibling that is flushed and
 // renamed to `dir`, replacing an older `dir` if there is one. `after_model` runs once model.pt is
-// on disk (the tests' fault injection). `outer`, when given, goes to outer_optimizer.pt.
+// on disk (the tests' fault injection). `extra` files (name, bytes) go in beside the others.
+struct CheckpointFile {
+  std::string name, bytes;
+};
 inline constexpr const char* kOuterOptimizerFile = "outer_optimizer.pt";
+std::string machine_optimizer_file(int machine);  // "optimizer-machine-<m>.pt"
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
                       const nlohmann::json& args, const nlohmann::json& trainer_state,
-                      const std::function<void()>& after_model = {}, torch::optim::Optimizer* outer = nullptr);
+                      const std::function<void()>& after_model = {}, const std::vector<CheckpointFile>& extra = {});
+// An optimizer's state as the bytes of a torch archive (what optimizer.pt holds).
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer);
 
 // torch's default CPU generator state as hex text, and back (dropout masks, random init).
 std::string rng_state_hex();
