@@ -19,7 +19,8 @@ shape it measures:
                GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
                --repeat times interleaved, median samples/s of all workers; hier-syncK is local
                SGD (--sync-every K: DDP inside each machine, the machines averaging their models
-               every K steps; --steps should be a multiple of K). The compressing
+               every K steps; --steps should be a multiple of K), no-comm the ceiling (every step
+               under no_sync: the compute alone, on these shared cores). The compressing
                sides run 15 unmeasured steps first (10 exact ones, then auto's decision) and,
                as the Trainer does with these hooks, no small first bucket.
 
@@ -143,6 +144,9 @@ def ddp(cluster, build, side, steps, nproc):
     if side == "pytorch":
         program = ["/usr/bin/python3", f"{HERE}/torch_ddp.py", "--model", "mlp", "--steps", str(steps)]
         return launch(cluster, build, nproc, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
+    if side == "no-comm":  # the ceiling: the same steps with no gradient sent at all
+        program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--no-sync"]
+        return launch(cluster, build, nproc, program)["samples_per_s"]
     if side.startswith("hier-sync"):  # local SGD: hier-sync8 meets every 8 steps
         program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", "hier",
                    "--sync-every", side[len("hier-sync"):]]

@@ -159,6 +159,8 @@ std::optional<Finding> comm_competes_for_cores(const Evidence& e) {
 
 // Between machines the link is the limit when the training's network traffic moves about as fast
 // as the bench's over the same backend: send fewer bytes across it.
+constexpr double kHundredMbit = 0.0125;  // GB/s
+
 bool link_is_the_limit(const Evidence& e) {
   const double got = e.many.network_gbps();
   return e.many.machines > 1 && got > 0 && e.bench_network_gbps > 0 && got >= 0.7 * e.bench_network_gbps;
@@ -178,6 +180,9 @@ std::optional<Finding> link_bound(const Evidence& e) {
       "compress between machines only: --ddp-comm-hook auto (per bucket, from the measured link and compute: "
       "PowerSGD rank 4 sends (rows + cols) x 4 numbers per matrix, 128x fewer for 1024 x 1024; int8 a quarter; "
       "shared memory inside each machine stays exact); or --ddp-comm-hook bf16 (half the bytes everywhere)";
+  if (e.bench_network_gbps < kHundredMbit)
+    f.action += ". Below 100 Mbit/s even that may wait: --sync-every 8 (local SGD: the machines meet every 8 "
+                "steps, one model's bytes instead of 8 gradients', for some accuracy: see the README)";
   f.predicted = "exposed communication about " + ms(many.exposed) + " -> " + ms(many.exposed / 4) +
                 " or less (int8's quarter of the bytes; PowerSGD's matrices far fewer, plus its compute)";
   f.saving = exposed_share(many) * 0.75;

@@ -443,3 +443,25 @@ TEST(Report, ADirectoryWithoutMetricsIsAClearError) {
   EXPECT_NE(p.wait(30), 0);
   EXPECT_NE(p.output().find("no metrics.jsonl in /nonexistent/run"), std::string::npos) << p.output();
 }
+
+// Across machines, a link that is the limit gets compression; one below 100 Mbit/s also local SGD.
+TEST(DoctorAnalysis, BelowAHundredMbitTheLinkFindingAlsoOffersLocalSgd) {
+  for (double link_gbps : {0.1, 0.01}) {
+    RunSummary many = healthy(4);
+    many.machines = 2;
+    many.backend = "hier";
+    many.exposed = 0.030;
+    many.step += 0.028;
+    many.network_bytes = link_gbps * 1e9 * 0.030;
+    many.network_seconds = 0.030;
+    Evidence e = evidence(healthy(1), many, 2.0);
+    e.bench_network_gbps = link_gbps;
+    const auto findings = diagnose(e);
+    ASSERT_TRUE(has(findings, "link")) << link_gbps;
+    for (const auto& f : findings) {
+      if (f.kind != "link") continue;
+      EXPECT_NE(f.action.find("--ddp-comm-hook auto"), std::string::npos) << f.action;
+      EXPECT_EQ(f.action.find("--sync-every") != std::string::npos, link_gbps < 0.0125) << link_gbps << ": " << f.action;
+    }
+  }
+}
