@@ -94,6 +94,11 @@ void Trainer::Impl::build_reducer() {
 
 void Trainer::Impl::build_outer() {
   if (args.sync_every == 1 || world() == 1) return;
+  if (machine_comm && machine_comm->size() == world() && rank() == 0)
+    LOCKSTEP_LOG(warn, train) << "--sync-every " << args.sync_every
+                              << ": every worker is on one machine, so there is no link to spare; the outer step "
+                                 "still runs every "
+                              << args.sync_every << " steps";
   outer = std::make_unique<OuterOptimizer>(*model.module, *comm,
                                            OuterOptions{args.sync_every, args.outer_learning_rate, args.outer_momentum});
 }

@@ -140,6 +140,32 @@ TEST(Cluster, OnASlowLinkAutoCompressesBetweenMachinesAndEveryRankEndsEqual) {
   EXPECT_LT(double(sent), 0.3 * exact_bytes) << sent << " bytes sent";
 }
 
+// Local SGD on a 100 Mbit/s link: the machines' workers average inside their machine, the
+// machines meet every 8 steps, so the link carries a fraction of exact DDP's bytes; every rank
+// ends equal, and the checkpoint holds machine 1's own optimizer state and the outer momentum.
+TEST(Cluster, OnASlowLinkLocalSgdMeetsEveryEightStepsAndKeepsEachMachinesOptimizerState) {
+  REQUIRE_CLUSTER();
+  VirtualCluster cluster({2, "100mbit"});
+  TempDir out("cluster-local-sgd");
+  const int steps = 32;
+  auto nodes = launch(cluster, 2,
+                      trainer(out.path(), {"--max-steps", std::to_string(steps), "--save-strategy", "steps",
+                                           "--save-steps", "16", "--sync-every", "8"}));
+  for (auto& n : nodes) ASSERT_EQ(n->wait(300), 0) << n->output();
+  const std::string& o = nodes[0]->output();
+  EXPECT_NE(o.find("local SGD: gradients are averaged inside each machine (2 workers)"), std::string::npos) << o;
+  EXPECT_NE(o.find("all 4 replicas hold the same parameters"), std::string::npos) << o;
+  // Exact DDP: at least the model's 535,818 float32 out of each machine per step; here 4
+  // meetings and the first broadcast.
+  const double exact_bytes = 535818.0 * 4 * steps;
+  const auto sent = cluster.counters(0).tx_bytes;
+  EXPECT_LT(double(sent), 0.3 * exact_bytes) << sent << " bytes sent";
+  const std::string last = out.path() + "/checkpoint-32";
+  EXPECT_TRUE(fs::exists(last + "/optimizer-machine-1.pt")) << o;
+  EXPECT_TRUE(fs::exists(last + "/outer_optimizer.pt")) << o;
+  EXPECT_FALSE(fs::exists(last + "/optimizer-machine-2.pt"));
+}
+
 // After a job that was killed mid-training, nothing is left: no namespace, nothing in /dev/shm.
 TEST(Cluster, NothingIsLeftBehind) {
   REQUIRE_CLUSTER();
