@@ -168,7 +168,8 @@ bool link_is_the_limit(const Evidence& e) {
 
 std::optional<Finding> link_bound(const Evidence& e) {
   const RunSummary& many = e.many;
-  if (!communication_exposed(many) || !link_is_the_limit(e) || many.comm_hook != "none") return std::nullopt;
+  if (!communication_exposed(many) || !link_is_the_limit(e) || many.comm_hook != "none" || many.sync_every > 1)
+    return std::nullopt;
   Finding f;
   f.kind = "link";
   f.problem = "between the " + std::to_string(many.machines) + " machines the all-reduce moves " +

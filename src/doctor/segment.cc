@@ -26,6 +26,7 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("dataloader_num_workers", s.loader_workers);
   visit("backend", s.backend);
   visit("ddp_comm_hook", s.comm_hook);
+  visit("sync_every", s.sync_every);
   visit("blas_core", s.blas_core);
   visit("blas_best_core", s.blas_best_core);
   visit("blas_forced", s.blas_forced);
@@ -94,6 +95,7 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.backend = b.backend;
   s.machines = std::max(1, b.machines);
   s.comm_hook = b.ddp_comm_hook;
+  s.sync_every = std::max(1, b.sync_every);
   s.blas_core = b.blas_core;
   s.blas_best_core = b.blas_best_core;
   s.blas_forced = b.blas_forced;

@@ -206,6 +206,7 @@ void Trainer::Impl::announce() {
   begin.ddp_bucket_cap_mb = reducer ? reducer->bucket_cap_mb() : args.ddp_bucket_cap_mb;
   begin.ddp_bucket_cap_mb_asked = args.ddp_bucket_cap_mb;
   begin.ddp_comm_hook = args.ddp_comm_hook;
+  begin.sync_every = outer ? args.sync_every : 1;
   for (const auto& p : model.module->parameters()) {
     begin.parameters += p.numel();
     begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());

@@ -18,6 +18,7 @@ namespace lockstep::doctor {
 struct RunSummary {
   int world = 1, threads = 1, cores = 1, per_device = 0, accumulation = 1, loader_workers = 0;
   std::string backend, comm_hook = "none";
+  int sync_every = 1;  // local SGD: steps between the machines' meetings
   std::string blas_core, blas_best_core;  // OpenBLAS's kernels in use, and the CPU's best
   bool blas_forced = false;               // ... chosen with OPENBLAS_CORETYPE
   double samples_per_second = 0;

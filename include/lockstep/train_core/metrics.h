@@ -34,6 +34,7 @@
   X(double, ddp_bucket_cap_mb, "gradient bucket size in effect, MB (ZeRO-2 lowers it to 4)")            \
   X(double, ddp_bucket_cap_mb_asked, "gradient bucket size --ddp-bucket-cap-mb asked for, MB")           \
   X(std::string, ddp_comm_hook, "gradient compression on the wire (none, fp16, bf16, powersgd, int8, auto)")                  \
+  X(int, sync_every, "local SGD: optimiser steps between the machines' meetings (1: every step, plain DDP)") \
   X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
   X(std::int64_t, parameter_bytes, "bytes of the model's parameters")                                   \
   X(int, zero_stage, "0: DDP; 1: optimizer state sharded; 2: gradients too")                             \
