@@ -56,17 +56,15 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vect
 
 // One worker has nothing to average: no reducer, no copies into buckets. (SyncBatchNorm layers
 // follow the communicator in any case: an elastic job builds a new one at each change.)
+// Local SGD (--sync-every): gradients and batch statistics stay inside each machine, which
+// train apart between the meetings.
 void Trainer::Impl::build_reducer() {
-  if (args.sync_batchnorm && lockstep::sync_batchnorm(*model.module, *comm) == 0)
+  if (args.sync_every > 1 && world() > 1) machine_comm = comm->machine_communicator();
+  comm::Communicator* over = machine_comm ? machine_comm.get() : comm;
+  if (args.sync_batchnorm && lockstep::sync_batchnorm(*model.module, *over) == 0)
     throw ConfigError("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer (declare the layers "
                       "whose statistics should span the ranks as lockstep::SyncBatchNorm, ddp/sync_batchnorm.h)");
-  if (world() == 1) return;
-  comm::Communicator* over = comm;
-  if (args.sync_every > 1) {  // gradients are averaged inside each machine; the machines meet apart
-    machine_comm = comm->machine_communicator();
-    if (machine_comm->size() == 1) return;
-    over = machine_comm.get();
-  }
+  if (over->size() == 1) return;
   DdpOptions ddp;
   ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   ddp.find_unused_parameters = args.ddp_find_unused_parameters;
