@@ -28,6 +28,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/ddp/bucket_assignment.h"
 #include "lockstep/ddp/comm_dtype.h"
+#include "broadcast_flat.h"
 #include "lockstep/error.h"
 #include "signature.h"
 #include "tensor_alias.h"
@@ -66,6 +67,21 @@ bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
          a.strides() == b.strides();
 }
 
+// The weights of the module's embedding tables (a weight tied to a head counts: it is the
+// same tensor).
+std::set<const c10::TensorImpl*> embedding_tables(torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> tables;
+  for (auto& sub : module.modules()) {
+    if (auto* e = sub->as<torch::nn::EmbeddingImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
+    if (auto* e = sub->as<torch::nn::EmbeddingBagImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
+  }
+  return tables;
+}
+
+}  // namespace
+
+namespace ddp_detail {
+
 // One broadcast per dtype and per 64 MB of tensors (a larger one alone), of each group flattened:
 // few collectives, and no copy of the whole model at once (a model that barely fits must not
 // need twice its size here).
@@ -97,18 +113,9 @@ void broadcast_flat(comm::Communicator& comm, std::vector<torch::Tensor> tensors
   }
 }
 
-// The weights of the module's embedding tables (a weight tied to a head counts: it is the
-// same tensor).
-std::set<const c10::TensorImpl*> embedding_tables(torch::nn::Module& module) {
-  std::set<const c10::TensorImpl*> tables;
-  for (auto& sub : module.modules()) {
-    if (auto* e = sub->as<torch::nn::EmbeddingImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
-    if (auto* e = sub->as<torch::nn::EmbeddingBagImpl>()) tables.insert(e->weight.unsafeGetTensorImpl());
-  }
-  return tables;
-}
+}  // namespace ddp_detail
 
-}  // namespace
+using ddp_detail::broadcast_flat;
 
 CommHook parse_comm_hook(const std::string& name) {
   if (name == "none" || name.empty()) return CommHook::none;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 
+#include "broadcast_flat.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -16,15 +17,6 @@ std::vector<torch::Tensor> floating_buffers(torch::nn::Module& module) {
   for (auto& b : module.buffers())
     if (b.is_floating_point()) out.push_back(b);
   return out;
-}
-
-// Every tensor's values from world rank 0 (one broadcast per tensor: this runs once).
-void broadcast_from_rank0(comm::Communicator& world, const std::vector<torch::Tensor>& tensors) {
-  for (const auto& t : tensors) {
-    auto c = t.detach().contiguous();
-    world.broadcast(c.data_ptr(), std::size_t(c.numel()), comm::DType::f32, 0)->wait();
-    if (!c.is_same(t)) t.detach().copy_(c);
-  }
 }
 
 }  // namespace
@@ -50,8 +42,8 @@ OuterOptimizer::OuterOptimizer(torch::nn::Module& module, comm::Communicator& wo
     if (b.scalar_type() != torch::kFloat)
       throw ConfigError("local SGD averages float32 buffers; the module holds a " +
                         std::string(c10::toString(b.scalar_type())) + " one");
-  broadcast_from_rank0(world_, params_);
-  broadcast_from_rank0(world_, floating_buffers(module));
+  ddp_detail::broadcast_flat(world_, params_, "a parameter");
+  if (auto buffers = module.buffers(); !buffers.empty()) ddp_detail::broadcast_flat(world_, buffers, "a buffer");
   for (const auto& p : params_) anchors_.push_back(p.detach().clone());
   flat_ = torch::empty({total}, torch::kFloat);
   torch::optim::SGDOptions o(options_.lr);
