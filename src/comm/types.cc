@@ -128,6 +128,40 @@ void store_element(DType t, void* buf, std::size_t i, double v) {
   }
 }
 
+namespace {
+template <typename T, typename D>
+void divide_each(T* out, std::size_t count, D by) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / by);
+}
+
+// Floats: by a power of two, multiplying by its inverse is the same rounding of the same
+// quotient, and several times faster than dividing.
+template <typename T>
+void divide_each_float(T* out, std::size_t count, int by) {
+  if ((by & (by - 1)) != 0) return divide_each(out, count, static_cast<T>(by));
+  const T inverse = T(1) / static_cast<T>(by);
+  for (std::size_t i = 0; i < count; ++i) out[i] *= inverse;
+}
+
+template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
+void divide_each_half(std::uint16_t* out, std::size_t count, float by) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = Store(Load(out[i]) / by);
+}
+}  // namespace
+
+void divide_elements(DType t, void* buf, std::size_t count, int by) {
+  switch (t) {
+    case DType::f32: return divide_each_float(static_cast<float*>(buf), count, by);
+    case DType::f64: return divide_each_float(static_cast<double*>(buf), count, by);
+    case DType::i32: return divide_each(static_cast<std::int32_t*>(buf), count, by);
+    case DType::i64: return divide_each(static_cast<std::int64_t*>(buf), count, std::int64_t{by});
+    case DType::f16:
+      return divide_each_half<f16_to_f32, f32_to_f16>(static_cast<std::uint16_t*>(buf), count, float(by));
+    case DType::bf16:
+      return divide_each_half<bf16_to_f32, f32_to_bf16>(static_cast<std::uint16_t*>(buf), count, float(by));
+  }
+}
+
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::allreduce: return "allreduce";

@@ -64,4 +64,9 @@ std::uint16_t f32_to_bf16(float f);
 double load_element(DType dtype, const void* buffer, std::size_t i);
 void store_element(DType dtype, void* buffer, std::size_t i, double value);
 
+// Every element of the buffer divided by `by` (> 0), in place: avg's last step, a sum on the
+// wire divided once. Integers truncate toward zero; each float is rounded once, as if divided
+// exactly.
+void divide_elements(DType dtype, void* buffer, std::size_t count, int by);
+
 }  // namespace lockstep::comm

@@ -479,7 +479,7 @@ class GlooBackend final : public Backend {
     if (c.send != c.recv) std::memcpy(c.recv, c.send, c.count * dtype_size(c.dtype));
     Holders holders(*this, c);
     (*c.codec)(static_cast<float*>(c.recv), 0, c.count, holders);
-    if (c.op == ReduceOp::avg) divide_by_size(c.recv, c.count, c.dtype);
+    if (c.op == ReduceOp::avg) divide_elements(c.dtype, c.recv, c.count, size_);
     return holders.sent;
   }
 
@@ -587,7 +587,7 @@ class GlooBackend final : public Backend {
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, std::uint32_t t) {
     if (count == 0) return;
     reduce_on_the_wire(send, recv, count, dtype, op, t);
-    if (op == ReduceOp::avg) divide_by_size(recv, count, dtype);
+    if (op == ReduceOp::avg) divide_elements(dtype, recv, count, size_);
   }
 
   void reduce_on_the_wire(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -622,26 +622,6 @@ class GlooBackend final : public Backend {
     gloo::allreduce(opts);
   }
 
-  // avg is a sum on the wire, divided here once.
-  void divide_by_size(void* buffer, std::size_t count, DType dtype) {
-    const auto n = static_cast<double>(size_);
-    switch (dtype) {
-      case DType::f32: return divide(static_cast<float*>(buffer), count, static_cast<float>(size_));
-      case DType::f64: return divide(static_cast<double*>(buffer), count, n);
-      case DType::i32: return divide(static_cast<std::int32_t*>(buffer), count, size_);
-      case DType::i64: return divide(static_cast<std::int64_t*>(buffer), count, std::int64_t{size_});
-      case DType::f16:
-      case DType::bf16:
-        for (std::size_t i = 0; i < count; ++i)
-          store_element(dtype, buffer, i, load_element(dtype, buffer, i) / n);
-        return;
-    }
-  }
-
-  template <typename T, typename D>
-  static void divide(T* out, std::size_t count, D by) {
-    for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / by);
-  }
 
   int rank_, size_;
   CommOptions options_;

@@ -37,7 +37,6 @@
 //
 // Errors from either level say which level and which global ranks were involved.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -225,14 +224,6 @@ class HierBackend final : public Backend {
   // avg as a sum everywhere, then one division over the world, on this rank's shard only.
   static ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
 
-  void divide(void* shard, std::size_t count, DType dtype) {
-    const double n = world();
-    for (std::size_t i = 0; i < count; ++i) {
-      const double v = load_element(dtype, shard, i) / n;
-      store_element(dtype, shard, i, (dtype == DType::i32 || dtype == DType::i64) ? std::trunc(v) : v);
-    }
-  }
-
   void allreduce(const Collective& c) {
     if (c.count == 0) return inside(c);  // everyone still meets: the signature check runs
     Collective local = c;
@@ -270,7 +261,7 @@ class HierBackend final : public Backend {
       step.codec = nullptr;
       across(step);
     }
-    if (c.op == ReduceOp::avg) divide(shard, count, c.dtype);
+    if (c.op == ReduceOp::avg) divide_elements(c.dtype, shard, count, world());
   }
 
   // A codec's view of the share's holders: each call is one more step of this index's group.
@@ -489,7 +480,7 @@ class HierBackend final : public Backend {
     } else {
       std::memcpy(c.recv, partial, block);
     }
-    if (c.op == ReduceOp::avg) divide(c.recv, c.count, c.dtype);
+    if (c.op == ReduceOp::avg) divide_elements(c.dtype, c.recv, c.count, world());
   }
 
   int rank_;

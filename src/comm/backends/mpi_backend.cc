@@ -160,24 +160,11 @@ class MpiBackend final : public Backend {
       ok(MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, n, mpi_type(c.dtype), mpi_op(c.op), comm_), c);
     else
       ok(MPI_Reduce_scatter_block(in, out, n, mpi_type(c.dtype), mpi_op(c.op), comm_), c);
-    if (c.op == ReduceOp::avg) divide(out, c.count, half ? DType::f32 : c.dtype);
+    if (c.op == ReduceOp::avg) divide_elements(half ? DType::f32 : c.dtype, out, c.count, size_);
     if (half) {
       auto* dst = static_cast<std::uint16_t*>(c.recv);
       for (std::size_t i = 0; i < c.count; ++i)
         dst[i] = c.dtype == DType::f16 ? f32_to_f16(wide_out[i]) : f32_to_bf16(wide_out[i]);
-    }
-  }
-
-  void divide(void* p, std::size_t n, DType t) {
-    auto apply = [&](auto* v) {
-      for (std::size_t i = 0; i < n; ++i) v[i] = v[i] / size_;
-    };
-    switch (t) {
-      case DType::f32: return apply(static_cast<float*>(p));
-      case DType::f64: return apply(static_cast<double*>(p));
-      case DType::i32: return apply(static_cast<std::int32_t*>(p));
-      case DType::i64: return apply(static_cast<std::int64_t*>(p));
-      default: return;
     }
   }
 
