@@ -30,17 +30,27 @@ class Int8Codec final : public BucketCodec {
     error.resize(count, 0.0f);
     const std::size_t chunks = (count + kChunk - 1) / kChunk;
     const std::size_t message = (chunks * sizeof(float) + count + 3) / 4 * 4;
-    std::vector<char> mine(message, 0), all(message * std::size_t(machines));
-    quantize(share, error.data(), count, mine.data());
-    across.gather(mine.data(), all.data(), message);
+    mine_.resize(message);
+    all_.resize(message * std::size_t(machines));
+    quantize(share, error.data(), count, mine_.data());
+    across.gather(mine_.data(), all_.data(), message);
     std::fill(share, share + count, 0.0f);
-    for (int m = 0; m < machines; ++m) add_dequantized(all.data() + std::size_t(m) * message, count, share);
+    for (int m = 0; m < machines; ++m) add_dequantized(all_.data() + std::size_t(m) * message, count, share);
     bytes_across_ = std::uint64_t(allgather_bytes_sent(double(message), machines));
   }
 
   CodecReport report() const override { return {"int8", "", bytes_across_}; }
 
  private:
+  // std::nearbyint for |x| <= 2^22 under the default rounding: adding 1.5 * 2^23 leaves no
+  // fraction bits, so the sum is rounded to an integer, half to even. A libm call per element
+  // where the target lacks a rounding instruction; this the compiler vectorises.
+  static float round_to_even(float x) {
+    constexpr float kShift = 12582912.0f;
+    volatile float shift = kShift;  // not folded away, whatever the optimisation flags
+    return (x + shift) - shift;
+  }
+
   // message: the chunks' scales (float), then one int8 per element. Leaves the new error.
   static void quantize(const float* share, float* error, std::size_t count, char* message) {
     const std::size_t chunks = (count + kChunk - 1) / kChunk;
@@ -56,7 +66,7 @@ class Int8Codec final : public BucketCodec {
       const float scale = largest / 127.0f;
       const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
       for (std::size_t i = lo; i < hi; ++i) {
-        const float level = std::nearbyint(std::clamp(error[i] * inverse, -127.0f, 127.0f));
+        const float level = round_to_even(std::clamp(error[i] * inverse, -127.0f, 127.0f));
         q[i] = static_cast<std::int8_t>(level);
         error[i] -= level * scale;
       }
@@ -76,6 +86,7 @@ class Int8Codec final : public BucketCodec {
   }
 
   std::map<std::size_t, std::vector<float>> errors_;  // by the share's first element
+  std::vector<char> mine_, all_;                      // this machine's message; every machine's
   std::uint64_t bytes_across_ = 0;
 };
 

