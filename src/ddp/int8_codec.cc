@@ -12,6 +12,10 @@
 
 #include "codecs.h"
 
+#ifdef __FAST_MATH__
+#error "int8_codec.cc rounds through IEEE float addition: build it without -ffast-math"
+#endif
+
 namespace lockstep::ddp_detail {
 namespace {
 
@@ -43,12 +47,11 @@ class Int8Codec final : public BucketCodec {
 
  private:
   // std::nearbyint for |x| <= 2^22 under the default rounding: adding 1.5 * 2^23 leaves no
-  // fraction bits, so the sum is rounded to an integer, half to even. A libm call per element
-  // where the target lacks a rounding instruction; this the compiler vectorises.
+  // fraction bits, so the sum is rounded to an integer, half to even. Inline arithmetic where
+  // nearbyint is a libm call per element on a target without a rounding instruction.
   static float round_to_even(float x) {
     constexpr float kShift = 12582912.0f;
-    volatile float shift = kShift;  // not folded away, whatever the optimisation flags
-    return (x + shift) - shift;
+    return (x + kShift) - kShift;
   }
 
   // message: the chunks' scales (float), then one int8 per element. Leaves the new error.
