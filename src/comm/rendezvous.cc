@@ -280,8 +280,11 @@ Rendezvous::Rendezvous(RendezvousInfo info) : info_(std::move(info)) {
   } else {
     if (info_.rank == 0)
       server_ = std::make_unique<StoreServer>(StoreServerOptions{"*", info_.master_port, info_.token});
-    store_ = std::make_shared<StoreClient>(StoreClientOptions{
-        info_.rank == 0 ? "127.0.0.1" : info_.master_addr, info_.master_port, info_.token, info_.timeout});
+    // Rank 0 too reaches its own store at MASTER_ADDR: the backends bind the address that routes
+    // to the store's host, and a rank 0 that said 127.0.0.1 bound loopback where its peers on
+    // other machines must reach it (Gloo connected only by the direction of its handshake).
+    store_ = std::make_shared<StoreClient>(
+        StoreClientOptions{info_.master_addr, info_.master_port, info_.token, info_.timeout});
   }
   if (store_->add(prefix_ + "claim/" + std::to_string(info_.rank), 1) != 1)
     throw ConfigError("another process already joined this run as rank " + std::to_string(info_.rank) +
