@@ -505,6 +505,13 @@ Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const Comm
   s.sender = std::thread([&s] { s.send_loop(); });
 }
 
+void Mailbox::cancel_recvs(const std::string& why) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.sync.mu);
+  for (auto& p : s.posted) s.fail<PeerError>(*p.work, p.work->label + " cancelled: " + why);
+  s.posted.clear();
+}
+
 Mailbox::~Mailbox() {
   State& s = *state_;
   {

@@ -43,6 +43,10 @@ class Mailbox {
   WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag);
   WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag);
 
+  // Fails every recv still waiting with PeerError(why): its owner gave up on them (a backend
+  // aborting a collective on its watchdog's verdict).
+  void cancel_recvs(const std::string& why);
+
   struct State;  // internal
 
  private:
