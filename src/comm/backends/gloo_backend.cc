@@ -729,7 +729,6 @@ class GlooBackend final : public Backend {
     gloo::allreduce(opts);
   }
 
-
   int rank_, size_;
   CommOptions options_;
   std::shared_ptr<StoreClient> store_;
