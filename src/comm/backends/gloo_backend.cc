@@ -24,8 +24,8 @@
 // Every error is a PeerError, MismatchError or TimeoutError naming the rank(s), never a signal:
 // SIGPIPE is ignored unless the program handles it.
 //
-// Small all-reduces (at most kGatherAllreduceBytes gathered) are an all-gather and a sum in
-// rank order, sent through a lockstep Mailbox (p2p/mailbox.h) of the backend's own rather than
+// Small all-reduces (at most kGatherAllreduceBytes, 512 KiB, gathered) are an all-gather and a
+// sum in rank order, sent through a lockstep Mailbox (p2p/mailbox.h) of the backend's own, not
 // Gloo: Gloo's event loop re-polls, level-triggered, a socket whose message arrived before its
 // recv was posted, and on shared cores that spinning thread took ~2 ms of CPU per step of a
 // 2 x 2 PowerSGD job; the mailbox's reader drains every socket and sleeps. Its waits fail with
@@ -650,10 +650,13 @@ class GlooBackend final : public Backend {
 
   // Small all-reduces as one all-gather and a sum in rank order (the same bits on every rank):
   // n - 1 ring steps where Gloo's ring all-reduce takes 2 (n - 1), each a few messages and a
-  // wake-up of its event loop, for (n - 1) / (2 (n - 1) / n) = n / 2 times the bytes. Gathering
-  // at most this much keeps the extra bytes below the saved steps' latency on a 1 Gbit/s link
-  // (~0.1 ms a step between hosts).
-  static constexpr std::size_t kGatherAllreduceBytes = 128 * 1024;
+  // wake-up of its event loop, for (n - 1) / (2 (n - 1) / n) = n / 2 times the bytes. Measured
+  // (bench/RESULTS.md): 2 ranks on loopback, 256 KiB each took 232 us this way against 600-1070
+  // through Gloo's ring; PowerSGD's factors on 4 machines x 1 (~80 KiB each, 320 KiB gathered)
+  // trained 2.86x PyTorch DDP's throughput at 1 Gbit/s against 1.98x at a 128 KiB limit. The
+  // extra bytes grow with n (8 ranks: 336 KiB more than the ring at this limit, 2.7 ms at
+  // 1 Gbit/s); more than 4 ranks were not measured.
+  static constexpr std::size_t kGatherAllreduceBytes = 512 * 1024;
 
   // Every peer's `count` elements into block r of `all`, sent to each peer under tag t. As
   // with Gloo only the size must match (a dtype mismatch of the same width is left to the
