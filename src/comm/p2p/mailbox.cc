@@ -195,6 +195,8 @@ struct Mailbox::State {
   // --- reader ---
   void read_loop();
   void accept_peer();
+  void accept_waiting();  // every connection already waiting on the listener
+  bool inbound_from(int peer) const;
   bool read_message(Inbound& in);
   int poll_timeout_ms();
 
@@ -321,12 +323,27 @@ void Mailbox::State::read_loop() {
           send_error[static_cast<std::size_t>(peer)] = why;
           ::shutdown(outbound[static_cast<std::size_t>(peer)], SHUT_RDWR);
         }
-        lost_peer(peer, why);
+        // A peer that sent its last messages and exited: they are still on its connection to
+        // this rank, perhaps not yet accepted. Its end is told when that connection ends.
+        accept_waiting();
+        if (!inbound_from(peer)) lost_peer(peer, why);
       }
-      if (fds[1].revents & POLLIN) accept_peer();  // last: it adds to `inbound`, which fds mirrors
+      if (fds[1].revents & POLLIN) accept_waiting();  // last: it adds to `inbound`, which fds mirrors
     }
     expire(Clock::now());
   }
+}
+
+void Mailbox::State::accept_waiting() {
+  for (;;) {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) return;
+    accept_peer();
+  }
+}
+
+bool Mailbox::State::inbound_from(int peer) const {
+  return std::any_of(inbound.begin(), inbound.end(), [peer](const Inbound& in) { return in.src == peer; });
 }
 
 void Mailbox::State::accept_peer() {
