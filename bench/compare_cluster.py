@@ -19,7 +19,8 @@ shape it measures:
                GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
                --repeat times interleaved, median samples/s of all workers; hier-syncK is local
                SGD (--sync-every K: DDP inside each machine, the machines averaging their models
-               every K steps; --steps should be a multiple of K), no-comm the ceiling (every step
+               every K steps; --steps should be a multiple of K), hier-powersgd:N PowerSGD with N
+               exchanges per step (--powersgd-rounds), no-comm the ceiling (every step
                under no_sync: the compute alone, on these shared cores). The compressing
                sides run 15 unmeasured steps first (10 exact ones, then auto's decision) and,
                as the Trainer does with these hooks, no small first bucket.
@@ -151,9 +152,10 @@ def ddp(cluster, build, side, steps, nproc):
         program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", "hier",
                    "--sync-every", side[len("hier-sync"):]]
         return launch(cluster, build, nproc, program)["samples_per_s"]
-    backend, hook = SIDES[side]
+    name, _, rounds = side.partition(":")  # hier-powersgd:6: PowerSGD with 6 exchanges per step
+    backend, hook = SIDES[name]
     program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--backend", backend,
-               "--comm-hook", hook]
+               "--comm-hook", hook] + (["--powersgd-rounds", rounds] if rounds else [])
     if hook in ("powersgd", "int8", "auto"):  # as the Trainer does: no small first bucket; past auto's choice
         program += ["--warmup", "15", "--first-bucket-cap-mb", "25"]
     return launch(cluster, build, nproc, program)["samples_per_s"]

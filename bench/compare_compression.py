@@ -9,8 +9,8 @@ link and goes through the codec), in one run.
         validation loss (nats/byte) on --gpt-eval-limit blocks.
 
 Each --hooks entry is a --ddp-comm-hook value, optionally with a PowerSGD rank and rounds:
-powersgd:4:2 is rank 4, two exchanges per step (the paper's), powersgd:4:1 alternates sides
-(one exchange). Or local SGD with exact gradients: sync:K meets every K steps by averaging the
+powersgd:4:2 is rank 4, two exchanges per step (the paper's), powersgd:4:6 three power iterations
+per step (six exchanges), powersgd:4:1 alternates sides (one exchange). Or local SGD with exact gradients: sync:K meets every K steps by averaging the
 models (--sync-every K), diloco:K with DiLoCo's outer step (lr 0.7, Nesterov momentum 0.9).
 Needs root (namespaces).
 

@@ -100,7 +100,9 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket cap")
       ->capture_default_str();
   app.add_option("--comm-hook", c.hook, "none | fp16 | bf16 | powersgd | int8 | auto")->capture_default_str();
-  app.add_option("--powersgd-rounds", c.powersgd_rounds, "PowerSGD's exchanges per step: 2 or 1")->capture_default_str();
+  app.add_option("--powersgd-rounds", c.powersgd_rounds,
+                 "PowerSGD's exchanges per step: 2 (one power iteration), 4, 6 or 1 (sides alternate)")
+      ->capture_default_str();
   app.add_option("--backend", c.backend, "shm | gloo | auto")->capture_default_str();
   app.add_option("--shm-slot-mb", c.slot_mb, "shm backend staging slot per rank")->capture_default_str();
   app.add_option("--sync-every", c.sync_every, "local SGD: machines average their models every K steps")

@@ -111,7 +111,7 @@ class AutoCodec final : public BucketCodec {
     auto powersgd = ddp_detail::make_powersgd_codec(layout_, now);
     auto int8 = ddp_detail::make_int8_codec();
     CodecEstimate p = dry_run("powersgd", *powersgd, share, first, count, machines);
-    p.rounds = 2;
+    p.rounds = options_.powersgd_rounds;
     CodecEstimate q = dry_run("int8", *int8, share, first, count, machines);
 
     double tiny = 0;

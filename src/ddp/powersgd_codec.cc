@@ -5,9 +5,10 @@
 //   2. P = M Q; one all-reduce (sum) of [exact elements | every P] across machines;
 //   3. P orthonormalised (Gram-Schmidt over its r columns);
 //   4. Q = M^T P; one all-reduce (sum) of every Q; Q is kept for the next call (warm start);
+//      with 2k rounds, steps 2-4 run k times, each P computed from the last Q orthonormalised;
 //   5. the block becomes P Q^T, the estimate of the machines' sum; error = M - P Q^T / machines.
-// Cost per block of rows x cols at rank r: three matrix products of rows x cols x r; on the wire
-// (rows + cols) r floats in place of rows x cols.
+// Cost per block of rows x cols at rank r: 2k + 1 matrix products of rows x cols x r; on the wire
+// k (rows + cols) r floats in place of rows x cols.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -39,6 +40,10 @@ class PowerSgdCodec final : public BucketCodec {
       : layout_(std::move(layout)), options_(options) {
     if (options_.powersgd_rank < 1)
       throw ConfigError("PowerSGD rank " + std::to_string(options_.powersgd_rank) + ": use 1 or more");
+    const int rounds = options_.powersgd_rounds;
+    if (rounds < 1 || (rounds > 1 && rounds % 2 != 0))
+      throw ConfigError("PowerSGD rounds " + std::to_string(rounds) +
+                        ": use 1 (sides alternate) or an even number (2 per power iteration)");
     std::sort(layout_.begin(), layout_.end(), [](auto& a, auto& b) { return a.offset < b.offset; });
   }
 
@@ -160,21 +165,41 @@ class PowerSgdCodec final : public BucketCodec {
     at = 0;
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
       auto& b = plan.blocks[i];
-      orthonormalize(ps[i]);
       qs.push_back(second_round.narrow(0, at, b.cols * b.rank).view({b.cols, b.rank}));
-      torch::mm_out(qs.back(), ms[i].t(), ps[i]);
       at += b.cols * b.rank;
     }
-    if (second_round.numel() > 0)
-      across.sum(second_round.data_ptr(), std::size_t(second_round.numel()), comm::DType::f32);
+    const int iterations = options_.powersgd_rounds / 2;
+    for (int k = 1; k <= iterations; ++k) {
+      if (k > 1) refine_p(plan, ms, ps, qs, across);
+      for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+        orthonormalize(ps[i]);
+        torch::mm_out(qs[i], ms[i].t(), ps[i]);
+      }
+      if (second_round.numel() > 0)
+        across.sum(second_round.data_ptr(), std::size_t(second_round.numel()), comm::DType::f32);
+    }
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) {  // two passes over M: error, then estimate
       auto& b = plan.blocks[i];
       b.q.copy_(qs[i]);
       torch::addmm_out(b.error, ms[i], ps[i], qs[i].t(), /*beta=*/1, /*alpha=*/-1.0 / machines);
       torch::mm_out(ms[i], ps[i], qs[i].t());
     }
-    bytes_across_ = std::uint64_t(allreduce_bytes_sent(4.0 * double(first_round.numel()), machines) +
-                                  allreduce_bytes_sent(4.0 * double(second_round.numel()), machines));
+    bytes_across_ = std::uint64_t(
+        allreduce_bytes_sent(4.0 * double(first_round.numel()), machines) +
+        (iterations - 1) * allreduce_bytes_sent(4.0 * double(plan.p_elements), machines) +
+        iterations * allreduce_bytes_sent(4.0 * double(second_round.numel()), machines));
+  }
+
+  // A further power iteration: P = M Q from the summed Q orthonormalised, summed in the same
+  // place as the first P (the exact elements before it were already read out).
+  void refine_p(Plan& plan, std::vector<torch::Tensor>& ms, std::vector<torch::Tensor>& ps,
+                std::vector<torch::Tensor>& qs, comm::Across& across) {
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+      orthonormalize(qs[i]);
+      torch::mm_out(ps[i], ms[i], qs[i]);
+    }
+    auto all_p = plan.first_round.narrow(0, plan.exact_elements, plan.p_elements);
+    if (all_p.numel() > 0) across.sum(all_p.data_ptr(), std::size_t(all_p.numel()), comm::DType::f32);
   }
 
   // One exchange per step, as PowerGossip (Vogels et al., 2020) alternates: one factor is the

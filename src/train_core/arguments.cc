@@ -161,6 +161,9 @@ void TrainingArguments::validate() const {
                           " compresses: use one or the other");
   if (sync_every > 1 && save_format == "sharded")
     bad("sync-every", "saves consolidated checkpoints only: drop --save-format sharded");
+  if (powersgd_rounds > 1 && powersgd_rounds % 2 != 0)
+    bad("powersgd-rounds", "must be 1 or even (two exchanges per power iteration; got " +
+                               std::to_string(powersgd_rounds) + ")");
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }

@@ -100,6 +100,8 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
             std::string::npos);
   EXPECT_NE(error_of({"--early-stopping-patience", "2"}).find("--eval-strategy"), std::string::npos);
   EXPECT_NE(error_of({"--num-train-epochs", "0"}).find("--num-train-epochs"), std::string::npos);
+  EXPECT_NE(error_of({"--powersgd-rounds", "3"}).find("--powersgd-rounds must be 1 or even"), std::string::npos);
+  EXPECT_EQ(error_of({"--powersgd-rounds", "6"}), "(no error)");
   EXPECT_EQ(error_of({"--num-train-epochs", "0", "--max-steps", "10"}), "(no error)");
   EXPECT_NE(error_of({"--load-best-model-at-end"}).find("--save-strategy and --eval-strategy"),
             std::string::npos);

@@ -42,7 +42,8 @@ namespace lockstep {
 
 struct CompressionOptions {
   int powersgd_rank = 4;        // r: columns of P and Q
-  int powersgd_rounds = 2;      // 2: P then Q each step (the paper); 1: alternate sides (PowerGossip)
+  int powersgd_rounds = 2;      // 2: P then Q each step (the paper); 2k: k power iterations per step;
+                                // 1: alternate sides (PowerGossip)
   int start_step = 10;          // steps all-reduced exactly before compressing (auto: measuring)
   double min_compression = 2;   // PowerSGD compresses a block only if rows x cols >= this x (rows + cols) r
   std::uint64_t seed = 0x5eed;  // Q's initial values: the same on every machine

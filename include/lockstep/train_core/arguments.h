@@ -112,7 +112,8 @@ inline Rule backend_rule() {
     one_of({"none", "fp16", "bf16", "powersgd", "int8", "auto"}))                                              \
   X(int, powersgd_rank, 4, "--ddp-comm-hook powersgd/auto: the rank of PowerSGD's approximation", at_least(1)) \
   X(int, powersgd_rounds, 2,                                                                                   \
-    "--ddp-comm-hook powersgd/auto: exchanges per step, 2 (P then Q, the paper) or 1 (sides alternate)", within(1, 2)) \
+    "--ddp-comm-hook powersgd/auto: exchanges per step, 2 (P then Q, the paper), 4 or 6 (2 or 3 power "        \
+    "iterations: closer to the best rank-r estimate) or 1 (sides alternate)", within(1, 6))                    \
   X(int, comm_hook_start_step, 10,                                                                             \
     "--ddp-comm-hook powersgd/auto: exact steps before compressing (auto measures the link in them)", at_least(0)) \
   X(int, sync_every, 1,                                                                                        \
