@@ -701,19 +701,20 @@ class GlooBackend final : public Backend {
   void allreduce_by_gathering(const void* send, T* out, std::size_t count, DType dtype,
                               const gloo::AllreduceOptions::Func& fn, std::uint32_t t) {
     const std::size_t n = static_cast<std::size_t>(size_);
-    std::vector<T> all(count * n);
+    if (gathered_.size() < count * n * sizeof(T)) gathered_.resize(count * n * sizeof(T));
+    T* all = reinterpret_cast<T*>(gathered_.data());  // new[]'s alignment suits every T
     if (small_) {
-      std::memcpy(all.data() + static_cast<std::size_t>(rank_) * count, send, count * sizeof(T));
-      gather_through_mailbox(send, all.data(), count, dtype, t);
+      std::memcpy(all + static_cast<std::size_t>(rank_) * count, send, count * sizeof(T));
+      gather_through_mailbox(send, all, count, dtype, t);
     } else {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
-      opts.setOutput(all.data(), count * n);
+      opts.setOutput(all, count * n);
       opts.setTag(t);
       gloo::allgather(opts);
     }
-    std::memcpy(out, all.data(), count * sizeof(T));
-    for (std::size_t r = 1; r < n; ++r) fn(out, out, all.data() + r * count, count);
+    std::memcpy(out, all, count * sizeof(T));
+    for (std::size_t r = 1; r < n; ++r) fn(out, out, all + r * count, count);
   }
 
   template <typename T>
@@ -749,6 +750,7 @@ class GlooBackend final : public Backend {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<Mailbox> small_;         // small all-reduces; null: through Gloo
+  std::vector<std::byte> gathered_;        // their every rank's part, kept between calls
   const Collective* running_ = nullptr;  // run()'s collective, for the mailbox path's errors
 };
 
