@@ -24,12 +24,13 @@
 // Every error is a PeerError, MismatchError or TimeoutError naming the rank(s), never a signal:
 // SIGPIPE is ignored unless the program handles it.
 //
-// Small all-reduces (at most kGatherAllreduceBytes, 512 KiB, gathered) are an all-gather and a
-// sum in rank order, sent through a lockstep Mailbox (p2p/mailbox.h) of the backend's own, not
-// Gloo: Gloo's event loop re-polls, level-triggered, a socket whose message arrived before its
-// recv was posted, and on shared cores that spinning thread took ~2 ms of CPU per step of a
-// 2 x 2 PowerSGD job; the mailbox's reader drains every socket and sleeps. Its waits fail with
-// the watchdog's verdict like Gloo's (abort cancels them).
+// All-reduces go through a lockstep Mailbox (p2p/mailbox.h) of the backend's own, not Gloo:
+// small ones (at most kGatherAllreduceBytes, 512 KiB, gathered) as an all-gather and a sum in
+// rank order, larger ones as a ring (LOCKSTEP_GLOO_RING=gloo keeps Gloo's for those). Gloo's
+// event loop re-polls, level-triggered, a socket whose message arrived before its recv was
+// posted, and on shared cores that spinning thread took ~2 ms of CPU per step of a 2 x 2
+// PowerSGD job; the mailbox's reader drains every socket and sleeps. Its waits fail with the
+// watchdog's verdict like Gloo's (abort cancels them).
 //
 // Dtypes: f16 and bf16 travel as 16 bits (half the bytes of f32) and are summed in f32, rounded
 // to 16 bits at each hop of Gloo's ring (once for 2 ranks). reduce_scatter is an allreduce of
@@ -65,6 +66,7 @@
 #include "backend.h"
 #include "p2p/mailbox.h"
 #include "keepalive.h"
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/net_address.h"
@@ -386,13 +388,21 @@ class GlooBackend final : public Backend {
     });
   }
 
-  // ... then every rank leaves it closed: all take the same path for every collective.
+  // ... then every rank leaves it closed: all take the same path for every collective. Large
+  // all-reduces go through it too (ring_through_mailbox) if every rank asks for that.
   void agree_on_small_path() {
     if (size_ < 2) return;
-    std::uint64_t mine = small_ ? 1 : 0;
+    const std::string ring = knobs::get(knobs::kGlooRing).value_or("mailbox");
+    if (ring != "mailbox" && ring != "gloo")
+      throw ConfigError(std::string(knobs::kGlooRing.name) + "='" + ring + "': use mailbox or gloo");
+    std::uint64_t mine = (small_ ? 1 : 0) | (ring == "mailbox" ? 2 : 0);
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     gather_words(&mine, all.data(), 1, std::numeric_limits<std::uint32_t>::max());
-    if (std::find(all.begin(), all.end(), 0) != all.end()) small_.reset();
+    ring_ = true;
+    for (std::uint64_t word : all) {
+      if (!(word & 1)) small_.reset();
+      ring_ = ring_ && (word & 2);
+    }
   }
 
   std::set<std::string> peer_addresses() {
@@ -658,26 +668,74 @@ class GlooBackend final : public Backend {
   // 1 Gbit/s); more than 4 ranks were not measured.
   static constexpr std::size_t kGatherAllreduceBytes = 512 * 1024;
 
-  // Every peer's `count` elements into block r of `all`, sent to each peer under tag t. As
-  // with Gloo only the size must match (a dtype mismatch of the same width is left to the
-  // signature checks, which name both collectives); a size mismatch is a MismatchError here.
+  // Every peer's `count` elements into block r of `all`, sent to each peer under tag t.
   void gather_through_mailbox(const void* mine, void* all, std::size_t count, DType dtype, std::uint32_t t) {
-    if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
-    const int tag = static_cast<int>(t & 0x7fffffffu);
+    throw_if_aborted();
     const std::size_t width = dtype_size(dtype);
-    const DType words = width == 8 ? DType::i64 : width == 4 ? DType::i32 : DType::f16;
-    std::vector<std::pair<int, WorkPtr>> works;
+    MailboxExchange exchange;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      works.emplace_back(r, small_->send(mine, count, words, r, tag));
-      works.emplace_back(r, small_->recv(static_cast<char*>(all) + static_cast<std::size_t>(r) * count * width,
-                                         count, words, r, tag));
+      exchange.emplace_back(r, small_->send(mine, count, as_words(dtype), r, mailbox_tag(t)));
+      exchange.emplace_back(r, small_->recv(static_cast<char*>(all) + static_cast<std::size_t>(r) * count * width,
+                                            count, as_words(dtype), r, mailbox_tag(t)));
     }
-    for (auto& [r, work] : works) {
+    await(exchange, count);
+  }
+
+  // Larger all-reduces through the mailbox as a ring: n - 1 steps of reduce-scatter, then n - 1
+  // of all-gather, each sending one of n chunks to the next rank and receiving one from the
+  // previous (2 (n - 1) / n of the bytes, like Gloo's ring). Each chunk is reduced along the
+  // ring once and then copied from its owner: every rank ends with the same bits.
+  template <typename T>
+  void ring_through_mailbox(const void* send, T* out, std::size_t count, DType dtype,
+                            const gloo::AllreduceOptions::Func& fn, std::uint32_t t) {
+    const std::size_t n = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    auto lo = [&](std::size_t c) { return c * count / n; };
+    auto length = [&](std::size_t c) { return lo(c + 1) - lo(c); };
+    if (send != out) std::memcpy(out, send, count * sizeof(T));
+    if (gathered_.size() < length(n - 1) * sizeof(T)) gathered_.resize(length(n - 1) * sizeof(T));
+    T* arrived = reinterpret_cast<T*>(gathered_.data());
+    for (std::size_t step = 0; step + 1 < n; ++step) {  // reduce-scatter: this rank ends owning chunk me + 1
+      const std::size_t give = (me + n - step) % n, take = (me + 2 * n - step - 1) % n;
+      throw_if_aborted();
+      MailboxExchange exchange;
+      exchange.emplace_back(prev, small_->recv(arrived, length(take), as_words(dtype), prev, mailbox_tag(t)));
+      exchange.emplace_back(next, small_->send(out + lo(give), length(give), as_words(dtype), next, mailbox_tag(t)));
+      await(exchange, length(take));
+      fn(out + lo(take), out + lo(take), arrived, length(take));
+    }
+    for (std::size_t step = 0; step + 1 < n; ++step) {  // all-gather: pass the owned chunks on
+      const std::size_t give = (me + 1 + n - step) % n, take = (me + n - step) % n;
+      throw_if_aborted();
+      MailboxExchange exchange;
+      exchange.emplace_back(prev, small_->recv(out + lo(take), length(take), as_words(dtype), prev, mailbox_tag(t)));
+      exchange.emplace_back(next, small_->send(out + lo(give), length(give), as_words(dtype), next, mailbox_tag(t)));
+      await(exchange, length(take));
+    }
+  }
+
+  // As with Gloo only the size must match: a dtype mismatch of the same width is left to the
+  // signature checks, which name both collectives.
+  static DType as_words(DType dtype) {
+    const std::size_t width = dtype_size(dtype);
+    return width == 8 ? DType::i64 : width == 4 ? DType::i32 : DType::f16;
+  }
+  static int mailbox_tag(std::uint32_t t) { return static_cast<int>(t & 0x7fffffffu); }
+  void throw_if_aborted() {
+    if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
+  }
+
+  // Waits for one exchange of the mailbox path (peer, send or recv). A size mismatch is a
+  // MismatchError naming both ranks, any other failure a PeerError; pending recvs are cancelled
+  // first (none may write into the caller's buffers later), and the watchdog's verdict wins.
+  using MailboxExchange = std::vector<std::pair<int, WorkPtr>>;
+  void await(MailboxExchange& exchange, std::size_t count) {
+    for (auto& [r, work] : exchange) {
       try {
         work->wait();
       } catch (const MismatchError&) {
-        small_->cancel_recvs("the small all-reduce failed");  // none may write into `all` later
+        small_->cancel_recvs("the all-reduce failed");
         if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
         const std::string what = "gloo: rank " + std::to_string(global(r)) + " sent a different number of " +
                                  "elements than rank " + std::to_string(global(rank_)) + " expects (" +
@@ -686,7 +744,7 @@ class GlooBackend final : public Backend {
         mark_failed("mismatch", what);
         throw MismatchError(what);
       } catch (const Error& e) {
-        small_->cancel_recvs("the small all-reduce failed");
+        small_->cancel_recvs("the all-reduce failed");
         if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
         mark_failed("error", e.what());
         const std::string dead = dead_ranks_now();
@@ -723,6 +781,8 @@ class GlooBackend final : public Backend {
     T* out = static_cast<T*>(recv);
     if (count * sizeof(T) * static_cast<std::size_t>(size_) <= kGatherAllreduceBytes)
       return allreduce_by_gathering(send, out, count, dtype, fn, t);
+    if (small_ && ring_ && count >= static_cast<std::size_t>(size_))
+      return ring_through_mailbox(send, out, count, dtype, fn, t);
     gloo::AllreduceOptions opts(context_);
     // Out of place, Gloo copies each segment of the input just before it goes out (in cache,
     // overlapped with the transfers); a whole copy first cost 1.5x the time at 1 MiB.
@@ -751,6 +811,7 @@ class GlooBackend final : public Backend {
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<Mailbox> small_;         // small all-reduces; null: through Gloo
   std::vector<std::byte> gathered_;        // their every rank's part, kept between calls
+  bool ring_ = false;                      // larger all-reduces on the mailbox too (LOCKSTEP_GLOO_RING)
   const Collective* running_ = nullptr;  // run()'s collective, for the mailbox path's errors
 };
 
