@@ -33,7 +33,7 @@
 // watchdog's verdict like Gloo's (abort cancels them).
 //
 // Dtypes: f16 and bf16 travel as 16 bits (half the bytes of f32) and are summed in f32, rounded
-// to 16 bits at each hop of Gloo's ring (once for 2 ranks). reduce_scatter is an allreduce of
+// to 16 bits at each hop of the ring (once for 2 ranks). reduce_scatter is an allreduce of
 // the whole input keeping this rank's block (2x the minimal traffic: Gloo 0.0~git2022 has no
 // functional reduce_scatter).
 #include <dirent.h>
@@ -659,13 +659,14 @@ class GlooBackend final : public Backend {
   }
 
   // Small all-reduces as one all-gather and a sum in rank order (the same bits on every rank):
-  // n - 1 ring steps where Gloo's ring all-reduce takes 2 (n - 1), each a few messages and a
+  // n - 1 ring steps where a ring all-reduce takes 2 (n - 1), each a few messages and a
   // wake-up of its event loop, for (n - 1) / (2 (n - 1) / n) = n / 2 times the bytes. Measured
   // (bench/RESULTS.md): 2 ranks on loopback, 256 KiB each took 232 us this way against 600-1070
   // through Gloo's ring; PowerSGD's factors on 4 machines x 1 (~80 KiB each, 320 KiB gathered)
   // trained 2.86x PyTorch DDP's throughput at 1 Gbit/s against 1.98x at a 128 KiB limit. The
   // extra bytes grow with n (8 ranks: 336 KiB more than the ring at this limit, 2.7 ms at
-  // 1 Gbit/s); more than 4 ranks were not measured.
+  // 1 Gbit/s); 8 ranks on one host's 2 cores took 726-1438 us up to 64 KiB against torch
+  // gloo's ~20 ms.
   static constexpr std::size_t kGatherAllreduceBytes = 512 * 1024;
 
   // Every peer's `count` elements into block r of `all`, sent to each peer under tag t.
@@ -694,25 +695,28 @@ class GlooBackend final : public Backend {
     auto lo = [&](std::size_t c) { return c * count / n; };
     auto length = [&](std::size_t c) { return lo(c + 1) - lo(c); };
     if (send != out) std::memcpy(out, send, count * sizeof(T));
-    if (gathered_.size() < length(n - 1) * sizeof(T)) gathered_.resize(length(n - 1) * sizeof(T));
+    const std::size_t largest = (count + n - 1) / n;  // chunk lengths differ by at most one
+    if (gathered_.size() < largest * sizeof(T)) gathered_.resize(largest * sizeof(T));
     T* arrived = reinterpret_cast<T*>(gathered_.data());
     for (std::size_t step = 0; step + 1 < n; ++step) {  // reduce-scatter: this rank ends owning chunk me + 1
       const std::size_t give = (me + n - step) % n, take = (me + 2 * n - step - 1) % n;
-      throw_if_aborted();
-      MailboxExchange exchange;
-      exchange.emplace_back(prev, small_->recv(arrived, length(take), as_words(dtype), prev, mailbox_tag(t)));
-      exchange.emplace_back(next, small_->send(out + lo(give), length(give), as_words(dtype), next, mailbox_tag(t)));
-      await(exchange, length(take));
+      pass_along(next, out + lo(give), length(give), prev, arrived, length(take), dtype, t);
       fn(out + lo(take), out + lo(take), arrived, length(take));
     }
     for (std::size_t step = 0; step + 1 < n; ++step) {  // all-gather: pass the owned chunks on
       const std::size_t give = (me + 1 + n - step) % n, take = (me + n - step) % n;
-      throw_if_aborted();
-      MailboxExchange exchange;
-      exchange.emplace_back(prev, small_->recv(out + lo(take), length(take), as_words(dtype), prev, mailbox_tag(t)));
-      exchange.emplace_back(next, small_->send(out + lo(give), length(give), as_words(dtype), next, mailbox_tag(t)));
-      await(exchange, length(take));
+      pass_along(next, out + lo(give), length(give), prev, out + lo(take), length(take), dtype, t);
     }
+  }
+
+  // One ring step: `give` elements to rank `next` while `take` arrive from rank `prev`.
+  void pass_along(int next, const void* from, std::size_t give, int prev, void* into, std::size_t take,
+                  DType dtype, std::uint32_t t) {
+    throw_if_aborted();
+    MailboxExchange exchange;
+    exchange.emplace_back(prev, small_->recv(into, take, as_words(dtype), prev, mailbox_tag(t)));
+    exchange.emplace_back(next, small_->send(from, give, as_words(dtype), next, mailbox_tag(t)));
+    await(exchange, take);
   }
 
   // As with Gloo only the size must match: a dtype mismatch of the same width is left to the
@@ -809,8 +813,8 @@ class GlooBackend final : public Backend {
   std::atomic<std::uint64_t> sent_bytes_{0}, sent_nanoseconds_{0};
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  std::unique_ptr<Mailbox> small_;         // small all-reduces; null: through Gloo
-  std::vector<std::byte> gathered_;        // their every rank's part, kept between calls
+  std::unique_ptr<Mailbox> small_;         // all-reduces (large ones if ring_); null: through Gloo
+  std::vector<std::byte> gathered_;        // every rank's part of a small one, a ring's arriving chunk
   bool ring_ = false;                      // larger all-reduces on the mailbox too (LOCKSTEP_GLOO_RING)
   const Collective* running_ = nullptr;  // run()'s collective, for the mailbox path's errors
 };
