@@ -311,22 +311,6 @@ class PendingDir {
   fs::path path_;
 };
 
-// Renames `from` to `to`, replacing an older `to` (saved again at the same step after a resume).
-void rename_into_place(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  if (!fs::exists(to)) {
-    fs::rename(from, to, ec);
-  } else {
-    const fs::path old =
-        to.parent_path() / (".tmp-old-" + to.filename().string() + "-" + std::to_string(::getpid()));
-    fs::rename(to, old, ec);
-    if (!ec) fs::rename(from, to, ec);
-    std::error_code ignored;
-    fs::remove_all(old, ignored);
-  }
-  if (ec) throw_write_error(to.string(), ec.value());
-}
-
 }  // namespace
 
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
@@ -346,7 +330,7 @@ void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
   write_file_durably((tmp.path() / "trainer_state.json").string(),
                      trainer_state.dump(1));  // last: marks it complete
   sync_path(tmp.path().string());
-  rename_into_place(tmp.path(), final_dir);
+  replace_directory(tmp.path().string(), final_dir.string());  // an older one saved at this step too
   tmp.release();
   sync_path(parent.string());
 }

@@ -111,9 +111,7 @@ CheckpointWriter::Outcome CheckpointWriter::write(Job& job) {
         write_file_durably((fs::path(job.tmp_dir) / "index.json").string(),
                            sharded_index(tensors, shards, job.extra));
         sync_path(job.tmp_dir);
-        std::error_code ec;
-        fs::remove_all(job.final_dir, ec);
-        fs::rename(job.tmp_dir, job.final_dir);
+        replace_directory(job.tmp_dir, job.final_dir);
         sync_path(fs::path(job.final_dir).parent_path().string());
         if (job.after_commit) job.after_commit();
       }

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -58,6 +60,24 @@ void write_file_durably(const std::string& path, std::string_view bytes) {
   tmp.write_all(bytes);
   if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw_write_error(path, errno);
   tmp.keep();
+}
+
+void replace_directory(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    std::error_code ignored;
+    fs::remove_all(from, ignored);  // the old directory, now under the temporary name
+    return;
+  }
+  if (errno != ENOENT && errno != EINVAL && errno != ENOSYS) throw_write_error(to, errno);
+  std::error_code ec;
+  const fs::path aside = fs::path(to).parent_path() / (".tmp-old-" + fs::path(to).filename().string() + "-" +
+                                                       std::to_string(::getpid()));
+  if (fs::exists(to)) fs::rename(to, aside, ec);
+  if (!ec) fs::rename(from, to, ec);
+  std::error_code ignored;
+  fs::remove_all(aside, ignored);
+  if (ec) throw_write_error(to, ec.value());
 }
 
 void sync_path(const std::string& path) {

@@ -12,6 +12,10 @@
 namespace lockstep::train {
 
 void write_file_durably(const std::string& path, std::string_view bytes);
+// Renames directory `from` to `to` (a sibling). An existing `to` is swapped out in one step
+// (renameat2's RENAME_EXCHANGE, then removed), so `to` names the old or the new directory at every
+// moment, never nothing; where the file system cannot swap, it is moved aside just before.
+void replace_directory(const std::string& from, const std::string& to);
 // fsyncs a file or a directory (after creating or renaming entries in it).
 void sync_path(const std::string& path);
 // The whole file; DataError naming it (and `what` it should be) when it cannot be read.
