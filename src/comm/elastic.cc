@@ -179,14 +179,14 @@ std::vector<Member> ElasticGroup::live_candidates(std::uint64_t after) {
 // Waits for epoch `e` to be published. nullopt when its leader died first (its claim is cleared
 // then, so the caller may claim the transition itself).
 std::optional<ElasticGroup::Epoch> ElasticGroup::await_epoch(std::uint64_t e, const std::string& leader_key,
-                                                             Clock::time_point deadline) {
+                                                             Clock::time_point deadline, bool candidate) {
   const std::string epoch_key = key("epoch/" + std::to_string(e));
   for (;;) {
     try {
       store_->wait({epoch_key}, kSlice);
       return Epoch::from_json(store_->get(epoch_key));
     } catch (const TimeoutError&) {
-      if (store_->try_get(key("finished")))
+      if (candidate && store_->try_get(key("finished")))
         throw JobOver("run '" + options_.run_id + "' finished before this worker was admitted: nothing to do");
       if (Clock::now() >= deadline)
         throw TimeoutError("elastic: membership " + std::to_string(e) + " of run '" + options_.run_id +
@@ -246,7 +246,7 @@ void ElasticGroup::wait_to_be_admitted() {
     if (!newest) {  // the first epoch is still forming: lead it, or wait for it
       const std::string leader_key = key("first/leader");
       if (store_->compare_set(leader_key, "", me_.id) == me_.id) lead_first_epoch();
-      next = await_epoch(0, leader_key, deadline);
+      next = await_epoch(0, leader_key, deadline, /*candidate=*/true);
     } else {  // wait for the next change; lead it only when every member of the newest is gone
       const std::uint64_t e = std::stoull(*newest);
       const Epoch current = Epoch::from_json(store_->get(key("epoch/" + std::to_string(e))));
@@ -263,7 +263,7 @@ void ElasticGroup::wait_to_be_admitted() {
         admitted_ = current.admitted;
         lead_transition(e, "the members of membership " + std::to_string(e) + " are all gone");
       }
-      next = await_epoch(e + 1, leader_key, deadline);
+      next = await_epoch(e + 1, leader_key, deadline, /*candidate=*/true);
     }
     if (next && next->includes(me_.id)) {
       joined_epoch_ = next->number;
@@ -305,7 +305,8 @@ void ElasticGroup::lead_transition(std::uint64_t from, const std::string& reason
     const bool announced = m.id == me_.id || store_->try_get(here + m.id).has_value();
     (announced ? next.members : next.left).push_back(m);
   }
-  next.joined = live_candidates(admitted_);
+  // After finish() (the members evaluate or write their results) nobody is admitted any more.
+  if (!store_->try_get(key("finished"))) next.joined = live_candidates(admitted_);
   next.admitted = next.joined.empty() ? admitted_ : next.joined.back().candidate;
   sort_by_place(next.joined);
   next.members.insert(next.members.end(), next.joined.begin(), next.joined.end());
@@ -337,7 +338,7 @@ MembershipChange ElasticGroup::change(const std::string& reason) {
   std::optional<Epoch> next;
   while (!next) {
     if (store_->compare_set(leader_key, "", me_.id) == me_.id) lead_transition(from, reason);
-    next = await_epoch(from + 1, leader_key, deadline);
+    next = await_epoch(from + 1, leader_key, deadline, /*candidate=*/false);
   }
   MembershipChange c;
   c.epoch = next->number;

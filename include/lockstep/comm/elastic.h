@@ -117,7 +117,8 @@ class ElasticGroup {
   // worker was left out; TimeoutError when no epoch was published in time.
   MembershipChange recover(const std::string& why);
   // The job is done (any member may call it, once its work is over): workers still waiting to be
-  // admitted get JobOver instead of waiting for their timeout.
+  // admitted get JobOver instead of waiting for their timeout. The members can still recover from
+  // a lost member (to finish an evaluation, say), among themselves.
   void finish();
 
  private:
@@ -127,7 +128,9 @@ class ElasticGroup {
   MembershipChange change(const std::string& reason);
   void lead_first_epoch();
   void lead_transition(std::uint64_t from, const std::string& reason);
-  std::optional<Epoch> await_epoch(std::uint64_t e, const std::string& leader_key, Clock::time_point deadline);
+  // A candidate (not a member) gives up with JobOver once the job is finished.
+  std::optional<Epoch> await_epoch(std::uint64_t e, const std::string& leader_key, Clock::time_point deadline,
+                                   bool candidate);
   void enter(const Epoch& epoch);
   std::vector<Member> live_candidates(std::uint64_t after);
   bool alive(const std::string& id);
