@@ -161,20 +161,22 @@ static int train(int argc, const char* const* argv) {
   Trainer trainer(model, train_set, test_set, args);
   TrainResult result = trainer.train();
   nlohmann::json m = trainer.evaluate();
+  // Every rank names the same checkpoint (the output directory is shared in a job of several
+  // machines), so that whichever rank 0 is left in an elastic job writes the same results.
+  std::string checkpoint = latest_checkpoint(args.output_dir);
+  if (args.load_best_model_at_end && !trainer.state().best_checkpoint.empty())
+    checkpoint = (std::filesystem::path(args.output_dir) / trainer.state().best_checkpoint).string();
+  m["checkpoint"] = checkpoint;
+  m["model"] = model_name;
+  m["train_seconds"] = result.seconds;
+  m["global_step"] = result.global_step;
+  trainer.save_metrics("eval", m);  // OUTPUT_DIR/eval_results.json
   if (trainer.communicator().rank() == 0) {
-    std::string checkpoint = latest_checkpoint(args.output_dir);
-    if (args.load_best_model_at_end && !trainer.state().best_checkpoint.empty())
-      checkpoint = (std::filesystem::path(args.output_dir) / trainer.state().best_checkpoint).string();
     std::printf(
         "trained %lld steps in %.1f s (%.0f samples/s); test accuracy %.4f on %lld images, loss %.4f\n",
         static_cast<long long>(result.global_step), result.seconds, result.samples_per_second,
         m["eval_accuracy"].get<double>(), static_cast<long long>(m["eval_samples"].get<std::int64_t>()),
         m["eval_loss"].get<double>());
-    m["checkpoint"] = checkpoint;
-    m["model"] = model_name;
-    m["train_seconds"] = result.seconds;
-    m["global_step"] = result.global_step;
-    std::ofstream(std::filesystem::path(args.output_dir) / "eval_results.json") << m.dump(2) << "\n";
     if (!checkpoint.empty())
       std::printf("saved %s; reload it in one process with:\n  %s evaluate --model %s --checkpoint %s\n",
                   checkpoint.c_str(), argv[0], model_name.c_str(), checkpoint.c_str());

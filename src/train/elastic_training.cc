@@ -21,6 +21,13 @@
 // state back together on every member of the new membership (ddp/zero_elastic.h) before the
 // counters are brought up to date and the state is cut again over the new ranks. When the step in
 // flight had been applied by some member, every member completes it: the change goes on after it.
+//
+// What follows a step (its log, evaluation, checkpoint, callbacks: the StepEpilogue) belongs to the
+// step: members count the parts of it they finished as progress, so the member furthest along
+// brings the others up to date, and after the change every member resumes the epilogue at the same
+// part. A checkpoint whose writer died is written by the new rank 0; one that some member saw
+// committed is not written again. A member lost during a change (the state's transfer, say) makes
+// it start over. evaluate() and save_metrics() after training recover the same way.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -43,17 +50,23 @@ namespace lockstep::train {
 namespace {
 
 // The state a member brings the others up to date with, as bytes (CBOR): the model, the optimizer
-// state (under ZeRO it moved already, see recover_sharded_state), and the trainer's counters.
-std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler) {
+// state (under ZeRO it moved already, see recover_sharded_state), the trainer's counters and how
+// far the step's epilogue got.
+std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, const RunProgress& run) {
   std::ostringstream model_bytes, optimizer_bytes;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   t.model.module->save(model_archive);
   model_archive.save_to(model_bytes);
-  if (t.optimizer) {
+  if (t.optimizer && t.args.zero_stage == 0) {
     t.optimizer->save(optimizer_archive);
     optimizer_archive.save_to(optimizer_bytes);
   }
   const nlohmann::json counters = {{"global_step", t.state.global_step},
+                                   {"epilogue", {t.epilogue.step, t.epilogue.next, t.epilogue.saved}},
+                                   {"should_stop", run.control.should_stop},
+                                   {"best_checkpoint", t.state.best_checkpoint},
+                                   {"improved_since_save", t.improved_since_save},
+                                   {"log_history", t.state.log_history},
                                    {"epoch", t.state.epoch},
                                    {"steps_in_epoch", t.state.steps_in_epoch},
                                    {"sampler_epoch", sampler.state().epoch},
@@ -71,7 +84,8 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler) {
   return std::string(cbor.begin(), cbor.end());
 }
 
-void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, const std::string& bytes, bool take_rng) {
+void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& run, const std::string& bytes,
+                  bool take_rng) {
   const nlohmann::json j = nlohmann::json::from_cbor(bytes);
   auto archive_of = [&](const char* key, torch::serialize::InputArchive& archive) {
     const auto& b = j.at(key).get_binary();
@@ -81,12 +95,18 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, const std::st
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive_of("model", model_archive);
   t.model.module->load(model_archive);
-  if (t.optimizer) {
+  if (t.optimizer && t.args.zero_stage == 0) {
     archive_of("optimizer", optimizer_archive);
     t.optimizer->load(optimizer_archive);
   }
   const nlohmann::json& c = j.at("counters");
   t.state.global_step = c.at("global_step").get<std::int64_t>();
+  const nlohmann::json& epilogue = c.at("epilogue");
+  t.epilogue = StepEpilogue{epilogue.at(0).get<std::int64_t>(), epilogue.at(1).get<int>(), epilogue.at(2).get<bool>()};
+  run.control.should_stop = c.at("should_stop").get<bool>();
+  t.state.best_checkpoint = c.at("best_checkpoint").get<std::string>();
+  t.improved_since_save = c.at("improved_since_save").get<bool>();
+  t.state.log_history = c.at("log_history");
   t.state.epoch = c.at("epoch").get<std::uint64_t>();
   t.state.steps_in_epoch = c.at("steps_in_epoch").get<std::int64_t>();
   t.global_batch = c.at("global_batch").get<std::size_t>();
@@ -109,6 +129,16 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// A change the members cannot agree on (no membership published in time) ends this worker: it is
+// not retried as a lost member would be.
+comm::MembershipChange agree_on_membership(comm::ElasticGroup& group, const std::string& failure) {
+  try {
+    return failure.empty() ? group.grow() : group.recover(failure);
+  } catch (const TimeoutError& e) {
+    throw Error(first_line(e.what()));
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -117,23 +147,31 @@ namespace {
 // the source's RNG state, a member that missed the last update keeps its own.
 class MovedState : public comm::ElasticState {
  public:
-  MovedState(Trainer::Impl& t, data::ElasticSampler& sampler) : t_(t), sampler_(sampler) {}
-  std::int64_t completed_steps() const override { return t_.state.global_step; }
-  std::string save() const override { return pack_state(t_, sampler_); }
+  MovedState(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& run) : t_(t), sampler_(sampler), run_(run) {}
+  // The steps, and of the newest one's epilogue the parts done: the member furthest along leads.
+  std::int64_t completed_steps() const override {
+    const int parts = t_.epilogue.step == t_.state.global_step ? t_.epilogue.next : 0;
+    return t_.state.global_step * (StepEpilogue::done + 1) + parts;
+  }
+  std::string save() const override {
+    if (t_.fault("kill-in-state-transfer", static_cast<std::int64_t>(t_.elastic->epoch()))) std::raise(SIGKILL);
+    return pack_state(t_, sampler_, run_);
+  }
   void load(const std::string& bytes) override {
-    unpack_state(t_, sampler_, bytes, /*take_rng=*/t_.elastic->joined_in_current_epoch());
+    unpack_state(t_, sampler_, run_, bytes, /*take_rng=*/t_.elastic->joined_in_current_epoch());
   }
 
  private:
   Trainer::Impl& t_;
   data::ElasticSampler& sampler_;
+  RunProgress& run_;
 };
 
 }  // namespace
 
 // Collective on the current membership: every member reaches the newest completed step.
-double Trainer::Impl::sync_state(data::ElasticSampler& sampler) {
-  MovedState moved(*this, sampler);
+double Trainer::Impl::sync_state(data::ElasticSampler& sampler, RunProgress& run) {
+  MovedState moved(*this, sampler, run);
   return comm::bring_up_to_date(*elastic, moved);
 }
 
@@ -214,7 +252,7 @@ ZeroOptions Trainer::Impl::elastic_zero_options() {
   o.mirrored_by = (rank() + shift) % world();
   o.on_phase = [this](UpdatePhase phase) {
     const char* fault = phase == UpdatePhase::ready ? "kill-before-update" : "kill-in-update";
-    if (fault_requested(fault, state.global_step + 1, rank())) std::raise(SIGKILL);
+    if (this->fault(fault, state.global_step + 1)) std::raise(SIGKILL);
   };
   return o;
 }
@@ -246,6 +284,7 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::recover_sharded(data::El
     sampler.advance();
     ++state.global_step;
     ++state.steps_in_epoch;
+    epilogue = StepEpilogue{state.global_step, StepEpilogue::log, false};  // none of it ran here
   }
   return std::move(recovered.optimizer);
 }
@@ -257,15 +296,16 @@ void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress
   if (zero) zero->release_communicator();
   reducer.reset();  // its buckets live in the old communicator's shared memory
   for (auto& p : model.module->parameters()) p.mutable_grad() = torch::Tensor();
-  const comm::MembershipChange change = failure.empty() ? elastic->grow() : elastic->recover(failure);
+  const comm::MembershipChange change = agree_on_membership(*elastic, failure);
   comm = &elastic->comm();
   state.membership = static_cast<std::int64_t>(change.epoch);
   const auto state_begin = Clock::now();
-  std::unique_ptr<torch::optim::Optimizer> whole;
-  if (args.zero_stage > 0) whole = recover_sharded(sampler, run);
-  sync_state(sampler);
+  // Under ZeRO the whole state waits in `optimizer` until it is cut again: a member lost before
+  // then leaves it where the next try of the change finds it (a member that holds it all).
+  if (args.zero_stage > 0) optimizer = recover_sharded(sampler, run);
+  sync_state(sampler, run);
   build_reducer();
-  if (args.zero_stage > 0) build_elastic_optimizer(std::move(whole));
+  if (args.zero_stage > 0) build_elastic_optimizer(std::move(optimizer));
   const double state_seconds = seconds_since(state_begin);
   outputs->set_rank(rank());
   next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
@@ -294,42 +334,68 @@ void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress
                               << ", rebuild " << change.rebuild_seconds << ", state " << state_seconds << ")";
 }
 
-TrainResult Trainer::Impl::train_elastic() {
-  RunProgress run;
-  torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
-  global_batch = samples_per_step() * static_cast<std::size_t>(world());
-  data::ElasticSampler sampler(train_set->size(), global_batch, /*shuffle=*/true, args.seed);
-  prepare_elastic(sampler);
-  state.membership = static_cast<std::int64_t>(elastic->epoch());
-  std::unique_ptr<torch::optim::Optimizer> whole;
-  if (elastic->joined_in_current_epoch() && elastic->epoch() > 0) {
-    // the members run the same collectives right after admitting this one
-    if (args.zero_stage > 0) whole = recover_sharded(sampler, run);
-    sync_state(sampler);
-    plan_elastic(sampler);
-  }
-  next_membership_check = state.global_step + 1;
-  build_reducer();
-  if (args.zero_stage > 0) build_elastic_optimizer(std::move(whole));
-  announce();
-  for (auto& cb : callbacks) cb->on_train_begin(state);
-  run.first_step = state.global_step;
-  run.network_at_window_start = comm->network_stats();
+void Trainer::Impl::run_recovering(const std::function<void()>& work) {
+  if (!progress) return work();
+  std::string failure;  // the error that ended the last membership, until a new one is in place
   for (;;) {
     try {
-      run_elastic(sampler, run);
-      break;
+      if (!failure.empty()) change_membership(progress->sampler, progress->run, failure);
+      failure.clear();
+      return work();
     } catch (const comm::ElasticError&) {
       throw;
     } catch (const StoreReplacedError&) {
       throw;
     } catch (const PeerError& e) {
-      change_membership(sampler, run, first_line(e.what()));
+      failure = first_line(e.what());
     } catch (const TimeoutError& e) {
-      change_membership(sampler, run, first_line(e.what()));
+      failure = first_line(e.what());
     }
   }
-  check_replicas();
+}
+
+void Trainer::Impl::complete_epilogue(data::ElasticSampler& sampler, RunProgress& run) {
+  if (epilogue.step != state.global_step || epilogue.next == StepEpilogue::done) return;
+  if (rank() == 0)
+    LOCKSTEP_LOG(info, train) << "completing what follows step " << state.global_step << " on the new membership"
+                              << (epilogue.next <= StepEpilogue::save && save_due(sampler.epoch_done())
+                                      ? " (its checkpoint among it)"
+                                      : "");
+  run_epilogue(sampler.state().position, sampler.dataset_size(), run);
+}
+
+TrainResult Trainer::Impl::train_elastic() {
+  torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
+  global_batch = samples_per_step() * static_cast<std::size_t>(world());
+  progress = std::make_unique<ElasticProgress>(
+      data::ElasticSampler(train_set->size(), global_batch, /*shuffle=*/true, args.seed));
+  data::ElasticSampler& sampler = progress->sampler;
+  RunProgress& run = progress->run;
+  prepare_elastic(sampler);
+  state.membership = static_cast<std::int64_t>(elastic->epoch());
+  const bool joined = elastic->joined_in_current_epoch() && elastic->epoch() > 0;
+  const std::int64_t membership_at_start = state.membership;
+  run_recovering([&] {
+    if (state.membership != membership_at_start) return;  // a change brought this worker up to date
+    if (joined) {  // the members run the same collectives right after admitting this one
+      if (args.zero_stage > 0) optimizer = recover_sharded(sampler, run);
+      sync_state(sampler, run);
+    }
+    build_reducer();
+    if (args.zero_stage > 0) build_elastic_optimizer(joined ? std::move(optimizer) : nullptr);
+  });
+  plan_elastic(sampler);  // a joiner learnt the job's global batch
+  next_membership_check = state.global_step + 1;
+  announce();
+  for (auto& cb : callbacks) cb->on_train_begin(state);
+  run.first_step = state.global_step;
+  run.network_at_window_start = comm->network_stats();
+  run_recovering([&] {
+    complete_epilogue(sampler, run);
+    run_elastic(sampler, run);
+    check_replicas();
+  });
+  load_best_model();
   if (rank() == 0) elastic->finish();  // a worker still waiting to join has nothing left to do
   for (auto& cb : callbacks) cb->on_train_end(state);
   return result(run);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <csignal>
 
 #include "lockstep/base/log.h"
 #include "lockstep/data/sampler.h"
@@ -92,6 +93,7 @@ nlohmann::json Trainer::Impl::evaluate() {
   meet_machines();
   const auto begin = Clock::now();
   broadcast_buffers(*model.module, *comm);
+  if (fault("kill-during-eval", state.global_step)) std::raise(SIGKILL);
   const data::EvalTotals total =
       evaluate_totals(model, *eval_set, *comm,
                       {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16,

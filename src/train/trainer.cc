@@ -284,40 +284,84 @@ void Trainer::Impl::log_window(RunProgress& run) {
   run.network_at_window_start = comm->network_stats();
 }
 
-// Logging, evaluation, checkpoints and callbacks after optimiser step state.global_step.
-void Trainer::Impl::after_step(std::size_t position, std::size_t num_samples, RunProgress& run) {
-  const bool epoch_done = position >= num_samples;
-  const bool last = state.global_step >= state.max_steps;
+bool Trainer::Impl::evaluation_due(bool epoch_done) const {
+  return (args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
+         (args.eval_strategy == "epoch" && epoch_done);
+}
+
+bool Trainer::Impl::save_due(bool epoch_done) const {
+  return (args.save_strategy == "steps" && state.global_step % args.save_steps == 0) ||
+         (args.save_strategy == "epoch" && epoch_done);
+}
+
+// A change of membership empties the window: a step's log cut short by one is not written again.
+void Trainer::Impl::log_or_show_progress(bool last, RunProgress& run) {
+  if (run.window.steps() == 0) return;
   if (state.global_step % args.logging_steps == 0 || last) {
     log_window(run);
   } else if (!args.disable_tqdm && ::isatty(STDERR_FILENO)) {
-    show_progress(run.window.local_mean_loss(), rate_text(run.window.local_samples_per_second(), run.window.local_tokens_per_second(world())), 0, run);
+    show_progress(run.window.local_mean_loss(),
+                  rate_text(run.window.local_samples_per_second(), run.window.local_tokens_per_second(world())),
+                  0, run);
   }
-  const auto pause_begin = Clock::now();
-  if ((args.eval_strategy == "steps" && state.global_step % args.eval_every() == 0) ||
-      (args.eval_strategy == "epoch" && epoch_done))
-    evaluate_during_training(run.control);
-  if (epoch_done) {
-    ++state.epoch;
-    state.steps_in_epoch = 0;
-  }
+}
+
+void Trainer::Impl::after_step(std::size_t position, std::size_t num_samples, RunProgress& run) {
+  epilogue = StepEpilogue{state.global_step, StepEpilogue::log, false};
+  run_epilogue(position, num_samples, run);
+}
+
+// The parts in order, each recorded once done (the log before it runs: at most once).
+void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, RunProgress& run) {
+  const bool epoch_done = position >= num_samples;
+  const bool last = state.global_step >= state.max_steps;
   const std::size_t saved_position = epoch_done ? 0 : position;
-  const bool save_due = (args.save_strategy == "steps" && state.global_step % args.save_steps == 0) ||
-                        (args.save_strategy == "epoch" && epoch_done);
-  if (save_due) {
-    save(saved_position);
-    run.last_saved = state.global_step;
+  auto pause_begin = Clock::now();
+  while (epilogue.next != StepEpilogue::done) {
+    const int part = epilogue.next;
+    switch (part) {
+      case StepEpilogue::log:
+        epilogue.next = StepEpilogue::evaluate;
+        log_or_show_progress(last, run);
+        pause_begin = Clock::now();
+        break;
+      case StepEpilogue::evaluate:
+        if (evaluation_due(epoch_done)) evaluate_during_training(run.control);
+        break;
+      case StepEpilogue::end_epoch:
+        if (epoch_done) {
+          ++state.epoch;
+          state.steps_in_epoch = 0;
+        }
+        break;
+      case StepEpilogue::save:
+        if (save_due(epoch_done)) {
+          save(saved_position);
+          epilogue.saved = true;
+        }
+        run.window.exclude(Clock::now() - pause_begin);
+        break;
+      case StepEpilogue::callbacks:
+        for (auto& cb : callbacks) cb->on_step_end(state, run.control);
+        if (fault("kill-after-step", state.global_step)) std::raise(SIGKILL);
+        if (trace()) trace()->flush();
+        break;
+      case StepEpilogue::final_save:  // the last step, or a stop a callback asked for (unless saving is off)
+        if ((last || run.control.should_stop) && args.save_strategy != "no" && !epilogue.saved) {
+          save(saved_position);
+          epilogue.saved = true;
+        }
+        break;
+    }
+    epilogue.next = part + 1;
   }
-  run.window.exclude(Clock::now() - pause_begin);
-  for (auto& cb : callbacks) cb->on_step_end(state, run.control);
-  if (fault_requested("kill-after-step", state.global_step, rank())) std::raise(SIGKILL);
-  if (trace()) trace()->flush();
-  // The final step, or a stop a callback asked for, is always saved (unless saving is off).
-  const bool final_save = (last || run.control.should_stop) && args.save_strategy != "no";
-  if (final_save && run.last_saved != state.global_step) {
-    save(saved_position);
-    run.last_saved = state.global_step;
-  }
+}
+
+bool Trainer::Impl::fault(const char* kind, std::int64_t at) const {
+  if (!fault_requested(kind, at, rank())) return false;
+  if (!elastic) return true;
+  const std::uint64_t membership = std::string(kind) == "kill-in-state-transfer" ? std::uint64_t(at) : 0;
+  return elastic->epoch() == membership;
 }
 
 void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& run) {
@@ -490,14 +534,22 @@ TrainResult Trainer::train() {
   return impl_->train();
 }
 nlohmann::json Trainer::evaluate() {
-  return impl_->evaluate();
+  nlohmann::json metrics;
+  impl_->run_recovering([&] { metrics = impl_->evaluate(); });
+  return metrics;
 }
 std::string Trainer::save_checkpoint() {
   if (!impl_->optimizer && !impl_->zero)
     throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
-  const std::string dir = impl_->save(0);
-  impl_->finish_background_save();
+  std::string dir;
+  impl_->run_recovering([&] {
+    dir = impl_->save(0);
+    impl_->finish_background_save();
+  });
   return dir;
+}
+void Trainer::save_metrics(const std::string& split, const nlohmann::json& metrics) {
+  impl_->run_recovering([&] { impl_->write_results(split, metrics); });
 }
 const TrainerState& Trainer::state() const {
   return impl_->state;

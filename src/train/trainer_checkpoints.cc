@@ -93,10 +93,10 @@ SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer,
                            const std::vector<CheckpointFile>& extra, std::string& error) {
   if (t.rank() != 0) return SaveOutcome::ok;
   try {
-    const std::int64_t step = t.state.global_step;
+    const bool die = t.fault("kill-during-save", t.state.global_step);
     write_checkpoint(dir.string(), *t.model.module, *optimizer, scheduler_json(t), t.args.to_json(),
-                     trainer_state_json(t, sampler_position, rngs), [&] {
-                       if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
+                     trainer_state_json(t, sampler_position, rngs), [die] {
+                       if (die) std::raise(SIGKILL);
                      },
                      extra);
     std::vector<std::string> keep = {dir.string()};
@@ -153,6 +153,29 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
   record_checkpoint(dir.string(), "save", false, false, seconds, seconds, world());
   if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
   return dir.string();
+}
+
+void Trainer::Impl::write_results(const std::string& split, const nlohmann::json& metrics) {
+  const fs::path path = fs::path(args.output_dir) / (split + "_results.json");
+  std::string error;
+  auto outcome = static_cast<std::int32_t>(SaveOutcome::ok);
+  if (rank() == 0) {
+    try {
+      fs::create_directories(args.output_dir);
+      write_file_durably(path.string(), metrics.dump(2) + "\n");
+    } catch (const StorageError& e) {
+      error = e.what();
+      outcome = static_cast<std::int32_t>(SaveOutcome::no_storage);
+    } catch (const std::exception& e) {
+      error = first_line(e.what());
+      outcome = static_cast<std::int32_t>(SaveOutcome::failed);
+    }
+  }
+  comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
+  if (outcome == static_cast<std::int32_t>(SaveOutcome::no_storage))
+    throw StorageError(path.string() + " was not written: " + what);
+  if (outcome != static_cast<std::int32_t>(SaveOutcome::ok)) throw Error(path.string() + " was not written: " + what);
 }
 
 void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string& action, bool sharded,
@@ -245,9 +268,8 @@ std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
     save_job.files = {{"trainer_state.json", trainer_state_json(*this, sampler_position, rngs).dump(2)},
                  {"scheduler.json", scheduler_json(*this).dump(2)},
                  {"training_args.json", args.to_json().dump(2)}};
-    const std::int64_t step = state.global_step;
-    save_job.before_commit = [step] {
-      if (fault_requested("kill-during-save", step, 0)) std::raise(SIGKILL);
+    save_job.before_commit = [die = fault("kill-during-save", state.global_step)] {
+      if (die) std::raise(SIGKILL);
     };
     std::vector<std::string> keep = {dir.string()};
     if (!state.best_checkpoint.empty()) keep.push_back(state.best_checkpoint);

@@ -40,12 +40,29 @@ inline double seconds_between(Clock::time_point a, Clock::time_point b) {
 struct RunProgress {
   Clock::time_point start = Clock::now();
   std::int64_t first_step = 0;  // where this start began (above 0 after a resume)
-  std::int64_t last_saved = -1;
   TrainerControl control;
   LogWindow window;
   double loss_sum = 0, loss_count = 0, samples = 0;  // the whole run, all ranks
   comm::NetworkStats network_at_window_start;        // this rank's, to log each window's share
   std::optional<int> straggler;                      // named in the last window, if any
+};
+
+// What follows optimiser step `step`, part by part, and how far it got. An elastic job moves it
+// with the state, so that after a membership change every member resumes at the same part: the
+// checkpoint a completed step owes is written whoever survives, and no part runs twice.
+struct StepEpilogue {
+  enum Part : int { log, evaluate, end_epoch, save, callbacks, final_save, done };
+  std::int64_t step = 0;
+  int next = done;     // the first part not done
+  bool saved = false;  // this step's checkpoint is on disk (the final save does not repeat it)
+};
+
+// An elastic job's training loop state, kept beyond train() so that evaluate() and save_metrics()
+// can recover from a lost member too.
+struct ElasticProgress {
+  explicit ElasticProgress(data::ElasticSampler s) : sampler(std::move(s)) {}
+  data::ElasticSampler sampler;
+  RunProgress run;
 };
 
 // Under ZeRO stage 3, every parameter gathered for the scope (collective), then back to slices;
@@ -81,6 +98,7 @@ struct Trainer::Impl {
   Schedule schedule;
   TrainerState state;
   bool improved_since_save = false;  // the best metric changed since the last checkpoint
+  StepEpilogue epilogue;
   std::unique_ptr<RunOutputs> outputs;
 
   bool stage3() const { return zero && args.zero_stage == 3; }
@@ -90,6 +108,11 @@ struct Trainer::Impl {
   std::size_t samples_per_step() const;
   double learning_rate_at(std::int64_t step) const { return args.learning_rate * schedule.multiplier(step); }
   TraceWriter* trace() const { return outputs ? outputs->trace() : nullptr; }
+  // Whether the tests asked for `kind` here (LOCKSTEP_FAULT_INJECT). `at` is a step, or for
+  // kill-in-state-transfer a membership. In an elastic job a fault fires in its first membership
+  // only (kill-in-state-transfer: while entering the one named), so the member that takes over
+  // the dead one's work does not die the same way.
+  bool fault(const char* kind, std::int64_t at) const;
   // Rank 0 writes the line to metrics.jsonl; every rank keeps it in the log history.
   void log(const nlohmann::json& entry);
 
@@ -108,7 +131,13 @@ struct Trainer::Impl {
   torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
   void announce();
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
+  // Logging, evaluation, the end of an epoch, checkpoints and callbacks after a step: starts the
+  // step's epilogue (after_step) or goes on with the parts not done (run_epilogue).
   void after_step(std::size_t position, std::size_t num_samples, RunProgress& run);
+  void run_epilogue(std::size_t position, std::size_t num_samples, RunProgress& run);
+  bool evaluation_due(bool epoch_done) const;
+  bool save_due(bool epoch_done) const;
+  void log_or_show_progress(bool last, RunProgress& run);
   void log_window(RunProgress& run);
   void show_progress(double loss, const std::string& rate, double exposed_fraction, const RunProgress& run);
   void load_best_model();
@@ -131,7 +160,13 @@ struct Trainer::Impl {
   std::unique_ptr<comm::ElasticGroup> elastic;
   std::size_t global_batch = 0;  // samples per step over all ranks: fixed when the job started
   std::int64_t next_membership_check = 1;  // the step after which the members look for joiners
+  std::unique_ptr<ElasticProgress> progress;
   TrainResult train_elastic();
+  // Runs `work` (collective). In an elastic job, when a member is lost in it, the survivors change
+  // membership and run it again, until it completes; elsewhere it runs once.
+  void run_recovering(const std::function<void()>& work);
+  // After a change: the parts of the newest step's epilogue that no member finished.
+  void complete_epilogue(data::ElasticSampler& sampler, RunProgress& run);
   void prepare_elastic(data::ElasticSampler& sampler);
   void plan_elastic(const data::ElasticSampler& sampler);
   void run_elastic(data::ElasticSampler& sampler, RunProgress& run);
@@ -139,7 +174,7 @@ struct Trainer::Impl {
   // After a failure (`failure` is its error) or to admit joiners (empty): the new membership, the
   // state brought to the newest step, the reducer rebuilt, a membership_change record.
   void change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure);
-  double sync_state(data::ElasticSampler& sampler);  // collective; returns its seconds
+  double sync_state(data::ElasticSampler& sampler, RunProgress& run);  // collective; returns its seconds
   // Under ZeRO (elastic_training.cc says how the sharded state moves).
   ZeroOptions elastic_zero_options();
   void build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole);
@@ -152,6 +187,8 @@ struct Trainer::Impl {
   void resume_outer(const std::string& dir);
   std::string optimizer_path(const std::string& dir) const;
   std::string save(std::size_t sampler_position);
+  // Collective: rank 0 writes OUTPUT_DIR/<split>_results.json; every rank learns how it went.
+  void write_results(const std::string& split, const nlohmann::json& metrics);
   // Sharded saves (--save-format): every rank writes its part, on the writer's thread when
   // --save-in-background; finish_background_save() is collective: it waits for the save in
   // flight, and every rank learns whether it was committed (a failure throws, as save() does).

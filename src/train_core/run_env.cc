@@ -1,5 +1,6 @@
 #include "lockstep/train_core/run_env.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,11 +21,17 @@ bool fault_requested(const char* kind, std::int64_t step, int rank) {
   auto spec = knobs::get(knobs::kFaultInject);
   if (!spec || restart_count_from_env() != 0) return false;
   const std::string prefix = std::string(kind) + ":";
-  if (spec->rfind(prefix, 0) != 0) return false;
-  long long want_step = -1;
-  int want_rank = 0;
-  if (std::sscanf(spec->c_str() + prefix.size(), "%lld:%d", &want_step, &want_rank) < 1) return false;
-  return want_step == step && want_rank == rank;
+  for (std::size_t begin = 0; begin <= spec->size();) {  // KIND:STEP[:RANK], comma-separated
+    const std::size_t end = std::min(spec->find(',', begin), spec->size());
+    const std::string one = spec->substr(begin, end - begin);
+    begin = end + 1;
+    if (one.rfind(prefix, 0) != 0) continue;
+    long long want_step = -1;
+    int want_rank = 0;
+    if (std::sscanf(one.c_str() + prefix.size(), "%lld:%d", &want_step, &want_rank) < 1) continue;
+    if (want_step == step && want_rank == rank) return true;
+  }
+  return false;
 }
 
 }  // namespace lockstep::train

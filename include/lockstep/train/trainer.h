@@ -164,11 +164,18 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
+  // In an elastic job (lockstep run --nnodes MIN:MAX) train(), evaluate() and save_metrics() go
+  // on through a lost member: the survivors agree on a new membership and finish the call, and
+  // every checkpoint a step owes is written (by the new rank 0 when the writer died).
   TrainResult train();
   // Collective: eval_loss, eval_accuracy, eval_samples over the whole eval dataset.
   nlohmann::json evaluate();
   // Collective: writes OUTPUT_DIR/checkpoint-<step> and returns its path.
   std::string save_checkpoint();
+  // Collective (Hugging Face's Trainer.save_metrics): rank 0 writes `metrics` to
+  // OUTPUT_DIR/<split>_results.json, whole or not at all, and every rank returns once it is on
+  // disk (an Error on every rank when it could not be written).
+  void save_metrics(const std::string& split, const nlohmann::json& metrics);
 
   const TrainerState& state() const;
   const TrainingArguments& args() const;
