@@ -35,7 +35,9 @@ std::map<std::int64_t, std::multiset<std::size_t>> trained_samples(const std::st
       } else if (kind == "step") {
         std::int64_t step = 0, membership = 0;
         words >> step >> word >> membership;
-        by_step[step][membership].insert(pending.begin(), pending.end());
+        // Nothing loaded since the change: the step was trained before it, and only what followed
+        // it (its checkpoint, its callbacks) completed in this membership.
+        if (!pending.empty()) by_step[step][membership].insert(pending.begin(), pending.end());
         pending.clear();
         last_step = step;
         last_membership = membership;

@@ -3,6 +3,8 @@
 // failed is taken again in the next membership; only the newest membership's take counts. A
 // worker that never saw a step complete (it failed in the step's all-reduce, or was killed) counts
 // for that step if the others completed it in the same membership: the all-reduce had its share.
+// A step recorded with nothing loaded for it was trained before a change; only what follows a
+// step (its checkpoint, its callbacks) was completed after it.
 #pragma once
 
 #include <cstdint>

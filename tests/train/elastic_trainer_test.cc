@@ -12,63 +12,13 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train_core/metrics.h"
 #include "elastic_records.h"
+#include "elastic_runs.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
 
 namespace lockstep::testing {
 namespace {
-
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() : fc1(register_module("fc1", torch::nn::Linear(784, 256))), fc2(register_module("fc2", torch::nn::Linear(256, 10))) {}
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Mlp);
-
-constexpr std::size_t kSamples = 1920;  // 20 steps of 96 per epoch
-
-int free_port() {
-  comm::StoreServer probe(comm::StoreServerOptions{"127.0.0.1", 0, ""});
-  return probe.port();
-}
-
-// An elastic job of `workers` on this machine; extra environment (fault injection) in `env`.
-std::unique_ptr<Process> elastic_run(const std::string& dir, int workers, int per_device, int steps,
-                                     const std::map<std::string, std::string>& env = {},
-                                     const std::vector<std::string>& flags = {}) {
-  fs::create_directories(dir);
-  auto environment = env;
-  environment["LOCKSTEP_ELASTIC_CHECK"] = "0.05";
-  std::vector<std::string> argv{LOCKSTEP_BINARY, "run", "--nnodes", "1:1", "--nproc-per-node",
-                                std::to_string(workers), "--master-port", std::to_string(free_port()),
-                                "--max-restarts", "1", ELASTIC_WORKER, "--record-dir", dir,
-                                "--per-device-train-batch-size", std::to_string(per_device), "--max-steps",
-                                std::to_string(steps), "--learning-rate", "1e-3", "--logging-steps", "5",
-                                "--batch-delay-ms", "20", "--output-dir", dir + "/out"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  return std::make_unique<Process>(argv, environment);
-}
-
-std::vector<torch::Tensor> final_parameters(const std::string& dir) {
-  Mlp m;
-  train::load_module(*m, dir + "/final.pt");
-  std::vector<torch::Tensor> p;
-  for (auto& t : m->parameters()) p.push_back(t.detach().clone());
-  return p;
-}
-
-double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
-  return d;
-}
-
-std::vector<train::metrics::MembershipChangeLog> changes(const std::string& dir) {
-  std::vector<train::metrics::MembershipChangeLog> out;
-  for (const auto& seg : train::metrics::read_metrics(dir + "/out/metrics.jsonl"))
-    out.insert(out.end(), seg.membership_changes.begin(), seg.membership_changes.end());
-  return out;
-}
 
 // A worker is SIGKILLed after step 15 of 100; the two others go on, a new worker joins, and the
 // run ends with every sample trained once per epoch and every replica equal.

@@ -12,7 +12,8 @@
 //   step S membership M    it completed optimiser step S in membership M
 //   change S membership M  the membership changed to M, training going on after step S: the
 //                          batches loaded since the last step were not trained on
-// and, on rank 0 at the end, the final parameters to DIR/final.pt.
+// and, on rank 0 at the end, the final parameters to DIR/final.pt. With --eval-limit N it evaluates
+// on the first N test images (for --eval-strategy) and at the end writes OUTPUT_DIR/eval_results.json.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -89,7 +90,7 @@ class RecordSteps : public TrainerCallback {
 
 int run(int argc, char** argv) {
   std::string record_dir;
-  std::size_t train_limit = 1920;
+  std::size_t train_limit = 1920, eval_limit = 0;
   int delay_ms = 0;
   TrainingArguments defaults;
   defaults.save_strategy = "no";
@@ -101,16 +102,26 @@ int run(int argc, char** argv) {
         app.add_option("--record-dir", record_dir, "where each process records its samples")->required();
         app.add_option("--train-limit", train_limit, "the first N training images")->capture_default_str();
         app.add_option("--batch-delay-ms", delay_ms, "load each batch this much slower (paces the run)");
+        app.add_option("--eval-limit", eval_limit, "evaluate on the first N test images (0: no eval set)");
       },
       "elastic_trainer_worker: the elastic tests' Trainer program", defaults);
   set_seed(args.seed);
   auto record = std::make_shared<Record>(record_dir + "/" + std::to_string(::getpid()) + ".samples");
   auto images = std::make_shared<FashionMnistDataset>(lockstep::data::FashionMnist::Split::train,
                                                       lockstep::data::kFashionMnistDir, train_limit);
+  std::shared_ptr<const Dataset> tests;
+  if (eval_limit > 0)
+    tests = std::make_shared<FashionMnistDataset>(lockstep::data::FashionMnist::Split::test,
+                                                  lockstep::data::kFashionMnistDir, eval_limit);
   auto model_ptr = Mlp().ptr();
-  Trainer trainer(Model::of(model_ptr), std::make_shared<RecordingDataset>(images, record, delay_ms), nullptr, args,
+  Trainer trainer(Model::of(model_ptr), std::make_shared<RecordingDataset>(images, record, delay_ms), tests, args,
                   {std::make_shared<RecordSteps>(record)});
-  trainer.train();
+  const TrainResult result = trainer.train();
+  if (tests) {
+    nlohmann::json metrics = trainer.evaluate();
+    metrics["global_step"] = result.global_step;
+    trainer.save_metrics("eval", metrics);
+  }
   if (trainer.communicator().rank() == 0) save_module(*model_ptr, record_dir + "/final.pt");
   return 0;
 }
