@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -43,14 +44,13 @@ struct Trial {
   int zero_stage = 0;
   bool limit_and_best = false;  // --save-total-limit 2 --load-best-model-at-end
   std::string fault;            // LOCKSTEP_FAULT_INJECT; empty: a kill at a random moment
-  double kill_after_seconds = 0;
+  double kill_at = 0;           // ... as a fraction of the uninterrupted run's time
 
   std::string text() const {
     std::string t = "seed " + std::to_string(seed) + ": " + (adamw ? "adamw" : "sgd") + ", zero stage " +
                     std::to_string(zero_stage) +
                     (limit_and_best ? ", limit 2 + best" : "") + ", ";
-    return t + (fault.empty() ? "SIGKILL to a random worker after " + std::to_string(kill_after_seconds) + " s"
-                              : fault);
+    return t + (fault.empty() ? "SIGKILL to a random worker at " + std::to_string(kill_at) + " of the run" : fault);
   }
 };
 
@@ -64,7 +64,7 @@ Trial draw(std::uint64_t seed) {
   t.limit_and_best = pick(2) == 1;
   const std::string rank = std::to_string(pick(3));
   switch (pick(t.zero_stage > 0 ? 8 : 6)) {
-    case 0: t.kill_after_seconds = 0.5 + 7.0 * std::uniform_real_distribution<double>(0, 1)(rng); break;
+    case 0: t.kill_at = std::uniform_real_distribution<double>(0.1, 1.0)(rng); break;
     case 1: t.fault = "kill-after-step:" + std::to_string(1 + pick(kSteps)) + ":" + rank; break;
     case 2: t.fault = "kill-after-step:" + std::to_string(kSteps) + ":" + rank; break;
     case 3: t.fault = "kill-during-save:" + std::to_string(kSaveEvery * (1 + pick(kSteps / kSaveEvery))); break;
@@ -93,6 +93,7 @@ struct Reference {
   std::vector<torch::Tensor> parameters;
   double tolerance = 0;
   double two_versus_three = 0;
+  double seconds = 0;  // the 3-worker run's, from its launch to its exit
 };
 
 std::string final_model(const std::string& dir) {
@@ -101,11 +102,14 @@ std::string final_model(const std::string& dir) {
 
 Reference measure_reference(bool adamw) {
   TempDir three("elastic-save-ref3"), two("elastic-save-ref2");
+  const auto begin = std::chrono::steady_clock::now();
   auto a = elastic_run(three.path(), 3, 32, kSteps, {}, flags_of(adamw, 0, false));
   EXPECT_EQ(a->wait(300), 0) << a->output();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   auto b = elastic_run(two.path(), 2, 48, kSteps, {}, flags_of(adamw, 0, false));
   EXPECT_EQ(b->wait(300), 0) << b->output();
   Reference r;
+  r.seconds = seconds;
   r.parameters = parameters_in(final_model(three.path()));
   r.two_versus_three = max_difference(parameters_in(final_model(two.path())), r.parameters);
   r.tolerance = std::max(2 * r.two_versus_three, 1e-6);
@@ -193,7 +197,7 @@ Outcome run_trial(const Trial& t) {
   auto run = elastic_run(dir.path(), 3, 32, kSteps, env, flags_of(t.adamw, t.zero_stage, t.limit_and_best));
   if (t.fault.empty()) {  // reading its output until the moment comes, then a kill
     std::mt19937_64 rng(t.seed);
-    if (!run->read_until("\x01 never printed", t.kill_after_seconds))
+    if (!run->read_until("\x01 never printed", t.kill_at * ref.seconds))
       if (pid_t victim = random_live_worker(dir.path(), rng)) ::kill(victim, SIGKILL);
   }
   Outcome o;
