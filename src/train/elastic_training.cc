@@ -194,6 +194,9 @@ void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
   if (args.zero_stage > 0 && args.zero_shared_parameters)
     throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
                       "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");
+  if (args.save_format == "sharded" && rank() == 0)
+    LOCKSTEP_LOG(warn, train) << "--save-format sharded in an elastic job: each checkpoint is written consolidated, "
+                                 "within its step (a sharded save's parts need one membership from start to end)";
   if (args.gradient_checkpointing && model.set_gradient_checkpointing) model.set_gradient_checkpointing(true);
   optimizer = make_optimizer(model.module->parameters());
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
