@@ -28,6 +28,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/ddp/bucket_assignment.h"
 #include "lockstep/ddp/comm_dtype.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "broadcast_flat.h"
 #include "lockstep/error.h"
 #include "signature.h"
@@ -143,7 +144,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   struct Param {
     std::string name;
     torch::Tensor tensor;
-    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: the tensor holds it weakly
+    torch_compat::NodePtr accumulator;  // kept alive: the tensor holds it weakly
     std::uintptr_t hook_key = 0;
     int bucket = -1;
     std::int64_t offset = 0;  // where it starts in its bucket

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "lockstep/ddp/cpu_rng.h"
+#include "lockstep/ddp/torch_compat.h"
 
 namespace lockstep {
 namespace {
@@ -98,8 +99,7 @@ torch::Tensor gradient_checkpoint(const CheckpointedBlock& block, const torch::T
     torch::NoGradGuard no_grad;
     out = block(input);
   }
-  auto node = std::shared_ptr<RecomputeBackward>(new RecomputeBackward(block, input, std::move(rng), autocast),
-                                                 torch::autograd::deleteNode);
+  auto node = torch_compat::make_node<RecomputeBackward>(block, input, std::move(rng), autocast);
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::set_history(out, node);
   return out;

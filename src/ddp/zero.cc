@@ -409,7 +409,7 @@ std::int64_t ZeroOptimizer::optimizer_steps() const {
 // `owner`'s slices as ranges of the module's trainable parameters laid end to end.
 HeldShard ZeroOptimizer::Impl::held(int owner, const std::vector<torch::Tensor>& slices,
                                     const torch::optim::Optimizer& o) const {
-  std::map<std::string, std::int64_t> start;  // each parameter's place, end to end
+  std::map<torch_compat::StateKey, std::int64_t> start;  // each parameter's place, end to end
   std::int64_t at = 0;
   for (const auto& p : module.parameters())
     if (p.requires_grad()) {
@@ -443,7 +443,7 @@ std::vector<HeldShard> ZeroOptimizer::holdings() const {
 
 std::unique_ptr<torch::optim::Optimizer> ZeroOptimizer::consolidated(const Factory& make_full) {
   auto& s = *impl_;
-  std::map<std::string, ParamState> whole;  // rank 0: by parameter key
+  std::map<torch_compat::StateKey, ParamState> whole;  // rank 0: by parameter key
   for (std::size_t b = 0; b < s.buckets.size(); ++b) {
     const ParamState mine = s.shard_state(b);
     for (const auto& [name, slice] : mine.tensors) {

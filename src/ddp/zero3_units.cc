@@ -11,6 +11,7 @@
 #include <new>
 
 #include "lockstep/ddp/comm_dtype.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 
 namespace lockstep::ddp_detail {
@@ -38,8 +39,7 @@ struct GatherBeforeBackward : torch::autograd::Node {
 };
 
 torch::Tensor gather_before_backward(const torch::Tensor& out, std::function<void()> before) {
-  auto node = std::shared_ptr<GatherBeforeBackward>(new GatherBeforeBackward(std::move(before)),
-                                                    torch::autograd::deleteNode);
+  auto node = torch_compat::make_node<GatherBeforeBackward>(std::move(before));
   node->set_next_edges(torch::autograd::collect_next_edges(out));
   torch::Tensor result = out.detach();
   torch::autograd::set_history(result, node);
@@ -145,7 +145,7 @@ void ParameterUnits::release(int b) {
   if (b < 0 || !gathered_[std::size_t(b)]) return;
   finish(b);
   const auto& flat = flat_[std::size_t(b)];
-  if (from_pool_[std::size_t(b)]) pool_.give_back(flat.storage().data());
+  if (from_pool_[std::size_t(b)]) pool_.give_back(const_cast<void*>(static_cast<const void*>(flat.storage().data())));
   from_pool_[std::size_t(b)] = 0;
   free_storage(flat);  // its own allocation, if it still had it, is freed here
   gathered_[std::size_t(b)] = 0;

@@ -3,6 +3,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "lockstep/ddp/torch_compat.h"
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -48,9 +50,9 @@ void release(void* data) {
   g_inner->raw_deallocate(data);
 }
 
-class CountingAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(std::size_t n) const override {
+class CountingAllocator final : public torch_compat::Allocator {
+ protected:
+  c10::DataPtr allocate_bytes(std::size_t n) const override {
     void* data = g_inner->raw_allocate(n);
     if (data != nullptr) {
       std::lock_guard<std::mutex> lock(live().mutex);
@@ -59,6 +61,7 @@ class CountingAllocator final : public c10::Allocator {
     if (data != nullptr) add(static_cast<std::int64_t>(n));
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
+ public:
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 };
 

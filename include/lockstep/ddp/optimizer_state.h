@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 
 namespace lockstep::ddp_detail {
@@ -97,8 +98,8 @@ inline std::vector<std::string> state_names(Kind kind, torch::optim::Optimizer& 
   return {};
 }
 
-inline std::string key_of(const torch::Tensor& t) {
-  return c10::guts::to_string(t.unsafeGetTensorImpl());
+inline torch_compat::StateKey key_of(const torch::Tensor& t) {
+  return torch_compat::state_key(t);
 }
 
 }  // namespace lockstep::ddp_detail

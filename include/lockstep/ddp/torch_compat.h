@@ -1,0 +1,90 @@
+// What differs between the two libtorch generations lockstep builds against, Debian's 1.13 and
+// the pip wheel's 2.x, in one place: the rest of the code names these and nothing else. Each
+// difference is told apart by the type libtorch declares, not by a version number, so a release
+// that changes one of them breaks the build here, where it is easy to see.
+//   - Optimizer::state() is keyed by a parameter's TensorImpl address written as text (1.x) or by
+//     the address itself (2.x): StateKey, state_key().
+//   - autograd nodes are owned by std::shared_ptr with deleteNode (1.x) or by c10::intrusive_ptr
+//     (2.x): NodePtr, make_node<N>().
+//   - c10::Allocator::allocate() is const (1.x) or not, and copy_data() is to be given (2.x):
+//     an allocator derives from torch_compat::Allocator and defines allocate_bytes().
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace lockstep::torch_compat {
+
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <class Key>
+Key state_key_as(const torch::Tensor& t) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // as libtorch 1.x writes it (c10::guts::to_string)
+    text << t.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return t.unsafeGetTensorImpl();
+  }
+}
+
+// The key of parameter `t`'s entry in an optimizer's state().
+inline StateKey state_key(const torch::Tensor& t) {
+  return state_key_as<StateKey>(t);
+}
+
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
+
+template <class Node>
+void delete_node(Node* node) {
+  deleteNode(node);  // found by argument-dependent lookup in 1.x, never instantiated in 2.x
+}
+
+// A new autograd node of type N, owned the way this libtorch owns nodes.
+template <class N, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (is_shared_ptr<NodePtr>::value) {
+    return std::shared_ptr<N>(new N(std::forward<Args>(args)...), delete_node<torch::autograd::Node>);
+  } else {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  }
+}
+
+template <bool kConstAllocate, class Base = c10::Allocator>
+class AllocatorOf;
+
+template <class Base>
+class AllocatorOf<true, Base> : public Base {
+ public:
+  c10::DataPtr allocate(std::size_t n) const override { return allocate_bytes(n); }
+
+ protected:
+  virtual c10::DataPtr allocate_bytes(std::size_t n) const = 0;
+};
+
+template <class Base>
+class AllocatorOf<false, Base> : public Base {
+ public:
+  c10::DataPtr allocate(std::size_t n) override { return allocate_bytes(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    this->default_copy_data(dest, src, count);
+  }
+
+ protected:
+  virtual c10::DataPtr allocate_bytes(std::size_t n) const = 0;
+};
+
+using Allocator = AllocatorOf<std::is_same_v<decltype(&c10::Allocator::allocate),
+                                             c10::DataPtr (c10::Allocator::*)(std::size_t) const>>;
+
+}  // namespace lockstep::torch_compat
