@@ -3,7 +3,18 @@
 set -euo pipefail
 
 LOCKSTEP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD_DIR="${LOCKSTEP_BUILD_DIR:-$LOCKSTEP_ROOT/build}"
+
+# Which libtorch the torch-facing layers build on: LOCKSTEP_TORCH=debian (the default: Debian 12's
+# libtorch-dev, PyTorch 1.13, from apt) or pip (PyTorch 2.x from PyPI, pinned below, in a venv: a
+# CUDA build of about 5 GB that runs on CPU). Each has its own build directory.
+LOCKSTEP_TORCH="${LOCKSTEP_TORCH:-debian}"
+case "$LOCKSTEP_TORCH" in
+  debian) BUILD_DIR="${LOCKSTEP_BUILD_DIR:-$LOCKSTEP_ROOT/build}" ;;
+  pip) BUILD_DIR="${LOCKSTEP_BUILD_DIR:-$LOCKSTEP_ROOT/build-torch2}" ;;
+  *) echo "lockstep: LOCKSTEP_TORCH must be debian or pip (got '$LOCKSTEP_TORCH')" >&2; exit 2 ;;
+esac
+TORCH_VENV="${LOCKSTEP_TORCH_VENV:-$LOCKSTEP_ROOT/.venv-torch}"
+TORCH_PIP_VERSION="2.15.0"  # the newest release when pinned (2026-11-27); pinned so a build does not change under us
 
 # Debian packages the torch-free core, its tests and its benchmarks need.
 LOCKSTEP_PACKAGES=(
@@ -43,9 +54,31 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# LOCKSTEP_TORCH=pip: the pinned torch wheel in TORCH_VENV (Debian's python3 and python3-venv).
+install_pip_torch() {
+  install_missing_packages python3-venv
+  [ -x "$TORCH_VENV/bin/python" ] || /usr/bin/python3 -m venv "$TORCH_VENV"
+  if [ "$("$TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_PIP_VERSION" ]; then
+    echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
+    "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIP_VERSION"
+  fi
+}
+
+# The CMake arguments that pick the libtorch: the wheel's own cmake files and libraries first (Debian's
+# libtorch.so is on the default path too). The Python backend is built for Debian's 1.13 only.
+torch_cmake_args() {
+  [ "$LOCKSTEP_TORCH" = pip ] || { echo "-DLOCKSTEP_PYTHON=ON"; return; }
+  local torch_dir
+  torch_dir="$("$TORCH_VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+  echo "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake -DCMAKE_LIBRARY_PATH=$torch_dir/lib -DLOCKSTEP_PYTHON=OFF"
+}
+
 configure_and_build() {
+  [ "$LOCKSTEP_TORCH" = pip ] && install_pip_torch
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-    cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DLOCKSTEP_PYTHON=ON
+    # shellcheck disable=SC2046  # the arguments are words without spaces
+    cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON \
+      $(torch_cmake_args)
   fi
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "testing.h"
 
@@ -57,7 +58,7 @@ WholeState whole_state(torch::nn::Module& module, torch::optim::Optimizer& o) {
   for (const auto& p : module.parameters()) {
     w.params.push_back(p.detach().clone());
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(
-        *o.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *o.state().at(lockstep::torch_compat::state_key(p)));
     w.exp_avg.push_back(s.exp_avg().clone());
     w.exp_avg_sq.push_back(s.exp_avg_sq().clone());
     w.steps = s.step();

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "lockstep/models/gpt.h"
 #include "testing.h"
@@ -388,7 +389,7 @@ TEST(ZeroCheckpoint, TheConsolidatedStateIsDdpsAndLoadsAtAnotherWorldSize) {
       }
       if (comm.rank() != 0) return;
       for (auto& p : net.module->parameters()) {
-        auto& s = static_cast<torch::optim::AdamWParamState&>(*opt->state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        auto& s = static_cast<torch::optim::AdamWParamState&>(*opt->state().at(lockstep::torch_compat::state_key(p)));
         ddp_state.push_back(s.exp_avg().clone());
         ddp_state.push_back(s.exp_avg_sq().clone());
       }
@@ -403,7 +404,7 @@ TEST(ZeroCheckpoint, TheConsolidatedStateIsDdpsAndLoadsAtAnotherWorldSize) {
     }
     ASSERT_NE(whole, nullptr);
     for (auto& p : whole->parameters()) {
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*whole->state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*whole->state().at(lockstep::torch_compat::state_key(p)));
       EXPECT_EQ(s.step(), kSteps);
       zero_state.push_back(s.exp_avg().clone());
       zero_state.push_back(s.exp_avg_sq().clone());
@@ -429,7 +430,7 @@ TEST(ZeroCheckpoint, TheConsolidatedStateIsDdpsAndLoadsAtAnotherWorldSize) {
     if (comm.rank() != 0) return;
     std::size_t k = 0;
     for (auto& p : again->parameters()) {
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*again->state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*again->state().at(lockstep::torch_compat::state_key(p)));
       EXPECT_EQ(s.step(), kSteps);
       EXPECT_TRUE(torch::equal(s.exp_avg(), zero_state[k++]));
       EXPECT_TRUE(torch::equal(s.exp_avg_sq(), zero_state[k++]));

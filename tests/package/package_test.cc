@@ -33,7 +33,9 @@ TEST(Package, AnOutsideProjectFindsTheInstalledPackageAndRunsUnderLockstepRun) {
   EXPECT_EQ(targets.find(LOCKSTEP_BUILD_DIR), std::string::npos);
 
   ASSERT_EQ(run({"/usr/bin/env", "cmake", "-S", CONSUMER_DIR, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                 "-DCMAKE_PREFIX_PATH=" + prefix},
+                 // as any libtorch user does: the libtorch lockstep was built on (Debian's, or a pip
+                 // wheel's, whose cmake files and libraries must be found before Debian's)
+                 "-DCMAKE_PREFIX_PATH=" + prefix + ";" TORCH_CMAKE_PREFIX, "-DCMAKE_LIBRARY_PATH=" TORCH_LIBRARY_DIR},
                 120),
             0);
   ASSERT_EQ(run({"/usr/bin/env", "cmake", "--build", build}, 600), 0);
