@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <functional>
 
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
@@ -48,6 +49,16 @@ nlohmann::json trainer_state_json(const Trainer::Impl& t, std::size_t sampler_po
 
 // Rank 0's outcome of a save, shared so every rank fails (or goes on) the same way.
 enum class SaveOutcome : std::int32_t { ok = 0, failed = 1, no_storage = 2 };
+
+// Collective: every rank learns the worst outcome of all and, unless it is ok, throws the same
+// kind of error (StorageError for a full or read-only disk) with failure(): the message, built
+// only when needed.
+void agree_on_outcome(comm::Communicator& comm, SaveOutcome mine, const std::function<std::string()>& failure) {
+  auto worst = static_cast<std::int32_t>(mine);
+  comm.allreduce(&worst, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  if (worst == static_cast<std::int32_t>(SaveOutcome::no_storage)) throw StorageError(failure());
+  if (worst != static_cast<std::int32_t>(SaveOutcome::ok)) throw Error(failure());
+}
 
 // Local SGD: each machine's inner optimizer state is its own (AdamW's moments differ between
 // machines). The first rank of each machine but machine 0 sends its state to rank 0 (point to
@@ -137,17 +148,13 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
   if (zero) whole = zero->consolidated([this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
   const std::vector<CheckpointFile> extra = extra_files(*this);
   std::string error;
-  auto outcome = static_cast<std::int32_t>(
-      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, extra, error));
+  const SaveOutcome outcome =
+      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, extra, error);
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
-  comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
-  const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
-  if (outcome == static_cast<std::int32_t>(SaveOutcome::no_storage))
-    throw StorageError("checkpoint " + dir.string() + " was not saved: " + what + "; " +
-                       intact_note(args.output_dir));
-  if (outcome != static_cast<std::int32_t>(SaveOutcome::ok))
-    throw Error("checkpoint " + dir.string() + " was not saved: " + what + "; " +
-                intact_note(args.output_dir));
+  agree_on_outcome(*comm, outcome, [&] {
+    const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
+    return "checkpoint " + dir.string() + " was not saved: " + what + "; " + intact_note(args.output_dir);
+  });
   for (auto& cb : callbacks) cb->on_save(state, dir.string());
   const double seconds = seconds_between(begin, Clock::now());
   record_checkpoint(dir.string(), "save", false, false, seconds, seconds, world());
@@ -158,24 +165,23 @@ std::string Trainer::Impl::save(std::size_t sampler_position) {
 void Trainer::Impl::write_results(const std::string& split, const nlohmann::json& metrics) {
   const fs::path path = fs::path(args.output_dir) / (split + "_results.json");
   std::string error;
-  auto outcome = static_cast<std::int32_t>(SaveOutcome::ok);
+  SaveOutcome outcome = SaveOutcome::ok;
   if (rank() == 0) {
     try {
       fs::create_directories(args.output_dir);
       write_file_durably(path.string(), metrics.dump(2) + "\n");
     } catch (const StorageError& e) {
       error = e.what();
-      outcome = static_cast<std::int32_t>(SaveOutcome::no_storage);
+      outcome = SaveOutcome::no_storage;
     } catch (const std::exception& e) {
       error = first_line(e.what());
-      outcome = static_cast<std::int32_t>(SaveOutcome::failed);
+      outcome = SaveOutcome::failed;
     }
   }
-  comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
-  const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
-  if (outcome == static_cast<std::int32_t>(SaveOutcome::no_storage))
-    throw StorageError(path.string() + " was not written: " + what);
-  if (outcome != static_cast<std::int32_t>(SaveOutcome::ok)) throw Error(path.string() + " was not written: " + what);
+  agree_on_outcome(*comm, outcome, [&] {
+    return path.string() + " was not written: " +
+           (rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)");
+  });
 }
 
 void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string& action, bool sharded,
@@ -211,15 +217,13 @@ void Trainer::Impl::finish_background_save() {
   const CheckpointWriter::Outcome mine = writer->wait();
   const std::string dir = save_in_flight;
   save_in_flight.clear();
-  auto outcome = static_cast<std::int32_t>(mine.error.empty() ? SaveOutcome::ok
-                                           : mine.no_storage  ? SaveOutcome::no_storage
-                                                              : SaveOutcome::failed);
-  comm->allreduce(&outcome, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
-  const std::string what = !mine.error.empty() ? first_line(mine.error) : "another rank could not write its part";
-  if (outcome == static_cast<std::int32_t>(SaveOutcome::no_storage))
-    throw StorageError("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
-  if (outcome != static_cast<std::int32_t>(SaveOutcome::ok))
-    throw Error("checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir));
+  const SaveOutcome outcome = mine.error.empty() ? SaveOutcome::ok
+                              : mine.no_storage  ? SaveOutcome::no_storage
+                                                 : SaveOutcome::failed;
+  agree_on_outcome(*comm, outcome, [&] {
+    const std::string what = !mine.error.empty() ? first_line(mine.error) : "another rank could not write its part";
+    return "checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir);
+  });
   // A synchronous save held the step for the writing too.
   const double stall = args.save_in_background ? save_stall_seconds : save_stall_seconds + mine.seconds;
   record_checkpoint(dir, "save", true, args.save_in_background, stall, mine.seconds, world());
