@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "lockstep/base/cpu_kernels.h"
 #include "lockstep/doctor/doctor.h"
-#include "lockstep/train_core/blas.h"
 #include "lockstep/train_core/memory_usage.h"
 
 namespace lockstep::doctor {
@@ -28,16 +28,21 @@ double step_of(const RunSummary& many) {
   return std::max(many.step, 1e-9);
 }
 
-// Matrix products on kernels below what the CPU runs: every worker count pays it.
+// Matrix products on kernels below what the CPU runs: every worker count pays it. Under lockstep
+// run that takes a choice (OPENBLAS_CORETYPE set to slower kernels); outside it, OpenBLAS's own.
 std::optional<Finding> blas_kernels(const Evidence& e) {
   const RunSummary& many = e.many;
-  if (train::blas_advice(many.blas_core, many.blas_best_core, many.blas_forced).empty()) return std::nullopt;
+  if (!openblas_core_below(many.blas_core, many.blas_best_core)) return std::nullopt;
   Finding f;
   f.kind = "blas";
-  f.problem = "OpenBLAS multiplies with its " + many.blas_core + " kernels, but this CPU runs its " +
-              many.blas_best_core + " kernels (OpenBLAS did not recognise the CPU model)";
-  f.action = "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
-             " in its environment (read when OpenBLAS loads)";
+  f.problem =
+      "OpenBLAS multiplies with its " + many.blas_core + " kernels, but this CPU runs its " +
+      many.blas_best_core + " kernels" +
+      (many.blas_forced ? " (OPENBLAS_CORETYPE chose them)" : " (OpenBLAS did not recognise the CPU model)");
+  f.action =
+      "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
+      (many.blas_forced ? " (or unset: lockstep run then picks the CPU's best)" : " in its environment") +
+      " (read when OpenBLAS loads)";
   if (e.blas_speedup > 0) {
     f.predicted = "measured with 1 worker: " + fmt("%.0f", e.one.samples_per_second) + " -> " +
                   fmt("%.0f samples/s (%.1fx)", e.one.samples_per_second * e.blas_speedup, e.blas_speedup);

@@ -16,10 +16,10 @@
 #include <sstream>
 #include <thread>
 
+#include "lockstep/base/cpu_kernels.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
-#include "lockstep/train_core/blas.h"
 
 namespace fs = std::filesystem;
 
@@ -166,7 +166,7 @@ RunSummary measure(const Session& s, int world) {
 
 // OpenBLAS below the CPU's best kernels: what the fix gives, measured on 1 worker.
 double measure_blas_speedup(const Session& s, const RunSummary& one) {
-  if (train::blas_advice(one.blas_core, one.blas_best_core, one.blas_forced).empty()) return 0;
+  if (!openblas_core_below(one.blas_core, one.blas_best_core)) return 0;
   const std::string out = s.dir + "/workers_1_" + one.blas_best_core;
   auto env = s.env;
   env[knobs::kOpenblasCoretype.name] = one.blas_best_core;
@@ -218,6 +218,19 @@ BenchFigures measure_bench(const Session& s, const std::string& backend, std::si
           j.value("link_out_gbps", std::vector<double>{})};
 }
 
+// Which kernels multiplied, and who chose them.
+std::string kernels_line(const RunSummary& run) {
+  if (run.blas_core.empty()) return "";
+  std::string line = "  matrix products: OpenBLAS's " + run.blas_core + " kernels";
+  if (run.blas_by_launcher)
+    line += ", set by lockstep run (OpenBLAS by itself picks " + run.blas_own_core + " on this CPU)";
+  else if (run.blas_forced)
+    line += ", set by OPENBLAS_CORETYPE";
+  else if (run.blas_core == run.blas_best_core)
+    line += ", the CPU's best";
+  return line + "\n";
+}
+
 }  // namespace
 
 std::string format_report(const Evidence& e, const std::vector<Finding>& findings) {
@@ -246,6 +259,7 @@ std::string format_report(const Evidence& e, const std::vector<Finding>& finding
   os << line;
   os << "  scaling efficiency: " << pct(scaling_efficiency(one, many)) << " (" << many.world
      << "-worker samples/s over " << many.world << " x 1-worker samples/s)\n";
+  os << kernels_line(many);
   if (many.world > 1) {
     os << "  all-reduce inside training: " << fmt("%.1f MB", many.bytes_per_step / 1e6) << " per step in "
        << fmt("%.1f", many.buckets_per_step) << " buckets, " << ms(many.comm) << " busy, "

@@ -30,6 +30,8 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("blas_core", s.blas_core);
   visit("blas_best_core", s.blas_best_core);
   visit("blas_forced", s.blas_forced);
+  visit("blas_by_launcher", s.blas_by_launcher);
+  visit("blas_own_core", s.blas_own_core);
   visit("samples_per_second", s.samples_per_second);
   visit("step_seconds", s.step);
   visit("data_seconds", s.data);
@@ -99,6 +101,8 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.blas_core = b.blas_core;
   s.blas_best_core = b.blas_best_core;
   s.blas_forced = b.blas_forced;
+  s.blas_by_launcher = b.blas_by_launcher;
+  s.blas_own_core = b.blas_own_core;
   s.zero_stage = b.zero_stage;
   s.optimizer_state_bytes = static_cast<double>(b.worker_optimizer_state_bytes);
 }

@@ -9,6 +9,7 @@
 #include "lockstep/base/main.h"
 #include "lockstep/comm/backends.h"
 #include "lockstep/error.h"
+#include "worker_env.h"
 
 namespace lockstep::launch {
 
@@ -94,6 +95,7 @@ int serve_store(const std::string& host, int port) {
 
 int run_job(const LaunchOptions& options) {
   validate(options);
+  choose_blas_kernels();
   Agent agent(options, *resolve_program(options.program[0]));
   return agent.run();
 }

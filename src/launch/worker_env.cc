@@ -1,8 +1,13 @@
 #include "worker_env.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <thread>
+
+#include "lockstep/base/cpu_kernels.h"
+#include "lockstep/base/log.h"
 
 namespace lockstep::launch {
 namespace {
@@ -49,6 +54,17 @@ void add_python_backend(knobs::Environment& env) {
 }
 
 }  // namespace
+
+void choose_blas_kernels() {
+  if (knobs::is_set(knobs::kOpenblasCoretype)) return;
+  const std::string own = openblas_own_core(), best = best_openblas_core(this_cpus_flags());
+  if (!openblas_core_below(own, best)) return;
+  ::setenv(knobs::kOpenblasCoretype.name, best.c_str(), 1);
+  ::setenv(knobs::kOpenblasOwnCore.name, own.c_str(), 1);
+  LOCKSTEP_LOG(info, run) << "OpenBLAS picks its " << own << " kernels on this CPU, which runs its " << best
+                          << " kernels: workers get OPENBLAS_CORETYPE=" << best
+                          << " (set OPENBLAS_CORETYPE to choose yourself)";
+}
 
 std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlacement& placement,
                                      knobs::Environment inherited) {

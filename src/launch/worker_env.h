@@ -29,6 +29,12 @@ struct JobPlacement {
 inline constexpr const char* kWorkerMallocTunables =
     "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824";
 
+// When OpenBLAS would pick kernels below the CPU's best (it does not know the CPU model) and the
+// user chose none, sets OPENBLAS_CORETYPE to the best in this process's environment, which every
+// worker inherits, with LOCKSTEP_OPENBLAS_OWN_CORE naming OpenBLAS's own pick, and says so in one
+// line. Calls setenv: run it before any thread starts.
+void choose_blas_kernels();
+
 // One spec per local worker of this node. `inherited` is the launcher's environment.
 std::vector<WorkerSpec> worker_specs(const LaunchOptions& options, const JobPlacement& placement,
                                      knobs::Environment inherited);

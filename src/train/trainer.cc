@@ -223,7 +223,9 @@ void Trainer::Impl::announce() {
   begin.blas = blas.config;
   begin.blas_core = blas.core;
   begin.blas_best_core = blas.best_core;
+  begin.blas_own_core = blas.own_core;
   begin.blas_forced = blas.forced;
+  begin.blas_by_launcher = blas.chosen_by_launcher;
   outputs->record(begin.to_json());
 }
 

@@ -1,5 +1,6 @@
 // The base layer: log lines and their filters, the environment-variable table against the
 // docs and the sources, exit codes and the main() wrapper.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "lockstep/base/cpu_kernels.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
@@ -196,4 +198,40 @@ TEST(ExitCodes, AFullDiskIsAStorageErrorNamingThePath) {
     EXPECT_NE(std::string(e.what()).find("checkpoint-2 is intact"), std::string::npos) << e.what();
   }
   EXPECT_THROW(throw_write_error("/x", EACCES), SystemError);
+}
+
+// ----- the CPU's kernels ---------------------------------------------------------------------
+
+TEST(CpuKernels, TheCpusBestKernelsComeFromItsFlags) {
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl"), "SkylakeX");
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f"), "Haswell");  // partial AVX-512
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma"), "Haswell");
+  EXPECT_EQ(best_openblas_core("fpu sse2 avx"), "Sandybridge");
+  EXPECT_EQ(best_openblas_core("fpu sse2 sse3"), "");
+}
+
+TEST(CpuKernels, OnlyAKnownSlowerPickIsBelowTheBest) {
+  EXPECT_TRUE(openblas_core_below("Prescott", "SkylakeX"));  // Debian 12's OpenBLAS on Emerald Rapids
+  EXPECT_TRUE(openblas_core_below("Sandybridge", "Haswell"));
+  EXPECT_FALSE(openblas_core_below("SkylakeX", "SkylakeX"));
+  EXPECT_FALSE(openblas_core_below("Cooperlake", "SkylakeX"));  // as wide
+  EXPECT_FALSE(openblas_core_below("Zen", "Haswell"));
+  EXPECT_FALSE(openblas_core_below("SkylakeX", "Haswell"));  // faster than the flags say: leave it
+  EXPECT_FALSE(openblas_core_below("", "SkylakeX"));         // not OpenBLAS
+  EXPECT_FALSE(openblas_core_below("SomeFutureCore", "SkylakeX"));
+  EXPECT_FALSE(openblas_core_below("Prescott", ""));
+}
+
+// The child's answer is what OpenBLAS picks when loaded here with no OPENBLAS_CORETYPE.
+TEST(CpuKernels, OpenblasOwnPickIsAskedOfAChildWithoutTheOverride) {
+  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);  // the child must not see it
+  const std::string own = openblas_own_core();
+  ::unsetenv("OPENBLAS_CORETYPE");
+  void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  auto corename = blas ? reinterpret_cast<char* (*)()>(::dlsym(blas, "openblas_get_corename")) : nullptr;
+  if (!corename) {
+    EXPECT_EQ(own, "");
+    GTEST_SKIP() << "libblas.so.3 is not OpenBLAS here";
+  }
+  EXPECT_EQ(own, corename());
 }

@@ -12,6 +12,7 @@
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -126,11 +127,19 @@ int elastic_member(const CommOptions& options, int steps) {
   return 0;
 }
 
+// The kernels the OpenBLAS behind libblas.so.3 (libtorch's BLAS on Debian) runs in this process.
+int print_blas_core() {
+  void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  auto corename = blas ? reinterpret_cast<char* (*)()>(::dlsym(blas, "openblas_get_corename")) : nullptr;
+  std::printf("blas core '%s'\n", corename ? corename() : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: comm_worker conformance|loop BACKEND [SLOT_BYTES]\n");
+    std::fprintf(stderr, "usage: comm_worker conformance|loop|blas|... BACKEND [SLOT_BYTES]\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -138,6 +147,7 @@ int main(int argc, char** argv) {
   options.backend = argv[2];
   if (argc > 3 && mode != "elastic") options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
   try {
+    if (mode == "blas") return print_blas_core();
     if (mode == "env") return check_env(options, argc > 3 ? std::atoi(argv[3]) : -1);
     if (mode == "elastic") return elastic_member(options, argc > 3 ? std::atoi(argv[3]) : 100);
     Job job = join_from_env(options);

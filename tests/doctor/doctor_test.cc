@@ -2,7 +2,6 @@
 // on real runs built to have one known problem each (and one with none).
 #include "lockstep/doctor/doctor.h"
 
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "lockstep/base/cpu_kernels.h"
 #include "lockstep/train_core/blas.h"
 #include "testing.h"
 
@@ -192,24 +192,38 @@ TEST(DoctorAnalysis, KernelsBelowTheCpusComeFirstWithTheMeasuredSpeedup) {
   EXPECT_NE(f.front().action.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << f.front().action;
   EXPECT_NE(f.front().predicted.find("3.0x"), std::string::npos) << f.front().predicted;
   EXPECT_TRUE(has(f, "data"));
-  // Kernels someone chose with OPENBLAS_CORETYPE, or as good as the CPU allows: nothing to say.
+  // Slow kernels someone chose with OPENBLAS_CORETYPE: said, with the way back.
   for (RunSummary* s : {&one, &many}) s->blas_forced = true;
+  f = diagnose(evidence(one, many, 0, 3.0));
+  ASSERT_TRUE(has(f, "blas"));
+  EXPECT_NE(f.front().problem.find("OPENBLAS_CORETYPE chose them"), std::string::npos) << f.front().problem;
+  // As good as the CPU allows, chosen or not: nothing to say.
+  for (RunSummary* s : {&one, &many}) s->blas_core = "SkylakeX";
   EXPECT_FALSE(has(diagnose(evidence(one, many, 0)), "blas"));
-  for (RunSummary* s : {&one, &many}) s->blas_core = "SkylakeX", s->blas_forced = false;
+  for (RunSummary* s : {&one, &many}) s->blas_forced = false;
   EXPECT_FALSE(has(diagnose(evidence(one, many, 0)), "blas"));
+}
+
+TEST(DoctorAnalysis, TheReportSaysWhoChoseTheKernels) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.blas_core = many.blas_best_core = "SkylakeX";
+  many.blas_forced = many.blas_by_launcher = true;
+  many.blas_own_core = "Prescott";
+  auto e = evidence(one, many, 0);
+  const std::string report = format_report(e, diagnose(e));
+  EXPECT_NE(
+      report.find("OpenBLAS's SkylakeX kernels, set by lockstep run (OpenBLAS by itself picks Prescott"),
+      std::string::npos)
+      << report;
+  many.blas_by_launcher = false;
+  e = evidence(one, many, 0);
+  EXPECT_NE(format_report(e, {}).find("OpenBLAS's SkylakeX kernels, set by OPENBLAS_CORETYPE"),
+            std::string::npos);
 }
 
 // ----- the command, on real runs of the Fashion-MNIST example ---------------------------------
 
 namespace {
-
-// The kernels this machine's OpenBLAS picks by itself ("" when libblas is not OpenBLAS).
-std::string openblas_own_core() {
-  if (std::getenv("OPENBLAS_CORETYPE")) return std::getenv("OPENBLAS_CORETYPE");
-  void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
-  auto corename = blas ? reinterpret_cast<char* (*)()>(::dlsym(blas, "openblas_get_corename")) : nullptr;
-  return corename ? corename() : "";
-}
 
 struct DoctorRun {
   int code;
@@ -221,11 +235,8 @@ DoctorRun doctor(const std::string& name, std::vector<std::string> program_flags
                  const std::map<std::string, std::string>& env = {}, const std::string& backend = "auto") {
   lockstep::testing::TempDir out_dir(name);
   const std::string out = out_dir.path();
-  // The findings under test are about distribution: pin OpenBLAS to the kernels it picks by
-  // itself, which silences the kernel finding (it has its own test) without changing the speed.
-  auto environment = env;
-  auto own = openblas_own_core();
-  if (!own.empty() && !environment.count("OPENBLAS_CORETYPE")) environment["OPENBLAS_CORETYPE"] = own;
+  // The kernels: what lockstep run gives its workers (the CPU's best), unless a test says.
+  const auto& environment = env;
   std::vector<std::string> argv = {LOCKSTEP_BINARY, "doctor", "--steps",      "24", "--window", "8",
                                    "--backend",     backend,  "--output-dir", out,  "--",       FASHION_MNIST,
                                    "--train-limit", "8192"};
@@ -298,19 +309,18 @@ TEST(Doctor, AHealthyConfigurationIsNotGivenAnInventedProblem) {
   EXPECT_NE(r.output.find("scaling efficiency"), std::string::npos) << r.output;
 }
 
-// Where this machine's OpenBLAS runs kernels below the CPU's (Debian 12's on Emerald Rapids),
-// the doctor names OPENBLAS_CORETYPE first and measures what it gives.
-TEST(Doctor, KernelsBelowTheCpusAreNamedWithAMeasuredSpeedup) {
-  std::string core = std::getenv("OPENBLAS_CORETYPE") ? "" : openblas_own_core();
-  auto best = lockstep::train::blas_info().best_core;
-  if (lockstep::train::blas_advice(core, best, false).empty())
-    GTEST_SKIP() << "this machine's BLAS already runs the CPU's best kernels (" << core << ")";
+// Where this machine's OpenBLAS picks kernels below the CPU's (Debian 12's on Emerald Rapids),
+// lockstep run gives the workers the best ones and the doctor says who chose them.
+TEST(Doctor, KernelsOpenblasWouldPickBelowTheCpusAreReplacedAndNamed) {
+  const std::string own = lockstep::openblas_own_core(), best = lockstep::train::blas_info().best_core;
+  if (!lockstep::openblas_core_below(own, best))
+    GTEST_SKIP() << "this machine's OpenBLAS picks the CPU's best kernels by itself (" << own << ")";
   auto r = doctor("blas", {"--model", "mlp"}, {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_CORETYPE", "<unset>"}});
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(first_recommendation(r.doc), "blas") << r.output;
-  EXPECT_NE(r.output.find("OPENBLAS_CORETYPE=" + best), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("measured with 1 worker"), std::string::npos) << r.output;
-  EXPECT_EQ(r.doc["one"]["blas_core"].get<std::string>(), core);
+  EXPECT_EQ(r.doc["one"]["blas_core"].get<std::string>(), best);
+  EXPECT_NE(first_recommendation(r.doc), "blas") << r.output;
+  EXPECT_NE(r.output.find("set by lockstep run (OpenBLAS by itself picks " + own), std::string::npos)
+      << r.output;
 }
 
 TEST(Doctor, AProgramThatIsNotATrainerIsAClearError) {

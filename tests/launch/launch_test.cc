@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <regex>
 
+#include "lockstep/base/cpu_kernels.h"
 #include "lockstep/comm/store.h"
 #include "cgroup.h"
 #include "testing.h"
@@ -56,6 +57,31 @@ TEST(Launch, WorkersGetMallocTunablesUnlessTheUserSetSome) {
   EXPECT_EQ(theirs.wait(30), 0) << theirs.output();
   EXPECT_NE(theirs.output().find("GLIBC_TUNABLES=glibc.malloc.arena_max=2\n"), std::string::npos)
       << theirs.output();
+}
+
+// The kernels a worker's OpenBLAS multiplies with ("" when libblas.so.3 is not OpenBLAS).
+std::string worker_blas_core(const std::map<std::string, std::string>& env) {
+  Process run({kLockstep, "run", "--nproc-per-node", "1", kWorker, "blas", "none"}, env);
+  EXPECT_EQ(run.wait(30), 0) << run.output();
+  std::smatch m;
+  const std::string out = run.output();
+  return std::regex_search(out, m, std::regex("blas core '([^']*)'")) ? m[1].str() : "(no line)";
+}
+
+// Workers multiply with the best kernels this CPU runs, whether or not OpenBLAS recognises it
+// (Debian 12's does not know Emerald Rapids and picks its SSE3 kernels there) ...
+TEST(Launch, WorkersMultiplyWithTheCpusBestBlasKernels) {
+  const std::string core = worker_blas_core({{"OPENBLAS_CORETYPE", "<unset>"}});
+  if (core.empty()) GTEST_SKIP() << "libblas.so.3 is not OpenBLAS here";
+  const std::string best = best_openblas_core(this_cpus_flags());
+  EXPECT_EQ(openblas_core_level(core), openblas_core_level(best)) << core << " on a CPU that runs " << best;
+}
+
+// ... unless the user chose some: the generic kernels every x86-64 CPU runs stay the choice.
+TEST(Launch, TheUsersBlasKernelsWin) {
+  const std::string core = worker_blas_core({{"OPENBLAS_CORETYPE", "Prescott"}});
+  if (core.empty()) GTEST_SKIP() << "libblas.so.3 is not OpenBLAS here";
+  EXPECT_EQ(core, "Prescott");
 }
 
 TEST(Launch, TwoAgentsOnOneMachineFormOneJobOverGloo) {

@@ -243,14 +243,6 @@ TEST(Trace, AChromeTraceFileIsOneJsonArrayWithTracksAndSpans) {
 namespace lockstep::train {
 namespace {
 
-TEST(Blas, TheCpusBestKernelsComeFromItsFlags) {
-  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl"), "SkylakeX");
-  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma avx512f"), "Haswell");  // partial AVX-512
-  EXPECT_EQ(best_openblas_core("fpu sse2 avx avx2 fma"), "Haswell");
-  EXPECT_EQ(best_openblas_core("fpu sse2 avx"), "Sandybridge");
-  EXPECT_EQ(best_openblas_core("fpu sse2 sse3"), "");
-}
-
 // Debian 12's OpenBLAS on Emerald Rapids: Prescott where SkylakeX would run.
 TEST(Blas, AdviceOnlyWhenTheKernelsAreBelowTheCpusAndNothingWasForced) {
   auto advice = blas_advice("Prescott", "SkylakeX", false);

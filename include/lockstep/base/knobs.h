@@ -76,9 +76,10 @@ inline constexpr Knob kPath{"PATH", "/usr/local/bin:/usr/bin:/bin", "where locks
 // --- the Trainer ---
 inline constexpr Knob kElasticCheck{"LOCKSTEP_ELASTIC_CHECK", "1", "elastic jobs: seconds of training between the members' looks for workers waiting to join (one integer all-reduce each)", Group::train};
 inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt (elastic: first membership) only; comma-separated: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP), kill-after-step:STEP:RANK, kill-during-eval:STEP:RANK, kill-before-update:STEP:RANK (RANK dies in an elastic ZeRO step holding its gradients, before the update may start), kill-in-update:STEP:RANK (... once its slices are updated, before the all-gather) or kill-in-state-transfer:MEMBERSHIP:RANK (RANK dies sending the state to the members of that membership)", Group::train};
+inline constexpr Knob kOpenblasOwnCore{"LOCKSTEP_OPENBLAS_OWN_CORE", nullptr, "set by lockstep run beside the OPENBLAS_CORETYPE it chose: the kernels OpenBLAS picks by itself on this CPU, which the Trainer's metrics and lockstep doctor report", Group::train};
 // --- libraries lockstep runs on ---
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
-inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS picked kernels below the CPU's, the Trainer and lockstep doctor say so", Group::libraries};
+inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS would pick kernels below the CPU's, lockstep run sets the CPU's best for its workers (and says so), and the Trainer warns in programs started otherwise", Group::libraries};
 inline constexpr Knob kGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr, "PyTorch's name for the interface Gloo binds (the first of a comma-separated list); lockstep honours it when LOCKSTEP_GLOO_IFACE is unset", Group::libraries};
 inline constexpr Knob kGlibcTunables{"GLIBC_TUNABLES", nullptr, "glibc's tunables; when unset, lockstep run gives workers malloc tunables that keep freed memory for reuse", Group::libraries};
 // clang-format on
@@ -122,6 +123,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kPath,
                                        &kElasticCheck,
                                        &kFaultInject,
+                                       &kOpenblasOwnCore,
                                        &kOmpNumThreads,
                                        &kOpenblasCoretype,
                                        &kGlibcTunables};

@@ -21,6 +21,8 @@ struct RunSummary {
   int sync_every = 1;  // local SGD: steps between the machines' meetings
   std::string blas_core, blas_best_core;  // OpenBLAS's kernels in use, and the CPU's best
   bool blas_forced = false;               // ... chosen with OPENBLAS_CORETYPE
+  bool blas_by_launcher = false;          // ... which lockstep run set, OpenBLAS's own pick
+  std::string blas_own_core;              // (this) being below the CPU's best
   double samples_per_second = 0;
   double step = 0, data = 0, forward = 0, backward = 0, exposed = 0, comm = 0, optimizer = 0;
   double bytes_per_step = 0, buckets_per_step = 0;

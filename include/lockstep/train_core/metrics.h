@@ -49,7 +49,9 @@
   X(std::string, blas, "the BLAS library's configuration string (OpenBLAS), empty if unknown")         \
   X(std::string, blas_core, "the OpenBLAS kernel set in use")                                           \
   X(std::string, blas_best_core, "the fastest OpenBLAS kernel set this CPU runs")                       \
-  X(bool, blas_forced, "whether OPENBLAS_CORETYPE chose the kernels")
+  X(std::string, blas_own_core, "the kernel set OpenBLAS picks by itself on this CPU")                  \
+  X(bool, blas_forced, "whether OPENBLAS_CORETYPE chose the kernels")                                   \
+  X(bool, blas_by_launcher, "whether lockstep run set OPENBLAS_CORETYPE, OpenBLAS's own pick being slower")
 
 #define LOCKSTEP_STEP_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done")                                                         \
