@@ -39,10 +39,10 @@ std::optional<Finding> blas_kernels(const Evidence& e) {
       "OpenBLAS multiplies with its " + many.blas_core + " kernels, but this CPU runs its " +
       many.blas_best_core + " kernels" +
       (many.blas_forced ? " (OPENBLAS_CORETYPE chose them)" : " (OpenBLAS did not recognise the CPU model)");
-  f.action =
-      "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
-      (many.blas_forced ? " (or unset: lockstep run then picks the CPU's best)" : " in its environment") +
-      " (read when OpenBLAS loads)";
+  f.action = many.blas_forced ? "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
+                                    ", or without it (lockstep run then gives workers the CPU's best)"
+                              : "start the job with OPENBLAS_CORETYPE=" + many.blas_best_core +
+                                    " in its environment (read when OpenBLAS loads), or under lockstep run";
   if (e.blas_speedup > 0) {
     f.predicted = "measured with 1 worker: " + fmt("%.0f", e.one.samples_per_second) + " -> " +
                   fmt("%.0f samples/s (%.1fx)", e.one.samples_per_second * e.blas_speedup, e.blas_speedup);
