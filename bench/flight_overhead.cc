@@ -14,6 +14,7 @@
 #include "flight_ring.h"
 
 using namespace lockstep::comm;
+using lockstep::Clock;
 
 namespace {
 

@@ -110,7 +110,7 @@ GroupStore::~GroupStore() {
 // member is done when it said so, or when its ephemeral key vanished because it died). Waits
 // on the store in short slices, so a death is seen within one slice; bounded overall.
 void GroupStore::wait_for_members_to_leave() {
-  const auto deadline = comm::Clock::now() + std::chrono::duration_cast<comm::Clock::duration>(
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                  comm::Seconds(std::min(place_.timeout.count(), 30.0)));
   try {
     for (int r = 1; r < place_.size; ++r) {
@@ -121,7 +121,7 @@ void GroupStore::wait_for_members_to_leave() {
           break;
         } catch (const TimeoutError&) {
           if (!client_->try_get("alive/" + id)) break;
-          if (comm::Clock::now() >= deadline) {
+          if (Clock::now() >= deadline) {
             LOCKSTEP_LOG(warn, store) << "closing group '" << place_.group_id << "''s store while rank " << id
                                       << " may still use it";
             return;

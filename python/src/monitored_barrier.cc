@@ -18,7 +18,7 @@ namespace {
 std::vector<int> ranks_missing(comm::StoreClient& store, const std::string& base, int size, comm::Seconds timeout,
                                bool wait_all) {
   std::vector<int> missing;
-  const auto deadline = comm::Clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
   for (int r = 1; r < size; ++r) {
     const std::string key = base + "arrived/" + std::to_string(r);
     if (!missing.empty()) {
@@ -26,7 +26,7 @@ std::vector<int> ranks_missing(comm::StoreClient& store, const std::string& base
       continue;
     }
     try {
-      store.get(key, std::max(comm::Seconds(0), comm::Seconds(deadline - comm::Clock::now())));
+      store.get(key, std::max(comm::Seconds(0), comm::Seconds(deadline - Clock::now())));
     } catch (const TimeoutError&) {
       missing.push_back(r);
       if (!wait_all) break;

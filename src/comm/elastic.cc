@@ -6,6 +6,7 @@
 // that epoch, in short slices between which they check the leader is still alive, and clear the
 // claim of a leader that died so that one of them takes over. Nobody waits for a worker that is
 // gone (its ephemeral alive key vanished with its connection) or past the deadline.
+#include "lockstep/base/clock.h"
 #include "lockstep/comm/elastic.h"
 
 #include <unistd.h>
@@ -87,10 +88,6 @@ std::string names(const std::vector<Member>& ms) {
     out += (out.empty() ? "" : ", ") + m.host + " node " + std::to_string(m.node) + " local " +
            std::to_string(m.local_rank);
   return out.empty() ? "none" : out;
-}
-
-double seconds_since(Clock::time_point t) {
-  return Seconds(Clock::now() - t).count();
 }
 
 }  // namespace

@@ -15,17 +15,13 @@
 #include <sstream>
 
 #include "codecs.h"
+#include "lockstep/base/clock.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using ddp_detail::allreduce_bytes_sent;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Stands in for the machines during a dry run: sums nothing, gathers its own bytes everywhere.
 class NoMachines final : public comm::Across {

@@ -13,6 +13,7 @@
 //                   always in bucket order so every rank issues the same collectives
 //   callback        unused parameters -> zeros (or an error naming them, after reducing so
 //                   no peer hangs); wait for every bucket; copy results back; stats
+#include "lockstep/base/clock.h"
 #include "lockstep/ddp/ddp.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -37,25 +38,8 @@
 namespace lockstep {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using ddp_detail::alias_into;
 using ddp_detail::alias_range;
-
-std::string dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return "float32";
-    case torch::kDouble: return "float64";
-    case torch::kHalf: return "float16";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kInt: return "int32";
-    case torch::kLong: return "int64";
-    default: return c10::toString(t);
-  }
-}
-
-double seconds_between(SteadyTime a, SteadyTime b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 comm::DType comm_dtype(torch::ScalarType t, const std::string& what) {
   if (const auto d = comm_dtype_of(t)) return *d;

@@ -45,7 +45,7 @@ BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world) {
   BucketSharding sharding;
   sharding.slices = world;
   sharding.reduce_scatter = zero.stage >= 2;
-  if (zero.stage == 2) sharding.max_bucket_cap_mb = 4;
+  if (zero.stage == 2) sharding.max_bucket_cap_mb = kZero2MaxBucketMb;
   return sharding;
 }
 

@@ -80,7 +80,6 @@ class ParameterUnits {
   torch::Tensor run(int unit, const UnitForward& forward, const torch::Tensor& input, const Reducer* reducer);
   void before_forward();
 
-  std::int64_t gathered_bytes() const { return gathered_bytes_; }
   std::int64_t high_water_bytes() const { return high_water_; }
 
  private:

@@ -16,9 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/base/clock.h"
+
 namespace lockstep::launch {
 
-using Clock = std::chrono::steady_clock;
 
 struct WorkerSpec {
   int rank = 0;  // names its log files (rank_N.stdout)

@@ -1,3 +1,4 @@
+#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/train/checkpoint.h"
 
 #include <fcntl.h>
@@ -25,21 +26,11 @@ namespace fs = std::filesystem;
 namespace lockstep::train {
 namespace {
 
+// "float32[3, 4]".
 std::string describe(const torch::Tensor& t) {
   std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << t.sizes();
+  os << dtype_name(t.scalar_type()) << t.sizes();
   return os.str();
-}
-
-std::string lower_dtype(std::string s) {
-  // c10 prints "Float"; say "float32" like the DDP signature check does.
-  static const std::pair<const char*, const char*> names[] = {
-      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
-      {"Long", "int64"},    {"Int", "int32"},      {"Bool", "bool"},    {"Byte", "uint8"}};
-  for (const auto& [from, to] : names)
-    if (s.rfind(from, 0) == 0 && s.size() > std::strlen(from) && s[std::strlen(from)] == '[')
-      return to + s.substr(std::strlen(from));
-  return s;
 }
 
 // Checks the archive against the module (recursively) and collects what to copy.
@@ -59,8 +50,8 @@ void check(const torch::nn::Module& module, torch::serialize::InputArchive& arch
     if (!archive.try_read(name, theirs, is_buffer))
       fail(std::string(kind) + " '" + prefix + name + "' is missing from it");
     if (theirs.sizes() != mine.sizes() || theirs.scalar_type() != mine.scalar_type())
-      fail(std::string(kind) + " '" + prefix + name + "' is " + lower_dtype(describe(mine)) +
-           " in the model but " + lower_dtype(describe(theirs)) + " in the checkpoint");
+      fail(std::string(kind) + " '" + prefix + name + "' is " + describe(mine) +
+           " in the model but " + describe(theirs) + " in the checkpoint");
     copies.emplace_back(mine, theirs);
   };
   for (const auto& p : module.named_parameters(/*recurse=*/false)) visit(p.key(), p.value(), false);
@@ -211,7 +202,7 @@ LoadReport load_matching(torch::nn::Module& module, const std::string& path) {
     }
     if (it->second.sizes() != mine.sizes() || it->second.scalar_type() != mine.scalar_type())
       throw ConfigError("checkpoint " + path + " does not fit this model: '" + name + "' is " +
-                        lower_dtype(describe(mine)) + " in the model but " + lower_dtype(describe(it->second)) +
+                        describe(mine) + " in the model but " + describe(it->second) +
                         " in the checkpoint (was it saved from a model of another size?)");
     mine.copy_(it->second);
     report.loaded.push_back(name);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "lockstep/base/clock.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/durable_file.h"
@@ -16,10 +17,6 @@ namespace lockstep::train {
 namespace {
 
 constexpr int kTag = 0x5c4b00;  // the shards' reports to rank 0, outside every other tag in use
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 }  // namespace
 

@@ -36,6 +36,7 @@
 #include <sstream>
 
 #include "evaluate.h"
+#include "lockstep/base/clock.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
@@ -123,10 +124,6 @@ std::string names_of(const std::vector<comm::Member>& ms) {
     out += (out.empty() ? "" : "; ") + m.host + " machine " + std::to_string(m.node) + " local " +
            std::to_string(m.local_rank);
   return out.empty() ? "none" : out;
-}
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 // A change the members cannot agree on (no membership published in time) ends this worker: it is

@@ -7,6 +7,7 @@
 
 #include "lockstep/base/log.h"
 #include "lockstep/data/sampler.h"
+#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/metrics.h"
 #include "trainer_impl.h"
@@ -20,17 +21,10 @@ void broadcast_buffers(torch::nn::Module& module, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
   for (auto& b : module.buffers()) {
     if (!b.defined() || b.numel() == 0) continue;
-    comm::DType dt;
-    switch (b.scalar_type()) {
-      case torch::kFloat: dt = comm::DType::f32; break;
-      case torch::kDouble: dt = comm::DType::f64; break;
-      case torch::kLong: dt = comm::DType::i64; break;
-      case torch::kInt: dt = comm::DType::i32; break;
-      default:
-        throw ConfigError("cannot broadcast a buffer of type " + std::string(c10::toString(b.scalar_type())));
-    }
+    const auto dt = comm_dtype_of(b.scalar_type());
+    if (!dt) throw ConfigError("cannot broadcast a buffer of type " + dtype_name(b.scalar_type()));
     auto c = b.contiguous();
-    comm.broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), dt, 0)->wait();
+    comm.broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), *dt, 0)->wait();
     if (!c.is_same(b)) b.copy_(c);
   }
 }

@@ -1,4 +1,5 @@
 // The training state as sharded checkpoints hold it (see train/sharded_checkpoint.h).
+#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/train/sharded_checkpoint.h"
 
 #include <torch/torch.h>
@@ -15,25 +16,12 @@ namespace {
 using ddp_detail::Kind;
 
 std::string dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return "float32";
-    case torch::kDouble: return "float64";
-    case torch::kHalf: return "float16";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kLong: return "int64";
-    case torch::kInt: return "int32";
-    case torch::kShort: return "int16";
-    case torch::kChar: return "int8";
-    case torch::kByte: return "uint8";
-    case torch::kBool: return "bool";
-    default: throw ConfigError(std::string("a checkpoint cannot hold tensors of dtype ") + c10::toString(t));
-  }
+  if (auto name = dtype_name_of(t)) return *name;
+  throw ConfigError(std::string("a checkpoint cannot hold tensors of dtype ") + c10::toString(t));
 }
 
 torch::ScalarType scalar_type_of(const std::string& name) {
-  for (auto t : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt,
-                 torch::kShort, torch::kChar, torch::kByte, torch::kBool})
-    if (dtype_name(t) == name) return t;
+  if (auto t = scalar_type_named(name)) return *t;
   throw DataError("a checkpoint tensor has dtype '" + name + "', which lockstep does not know");
 }
 

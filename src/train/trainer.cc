@@ -190,6 +190,10 @@ void Trainer::Impl::announce() {
     LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
                               << zero->memory().mirrors / 1e6
                               << " MB of parameters and optimizer state), so that a lost machine's shards live on";
+  if (reducer && reducer->bucket_cap_mb() < args.ddp_bucket_cap_mb)
+    LOCKSTEP_LOG(info, train) << "gradient buckets of " << reducer->bucket_cap_mb() << " MB, not the "
+                              << args.ddp_bucket_cap_mb << " MB --ddp-bucket-cap-mb asks: ZeRO-2 keeps two buckets' "
+                              << "gradients besides its slices, and small ones start reducing sooner";
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
   metrics::TrainBegin begin;

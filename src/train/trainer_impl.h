@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/base/clock.h"
 #include "lockstep/comm/elastic.h"
 #include "lockstep/data/elastic_sampler.h"
 #include "lockstep/data/loader.h"
@@ -31,10 +32,6 @@
 namespace lockstep::train {
 
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
-
-inline double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 // What one call of train() carries from step to step.
 struct RunProgress {

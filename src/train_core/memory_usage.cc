@@ -23,10 +23,6 @@ std::int64_t status_kib(const char* field, const char* file = "/proc/self/status
 
 }  // namespace
 
-std::int64_t rss_bytes() {
-  return status_kib("VmRSS");
-}
-
 std::int64_t peak_rss_bytes() {
   return status_kib("VmHWM");
 }

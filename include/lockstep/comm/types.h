@@ -10,9 +10,10 @@
 #include <cstdint>
 #include <string>
 
+#include "lockstep/base/clock.h"
+
 namespace lockstep::comm {
 
-using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };

@@ -115,10 +115,13 @@ struct HeldShard {
 };
 
 
+// Stage 2 keeps two buckets' worth of gradients besides the slices: small buckets keep that small
+// and start reducing sooner. The Trainer says when this lowers --ddp-bucket-cap-mb.
+inline constexpr double kZero2MaxBucketMb = 4;
+
 // What sharding needs of the reducer's buckets: fixed from the start, padded to a multiple of the
-// world size, and under stage 2 reduce-scattered and no larger than 4 MB (stage 2 keeps two
-// buckets' worth of gradients besides the slices: small buckets keep that small and start
-// reducing sooner). Reducer::bucket_cap_mb() says what the cap came to.
+// world size, and under stage 2 reduce-scattered and no larger than kZero2MaxBucketMb.
+// Reducer::bucket_cap_mb() says what the cap came to.
 BucketSharding zero_bucket_sharding(const ZeroOptions& zero, int world);
 // Stage 3: besides, one bucket per unit of `model` (units whose parameters are all frozen get
 // none), the last unit first, and one for the parameters in no unit (the root). A ConfigError

@@ -37,7 +37,7 @@
   X(int, sync_every, "local SGD: optimiser steps between the machines' meetings (1: every step, plain DDP)") \
   X(std::int64_t, parameters, "trainable and frozen parameters of the model")                           \
   X(std::int64_t, parameter_bytes, "bytes of the model's parameters")                                   \
-  X(int, zero_stage, "0: DDP; 1: optimizer state sharded; 2: gradients too")                             \
+  X(int, zero_stage, "0: DDP; 1: optimizer state sharded; 2: gradients too; 3: parameters too")       \
   X(bool, zero_shared_parameters, "whether the parameters are kept once per machine")                    \
   X(std::int64_t, worker_parameter_bytes, "parameter bytes each worker holds (shared: its share of one copy)") \
   X(std::int64_t, worker_gradient_bytes, "gradient bytes each worker keeps between steps")               \

@@ -8,12 +8,12 @@
 #include <chrono>
 #include <cstdint>
 
+#include "lockstep/base/clock.h"
 #include "lockstep/comm/communicator.h"
 #include "lockstep/train_core/metrics.h"
 
 namespace lockstep::train {
 
-using Clock = std::chrono::steady_clock;
 
 // One optimiser step on one rank, in seconds.
 struct StepTimes {
