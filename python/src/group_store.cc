@@ -22,7 +22,7 @@ knobs::Environment lockstep_variables(const knobs::Environment& all) {
   knobs::Environment mine;
   for (const knobs::Knob* k : {&knobs::kStoreAddr, &knobs::kToken, &knobs::kRunId, &knobs::kRestartCount,
                                &knobs::kTorchelasticRestartCount, &knobs::kTimeout, &knobs::kPeerCheck,
-                               &knobs::kBackend}) {
+                               &knobs::kBackend, &knobs::kGlooRing, &knobs::kHierAcross}) {
     auto it = all.find(k->name);
     if (it != all.end()) mine.insert(*it);
   }
@@ -47,6 +47,8 @@ Settings settings_from_env() {
   s.token = info.token;
   s.key_prefix = "run/" + info.run_id + "/" + std::to_string(info.restart_count) + "/";
   s.master_addr = knobs::lookup(env, knobs::kMasterAddr).value_or("");
+  s.gloo_ring = info.gloo_ring;
+  s.hier_across = info.hier_across;
   return s;
 }
 
@@ -141,6 +143,8 @@ std::unique_ptr<comm::Communicator> create_communicator(const Settings& settings
   options.name = store.communicator_name();
   options.timeout = settings.timeout.value_or(place.timeout);
   options.peer_check = settings.peer_check;
+  options.gloo_ring = settings.gloo_ring;
+  options.hier_across = settings.hier_across;
   return comm::Communicator::create(store.client(), place.rank, place.size, std::move(options));
 }
 

@@ -33,6 +33,7 @@ struct Settings {
   std::string token;       // LOCKSTEP_TOKEN (may be empty)
   std::string key_prefix;  // "run/<LOCKSTEP_RUN_ID>/<restart>/" on the launcher's store
   std::string master_addr;  // MASTER_ADDR when set
+  std::string gloo_ring, hier_across;  // LOCKSTEP_GLOO_RING, LOCKSTEP_HIER_ACROSS
 };
 
 // Parses and checks the variables; ConfigError names a bad one and the fix.

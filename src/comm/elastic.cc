@@ -477,11 +477,7 @@ ElasticSetup elastic_setup_from(const std::map<std::string, std::string>& env, C
   s.options.local_rank = parse_whole(knobs::kLocalRank.name, knobs::lookup(env, knobs::kLocalRank).value_or("0"));
   s.options.local_world_size =
       std::max(1, parse_whole(knobs::kLocalWorldSize.name, knobs::lookup(env, knobs::kLocalWorldSize).value_or("1")));
-  if (comm.backend == "auto") comm.backend = info.backend;
-  if (comm.timeout == CommOptions{}.timeout) comm.timeout = info.timeout;
-  if (comm.peer_check == CommOptions{}.peer_check) comm.peer_check = info.peer_check;
-  if (comm.check_every == CommOptions{}.check_every) comm.check_every = info.check_every;
-  s.options.comm = comm;
+  s.options.comm = with_environment_defaults(std::move(comm), info);
   // A store call that does not answer in 30 s means the store is gone, and with it the job.
   s.store = std::make_shared<StoreClient>(StoreClientOptions{info.store_host, info.store_port, info.token,
                                                              std::min(info.timeout, Seconds(30))});

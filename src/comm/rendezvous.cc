@@ -253,7 +253,20 @@ RendezvousInfo rendezvous_info_from(const Environment& env) {
     info.peer_check = Seconds(parse_seconds(knobs::kPeerCheck.name, *t));
   if (auto c = lookup(env, knobs::kCheckCollectives)) info.check_every = parse_check_every(*c);
   info.backend = lookup(env, knobs::kBackend).value_or(knobs::kBackend.default_value);
+  info.gloo_ring = lookup(env, knobs::kGlooRing).value_or(knobs::kGlooRing.default_value);
+  info.hier_across = lookup(env, knobs::kHierAcross).value_or(knobs::kHierAcross.default_value);
   return info;
+}
+
+CommOptions with_environment_defaults(CommOptions options, const RendezvousInfo& info) {
+  const CommOptions defaults;
+  if (options.timeout == defaults.timeout) options.timeout = info.timeout;
+  if (options.peer_check == defaults.peer_check) options.peer_check = info.peer_check;
+  if (options.check_every == defaults.check_every) options.check_every = info.check_every;
+  if (options.backend == defaults.backend) options.backend = info.backend;
+  if (options.gloo_ring == defaults.gloo_ring) options.gloo_ring = info.gloo_ring;
+  if (options.hier_across == defaults.hier_across) options.hier_across = info.hier_across;
+  return options;
 }
 
 std::string rendezvous_key_prefix(const std::string& run_id, int restart_count) {
@@ -325,10 +338,7 @@ Rendezvous::~Rendezvous() {
 
 std::unique_ptr<Communicator> Rendezvous::communicator(CommOptions options) {
   options.name = prefix_ + options.name;
-  if (options.timeout == CommOptions{}.timeout) options.timeout = info_.timeout;
-  if (options.peer_check == CommOptions{}.peer_check) options.peer_check = info_.peer_check;
-  if (options.check_every == CommOptions{}.check_every) options.check_every = info_.check_every;
-  if (options.backend == "auto") options.backend = info_.backend;
+  options = with_environment_defaults(std::move(options), info_);
   if (!store_ && options.backend == "auto") options.backend = "mpi";
   return Communicator::create(store_, info_.rank, info_.world_size, std::move(options));
 }

@@ -119,15 +119,16 @@ TEST(ShmLarge, ChunkedAllreduceAcrossRoundsIsExact) {
 
 #ifdef LOCKSTEP_HAVE_GLOO
 // Above 512 KiB gathered the gloo backend's all-reduces go around a ring: over its own mailbox
-// by default, Gloo's with LOCKSTEP_GLOO_RING=gloo. Both, on 2 and 3 ranks, every collective,
-// dtype and op at a count no world size divides (uneven chunks).
+// by default, Gloo's with CommOptions::gloo_ring "gloo" (LOCKSTEP_GLOO_RING=gloo). Both, on 2 and
+// 3 ranks, every collective, dtype and op at a count no world size divides (uneven chunks).
 TEST(GlooLarge, EitherRingMatchesTheReference) {
   for (const char* ring : {"mailbox", "gloo"}) {
-    ::setenv("LOCKSTEP_GLOO_RING", ring, 1);
+    CommOptions options{"gloo"};
+    options.gloo_ring = ring;
     for (int world : {2, 3}) {
       std::mutex mu;
       std::vector<std::string> failures;
-      run_ranks_as_threads(world, CommOptions{"gloo"}, [&](comm::Communicator& comm) {
+      run_ranks_as_threads(world, options, [&](comm::Communicator& comm) {
         auto f = run_conformance(comm, {100003});
         std::lock_guard<std::mutex> lock(mu);
         for (auto& one : f) failures.push_back(std::string(ring) + " ring, " + std::to_string(world) + " ranks: " + one);
@@ -135,7 +136,6 @@ TEST(GlooLarge, EitherRingMatchesTheReference) {
       for (const auto& f : failures) ADD_FAILURE() << f;
     }
   }
-  ::unsetenv("LOCKSTEP_GLOO_RING");
 }
 #endif
 

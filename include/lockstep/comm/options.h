@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/base/knobs.h"
 #include "lockstep/comm/types.h"
 
 namespace lockstep::comm {
@@ -31,6 +32,11 @@ struct CommOptions {
   // Which machine each rank is on (0, 0, 1, 1, ...), instead of finding out by probing shared
   // memory: lets tests run the hier backend's two levels inside one machine. Empty: probe.
   std::vector<int> machine_of{};
+  // gloo: all-reduces above 512 KiB gathered go around a ring over lockstep's own connections
+  // ("mailbox") or Gloo's ("gloo"); every rank must ask for the same, else Gloo's is used.
+  std::string gloo_ring = knobs::kGlooRing.default_value;
+  // hier: the engine between machines, "gloo" or "mpi" (under mpirun, built with MPI).
+  std::string hier_across = knobs::kHierAcross.default_value;
 };
 
 // What crossed the network so far on this rank: bytes it sent through the network transport

@@ -41,9 +41,16 @@ struct RendezvousInfo {
   Seconds peer_check{5};         // LOCKSTEP_PEER_CHECK
   int check_every = 64;          // LOCKSTEP_CHECK_COLLECTIVES (every: 1, off: 0)
   std::string backend = "auto";  // LOCKSTEP_BACKEND
+  std::string gloo_ring = knobs::kGlooRing.default_value;      // LOCKSTEP_GLOO_RING
+  std::string hier_across = knobs::kHierAcross.default_value;  // LOCKSTEP_HIER_ACROSS
   bool from_mpirun = false;      // rank variables came from OMPI_COMM_WORLD_*
   std::string scheduler;         // "slurm" or "sagemaker" when their variables were used
 };
+
+// `options` with each setting the program left at its default taken from the environment's
+// (timeout, peer check, collective checks, backend, gloo ring, hier's engine): what a program sets
+// wins over a variable.
+CommOptions with_environment_defaults(CommOptions options, const RendezvousInfo& info);
 
 // The store prefix of a run's keys for one attempt ("run/<run id>/<restart count>/"): the
 // rendezvous' keys and its communicators' names start with it; the launcher reads the workers'

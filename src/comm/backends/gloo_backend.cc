@@ -392,9 +392,9 @@ class GlooBackend final : public Backend {
   // all-reduces go through it too (ring_through_mailbox) if every rank asks for that.
   void agree_on_small_path() {
     if (size_ < 2) return;
-    const std::string ring = knobs::get(knobs::kGlooRing).value_or("mailbox");
+    const std::string& ring = options_.gloo_ring;
     if (ring != "mailbox" && ring != "gloo")
-      throw ConfigError(std::string(knobs::kGlooRing.name) + "='" + ring + "': use mailbox or gloo");
+      throw ConfigError("gloo ring '" + ring + "' (" + knobs::kGlooRing.name + "): use mailbox or gloo");
     std::uint64_t mine = (small_ ? 1 : 0) | (ring == "mailbox" ? 2 : 0);
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     gather_words(&mine, all.data(), 1, std::numeric_limits<std::uint32_t>::max());

@@ -75,7 +75,7 @@ class HierBackend final : public Backend {
     cross_backend_ = make_across(across);
     if (rank_ == 0 && where_.machines > 1)
       LOCKSTEP_LOG(info, comm) << "hier: " << where_.describe() << "; shared memory inside, "
-                               << knobs::get(knobs::kHierAcross).value_or("gloo") << " between machines over "
+                               << ctx.options.hier_across << " between machines over "
                                << shards_ << " group" << (shards_ == 1 ? "" : "s");
   }
 
@@ -83,16 +83,17 @@ class HierBackend final : public Backend {
   // without a group. MPI's split is collective over all of MPI's ranks: every rank takes part.
   std::unique_ptr<Backend> make_across(const BackendContext& across) const {
     const bool mine = where_.machines > 1 && local_ < shards_;
-    const std::string engine = knobs::get(knobs::kHierAcross).value_or("gloo");
+    const std::string& engine = across.options.hier_across;
     if (engine == "gloo") return mine ? make_gloo_backend(across) : nullptr;
     if (engine != "mpi")
-      throw ConfigError(std::string(knobs::kHierAcross.name) + "='" + engine + "': use gloo or mpi");
+      throw ConfigError("hier engine across machines '" + engine + "' (" + knobs::kHierAcross.name +
+                        "): use gloo or mpi");
 #ifdef LOCKSTEP_HAVE_MPI
     auto group = make_mpi_group_backend(across, local_ < shards_ ? local_ : -1);
     return mine ? std::move(group) : nullptr;
 #else
-    throw ConfigError(std::string(knobs::kHierAcross.name) +
-                      "=mpi: this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
+    throw ConfigError(std::string("hier engine across machines 'mpi' (") + knobs::kHierAcross.name +
+                      "): this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
 #endif
   }
 
