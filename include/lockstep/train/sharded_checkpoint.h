@@ -1,4 +1,4 @@
-// The training state as sharded checkpoints hold it (train_core/sharded_checkpoint.h): what a
+// The training state as sharded checkpoints hold it (train_core/shard_files.h): what a
 // rank writes, copied out of the live tensors so training can go on while it is written, and how
 // any world size, DDP or ZeRO, reads it back.
 //
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "lockstep/ddp/zero.h"
-#include "lockstep/train_core/sharded_checkpoint.h"
+#include "lockstep/train_core/shard_files.h"
 
 namespace lockstep::train {
 

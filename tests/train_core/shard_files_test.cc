@@ -1,6 +1,6 @@
 // The sharded checkpoint format, torch-free: shards written by one world size read back at
 // another, piece by piece; and every kind of damage a clear DataError naming the file.
-#include "lockstep/train_core/sharded_checkpoint.h"
+#include "lockstep/train_core/shard_files.h"
 
 #include <gtest/gtest.h>
 

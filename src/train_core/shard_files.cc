@@ -1,5 +1,5 @@
 // Sharded checkpoint files (see sharded_checkpoint.h and docs/checkpoint-format.md).
-#include "lockstep/train_core/sharded_checkpoint.h"
+#include "lockstep/train_core/shard_files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

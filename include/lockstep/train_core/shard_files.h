@@ -1,4 +1,4 @@
-// Sharded checkpoints: each rank writes the part of the training state it holds into a file of
+// Sharded checkpoints on disk: each rank writes the part of the training state it holds into a file of
 // its own, and a reader of any world size reads back whatever part it needs. Torch-free: pieces
 // are pointers, element sizes and names; the train layer maps tensors onto them.
 //
