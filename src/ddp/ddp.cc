@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "lockstep/base/log.h"
+#include "lockstep/comm/codec.h"
 #include "lockstep/ddp/bucket_assignment.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/ddp/torch_compat.h"
@@ -103,25 +104,17 @@ void broadcast_flat(comm::Communicator& comm, std::vector<torch::Tensor> tensors
 using ddp_detail::broadcast_flat;
 
 CommHook parse_comm_hook(const std::string& name) {
-  if (name == "none" || name.empty()) return CommHook::none;
-  if (name == "fp16") return CommHook::fp16;
-  if (name == "bf16") return CommHook::bf16;
-  if (name == "powersgd") return CommHook::powersgd;
-  if (name == "int8") return CommHook::int8;
-  if (name == "auto") return CommHook::automatic;
-  throw ConfigError("unknown gradient compression '" + name + "': use none, fp16, bf16, powersgd, int8 or auto");
+  if (name.empty()) return CommHook::none;
+  std::string names;
+  for (std::size_t i = 0; i < std::size(comm::kCommHooks); ++i) {
+    if (name == comm::kCommHooks[i].name) return static_cast<CommHook>(i);
+    names += (names.empty() ? "" : ", ") + std::string(comm::kCommHooks[i].name);
+  }
+  throw ConfigError("unknown gradient compression '" + name + "': use one of " + names);
 }
 
 const char* comm_hook_name(CommHook hook) {
-  switch (hook) {
-    case CommHook::none: return "none";
-    case CommHook::fp16: return "fp16";
-    case CommHook::bf16: return "bf16";
-    case CommHook::powersgd: return "powersgd";
-    case CommHook::int8: return "int8";
-    case CommHook::automatic: return "auto";
-  }
-  return "?";
+  return comm::kCommHooks[static_cast<std::size_t>(hook)].name;
 }
 
 struct Reducer::Impl : std::enable_shared_from_this<Impl> {

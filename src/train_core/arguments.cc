@@ -16,6 +16,12 @@
 namespace lockstep::train {
 namespace {
 
+bool compresses_between_machines_only(const std::string& hook) {
+  for (const auto& h : comm::kCommHooks)
+    if (hook == h.name) return h.between_machines_only;
+  return false;
+}
+
 [[noreturn]] void bad(const std::string& flag, const std::string& problem) {
   throw ConfigError("--" + flag + " " + problem);
 }
@@ -156,7 +162,7 @@ void TrainingArguments::validate() const {
     bad("zero-shared-parameters", "is a ZeRO mode: add --zero-stage 1, 2 or 3");
   if (sync_every > 1 && zero_stage > 0)
     bad("sync-every", "keeps a whole model on every machine; it does not combine with --zero-stage (use one)");
-  if (sync_every > 1 && (ddp_comm_hook == "powersgd" || ddp_comm_hook == "int8" || ddp_comm_hook == "auto"))
+  if (sync_every > 1 && compresses_between_machines_only(ddp_comm_hook))
     bad("sync-every", "sends no gradient between machines, which is all --ddp-comm-hook " + ddp_comm_hook +
                           " compresses: use one or the other");
   if (sync_every > 1 && save_format == "sharded")

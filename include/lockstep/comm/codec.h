@@ -44,4 +44,14 @@ class Across {
 // over this machine's ranks.
 using Codec = std::function<void(float* share, std::size_t first, std::size_t count, Across& across)>;
 
+// The gradient encodings DDP offers (--ddp-comm-hook), in the order of ddp::CommHook: fp16 and
+// bf16 round every bucket on the wire; powersgd and int8 are codecs, and auto picks one of them
+// per bucket, between machines only. One table for the arguments, the DDP and their messages.
+struct CommHookName {
+  const char* name;
+  bool between_machines_only;
+};
+inline constexpr CommHookName kCommHooks[] = {{"none", false},    {"fp16", false}, {"bf16", false},
+                                              {"powersgd", true}, {"int8", true},  {"auto", true}};
+
 }  // namespace lockstep::comm

@@ -55,8 +55,8 @@ namespace lockstep {
 // for fp16, 2^-8 for bf16). powersgd, int8 and auto compress float32 buckets between machines
 // only, with error feedback (ddp/compression.h); inside a machine the sum stays exact, and on
 // one machine they change nothing.
-enum class CommHook { none, fp16, bf16, powersgd, int8, automatic };
-// "none" | "fp16" | "bf16" | "powersgd" | "int8" | "auto"; ConfigError else
+enum class CommHook { none, fp16, bf16, powersgd, int8, automatic };  // as comm::kCommHooks
+// A name of comm::kCommHooks ("" is none); ConfigError else
 CommHook parse_comm_hook(const std::string& name);
 const char* comm_hook_name(CommHook hook);
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/comm/backends.h"
+#include "lockstep/comm/codec.h"
 
 namespace CLI {
 class App;
@@ -54,6 +55,11 @@ inline Rule one_of(std::vector<std::string> choices) {
 }
 inline Rule backend_rule() {
   return one_of({std::begin(comm::kBackendNames), std::end(comm::kBackendNames)});
+}
+inline std::vector<std::string> comm_hook_names() {
+  std::vector<std::string> names;
+  for (const auto& hook : comm::kCommHooks) names.emplace_back(hook.name);
+  return names;
 }
 
 // clang-format off
@@ -109,7 +115,7 @@ inline Rule backend_rule() {
   X(double, ddp_bucket_cap_mb, 25, "gradient bucket size", above(0))                                  \
   X(std::string, ddp_comm_hook, "none",                                                                        \
     "gradients on the wire: fp16/bf16 everywhere; powersgd, int8 or auto (measured per bucket) between machines only", \
-    one_of({"none", "fp16", "bf16", "powersgd", "int8", "auto"}))                                              \
+    one_of(comm_hook_names()))                                                                                 \
   X(int, powersgd_rank, 4, "--ddp-comm-hook powersgd/auto: the rank of PowerSGD's approximation", at_least(1)) \
   X(int, powersgd_rounds, 2,                                                                                   \
     "--ddp-comm-hook powersgd/auto: exchanges per step, 2 (P then Q, the paper), 4 or 6 (2 or 3 power "        \
