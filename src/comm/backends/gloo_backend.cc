@@ -731,8 +731,9 @@ class GlooBackend final : public Backend {
   }
 
   // Waits for one exchange of the mailbox path (peer, send or recv). A size mismatch is a
-  // MismatchError naming both ranks, any other failure a PeerError; pending recvs are cancelled
-  // first (none may write into the caller's buffers later), and the watchdog's verdict wins.
+  // MismatchError naming both ranks, and so is a peer that left having found one; any other
+  // failure is a PeerError. Pending recvs are cancelled first (none may write into the caller's
+  // buffers later), and the watchdog's verdict wins.
   using MailboxExchange = std::vector<std::pair<int, WorkPtr>>;
   void await(MailboxExchange& exchange, std::size_t count) {
     for (auto& [r, work] : exchange) {
@@ -750,6 +751,8 @@ class GlooBackend final : public Backend {
       } catch (const Error& e) {
         small_->cancel_recvs("the all-reduce failed");
         if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
+        // A peer that found the ranks' collectives differ leaves at once: its verdict is ours.
+        if (std::string found = peer_found_mismatch(); !found.empty()) throw MismatchError(found);
         mark_failed("error", e.what());
         const std::string dead = dead_ranks_now();
         throw PeerError("gloo: " + (dead.empty() ? "rank " + std::to_string(global(r)) + " broke off" : dead) +
