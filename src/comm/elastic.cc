@@ -82,15 +82,15 @@ void sort_by_place(std::vector<Member>& ms) {
   });
 }
 
-std::string names(const std::vector<Member>& ms) {
+}  // namespace
+
+std::string describe_members(const std::vector<Member>& members) {
   std::string out;
-  for (const auto& m : ms)
-    out += (out.empty() ? "" : ", ") + m.host + " node " + std::to_string(m.node) + " local " +
+  for (const auto& m : members)
+    out += (out.empty() ? "" : "; ") + m.host + " machine " + std::to_string(m.node) + " local " +
            std::to_string(m.local_rank);
   return out.empty() ? "none" : out;
 }
-
-}  // namespace
 
 struct ElasticGroup::Epoch {
   std::uint64_t number = 0;
@@ -357,8 +357,8 @@ MembershipChange ElasticGroup::change(const std::string& reason) {
   enter(*next);
   c.rebuild_seconds = seconds_since(rebuild);
   LOCKSTEP_LOG(debug, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
-                           << " machines) after " << c.reason << "; left: " << names(c.left)
-                           << "; joined: " << names(c.joined);
+                           << " machines) after " << c.reason << "; left: " << describe_members(c.left)
+                           << "; joined: " << describe_members(c.joined);
   return c;
 }
 

@@ -118,13 +118,6 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});
 }
 
-std::string names_of(const std::vector<comm::Member>& ms) {
-  std::string out;
-  for (const auto& m : ms)
-    out += (out.empty() ? "" : "; ") + m.host + " machine " + std::to_string(m.node) + " local " +
-           std::to_string(m.local_rank);
-  return out.empty() ? "none" : out;
-}
 
 // A change the members cannot agree on (no membership published in time) ends this worker: it is
 // not retried as a lost member would be.
@@ -316,8 +309,8 @@ void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress
   record.world_size_before = before;
   record.world_size = world();
   record.machines = elastic->nodes();
-  record.left = names_of(change.left);
-  record.joined = names_of(change.joined);
+  record.left = comm::describe_members(change.left);
+  record.joined = comm::describe_members(change.joined);
   record.agree_seconds = change.agree_seconds;
   record.rebuild_seconds = change.rebuild_seconds;
   record.state_seconds = state_seconds;

@@ -74,6 +74,9 @@ struct Member {
   std::uint64_t candidate = 0;  // its registration number
 };
 
+// "host machine 1 local 0; ..." ("none" when empty): how logs and metrics name members.
+std::string describe_members(const std::vector<Member>& members);
+
 // One change of membership, as every member of the new epoch sees it.
 struct MembershipChange {
   std::uint64_t epoch = 0;  // the new one
