@@ -231,14 +231,9 @@ std::string kernels_line(const RunSummary& run) {
   return line + "\n";
 }
 
-}  // namespace
-
-std::string format_report(const Evidence& e, const std::vector<Finding>& findings) {
-  const RunSummary &one = e.one, &many = e.many;
+// The per-step times of both runs side by side, and their samples/s.
+std::string breakdown_table(const RunSummary& one, const RunSummary& many) {
   std::ostringstream os;
-  os << "lockstep doctor: 1 worker vs " << many.world << " workers (" << many.threads << " intra-op thread"
-     << (many.threads == 1 ? "" : "s") << " each, " << many.cores << " cores, backend " << many.backend
-     << ", per-device batch " << many.per_device << " x " << many.accumulation << " accumulation)\n\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-26s %12s %12s\n", "per step", "1 worker",
                 (std::to_string(many.world) + " workers").c_str());
@@ -257,6 +252,18 @@ std::string format_report(const Evidence& e, const std::vector<Finding>& finding
   std::snprintf(line, sizeof line, "  %-26s %12.0f %12.0f\n", "samples/s", one.samples_per_second,
                 many.samples_per_second);
   os << line;
+  return os.str();
+}
+
+}  // namespace
+
+std::string format_report(const Evidence& e, const std::vector<Finding>& findings) {
+  const RunSummary &one = e.one, &many = e.many;
+  std::ostringstream os;
+  os << "lockstep doctor: 1 worker vs " << many.world << " workers (" << many.threads << " intra-op thread"
+     << (many.threads == 1 ? "" : "s") << " each, " << many.cores << " cores, backend " << many.backend
+     << ", per-device batch " << many.per_device << " x " << many.accumulation << " accumulation)\n\n";
+  os << breakdown_table(one, many);
   os << "  scaling efficiency: " << pct(scaling_efficiency(one, many)) << " (" << many.world
      << "-worker samples/s over " << many.world << " x 1-worker samples/s)\n";
   os << kernels_line(many);

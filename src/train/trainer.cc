@@ -164,6 +164,24 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
   model.module->train();
 }
 
+// Rank 0's lines on what runs other than plain DDP: local SGD, ZeRO's mirrors, its buckets.
+void Trainer::Impl::log_modes() const {
+  if (outer)
+    LOCKSTEP_LOG(info, train) << "local SGD: gradients are averaged inside each machine ("
+                              << (machine_comm ? machine_comm->size() : 1)
+                              << " workers) and the machines meet every " << args.sync_every
+                              << " steps (outer step: lr " << args.outer_learning_rate << ", Nesterov momentum "
+                              << args.outer_momentum << ") and before each evaluation and checkpoint";
+  if (zero && zero->memory().mirrors > 0)
+    LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
+                              << zero->memory().mirrors / 1e6
+                              << " MB of parameters and optimizer state), so that a lost machine's shards live on";
+  if (reducer && reducer->bucket_cap_mb() < args.ddp_bucket_cap_mb)
+    LOCKSTEP_LOG(info, train) << "gradient buckets of " << reducer->bucket_cap_mb() << " MB, not the "
+                              << args.ddp_bucket_cap_mb << " MB --ddp-bucket-cap-mb asks: ZeRO-2 keeps two buckets' "
+                              << "gradients besides its slices, and small ones start reducing sooner";
+}
+
 // Rank 0's first lines, and the train_begin record the doctor reads.
 void Trainer::Impl::announce() {
   const BlasInfo blas = blas_info();
@@ -180,20 +198,7 @@ void Trainer::Impl::announce() {
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
   LOCKSTEP_LOG(info, train) << head << (zero ? ", ZeRO stage " + std::to_string(args.zero_stage) : "");
-  if (outer)
-    LOCKSTEP_LOG(info, train) << "local SGD: gradients are averaged inside each machine ("
-                              << (machine_comm ? machine_comm->size() : 1)
-                              << " workers) and the machines meet every " << args.sync_every
-                              << " steps (outer step: lr " << args.outer_learning_rate << ", Nesterov momentum "
-                              << args.outer_momentum << ") and before each evaluation and checkpoint";
-  if (zero && zero->memory().mirrors > 0)
-    LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
-                              << zero->memory().mirrors / 1e6
-                              << " MB of parameters and optimizer state), so that a lost machine's shards live on";
-  if (reducer && reducer->bucket_cap_mb() < args.ddp_bucket_cap_mb)
-    LOCKSTEP_LOG(info, train) << "gradient buckets of " << reducer->bucket_cap_mb() << " MB, not the "
-                              << args.ddp_bucket_cap_mb << " MB --ddp-bucket-cap-mb asks: ZeRO-2 keeps two buckets' "
-                              << "gradients besides its slices, and small ones start reducing sooner";
+  log_modes();
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
   metrics::TrainBegin begin;

@@ -127,6 +127,7 @@ struct Trainer::Impl {
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
   torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
   void announce();
+  void log_modes() const;
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
   // Logging, evaluation, the end of an epoch, checkpoints and callbacks after a step: starts the
   // step's epilogue (after_step) or goes on with the parts not done (run_epilogue).
