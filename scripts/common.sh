@@ -65,12 +65,13 @@ install_pip_torch() {
 }
 
 # The CMake arguments that pick the libtorch: the wheel's own cmake files and libraries first (Debian's
-# libtorch.so is on the default path too). The Python backend is built for Debian's 1.13 only.
+# libtorch.so is on the default path too), and the Python backend built for the venv's python.
 torch_cmake_args() {
   [ "$LOCKSTEP_TORCH" = pip ] || { echo "-DLOCKSTEP_PYTHON=ON"; return; }
   local torch_dir
   torch_dir="$("$TORCH_VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
-  echo "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake -DCMAKE_LIBRARY_PATH=$torch_dir/lib -DLOCKSTEP_PYTHON=OFF"
+  echo "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake -DCMAKE_LIBRARY_PATH=$torch_dir/lib -DLOCKSTEP_PYTHON=ON" \
+    "-DLOCKSTEP_PYTHON_EXECUTABLE=$TORCH_VENV/bin/python"
 }
 
 configure_and_build() {

@@ -12,8 +12,8 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT, tcp://, file://, or a store) and, under
 through the launcher's store. LOCKSTEP_BACKEND picks lockstep's transport
 (auto, shm, gloo, hier, mpi); see docs/python.md for what is supported.
 """
-from ._backend import BACKEND_NAME, ProcessGroupLockstep, available_backends, register
+from ._backend import BACKEND_NAME, ProcessGroupLockstep, available_backends, group_backend, register
 
 register()
 
-__all__ = ["BACKEND_NAME", "ProcessGroupLockstep", "available_backends", "register"]
+__all__ = ["BACKEND_NAME", "ProcessGroupLockstep", "available_backends", "group_backend", "register"]

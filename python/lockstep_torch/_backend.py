@@ -2,6 +2,7 @@
 import atexit
 import functools
 
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -13,6 +14,19 @@ ProcessGroupLockstep = _C.ProcessGroupLockstep
 def available_backends():
     """lockstep's transports built into this extension, e.g. ['shm', 'gloo', 'hier', 'mpi']."""
     return _C.available_backends()
+
+
+def group_backend(group=None):
+    """The lockstep group under a torch.distributed group (default: the world), whatever torch's
+    generation: torch 1.x's group is the ProcessGroupLockstep itself, torch 2.x's dispatches its CPU
+    tensors to one."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupLockstep):
+        return pg
+    backend = pg._get_backend(torch.device("cpu")) if _C.backend_api else None
+    if not isinstance(backend, ProcessGroupLockstep):
+        raise ValueError(f"lockstep: the group runs on {dist.get_backend(pg)}, not on lockstep")
+    return backend
 
 
 def _seconds(timeout):
@@ -30,7 +44,7 @@ def _create_process_group(options, pg_options=None):
 
 
 def _let_monitored_barrier_reach_lockstep():
-    """torch.distributed.monitored_barrier refuses every backend but gloo in Python, before the
+    """torch 1.x's torch.distributed.monitored_barrier refuses every backend but gloo in Python, before the
     group's own monitored_barrier (which lockstep implements) is asked. On a lockstep group this
     wrapper asks the group; on any other it is torch's function, unchanged."""
     original = dist.monitored_barrier
@@ -52,8 +66,13 @@ def register():
         raise RuntimeError("lockstep: this torch was built without torch.distributed")
     if hasattr(dist.Backend, BACKEND_NAME.upper()):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True)
-    _let_monitored_barrier_reach_lockstep()
+    if _C.backend_api:
+        # torch 2.x: the group is a c10d.Backend for CPU tensors, which a ProcessGroup dispatches to
+        # ("lockstep" and "cpu:lockstep" alike); its monitored_barrier asks any CPU backend.
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True)
+        _let_monitored_barrier_reach_lockstep()
     # Before the interpreter finalizes, let every group finish completing its collectives: a
     # completion thread that drops a Python callback afterwards would abort the process.
     atexit.register(_C.quiesce)

@@ -73,9 +73,9 @@ void without_gil(const std::function<void()>& f) {
 PYBIND11_MODULE(_C, m) {
   using lockstep::torch_backend::ProcessGroupLockstep;
   m.doc() = "lockstep's Communicator as a torch.distributed ProcessGroup (see lockstep_torch)";
-  // Registers c10d::ProcessGroup's Python type, the base of ours.
+  // Registers the Python type of our base (ProcessGroup or Backend: c10d_compat.h).
   py::module::import("torch.distributed");
-  py::class_<ProcessGroupLockstep, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupLockstep>>(
+  py::class_<ProcessGroupLockstep, lockstep::torch_backend::CollectiveBase, c10::intrusive_ptr<ProcessGroupLockstep>>(
       m, "ProcessGroupLockstep",
       "A torch.distributed process group on lockstep's Communicator. Created by "
       "torch.distributed.init_process_group('lockstep') and new_group(); not constructed directly.")
@@ -96,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("timeout") = 10.0, py::call_guard<py::gil_scoped_release>(),
       "Waits until no lockstep group is completing a collective (atexit calls it: pool threads must not "
       "touch Python objects once the interpreter finalizes).");
+  m.attr("backend_api") = lockstep::torch_backend::kBackendApi;
   m.def("available_backends", &lockstep::comm::available_backends,
         "The lockstep backends built into this extension, e.g. ['shm', 'gloo', 'hier', 'mpi'].");
 }

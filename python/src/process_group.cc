@@ -36,7 +36,7 @@ constexpr std::size_t kSeenStorages = 64;
 
 ProcessGroupLockstep::ProcessGroupLockstep(const Settings& settings, const GroupPlace& place,
                                            std::unique_ptr<GroupStore> store)
-    : c10d::ProcessGroup(place.rank, place.size),
+    : CollectiveBase(place.rank, place.size),
       group_id_(place.group_id),
       timeout_(place.timeout),
       store_(std::move(store)),

@@ -1,5 +1,6 @@
-// ProcessGroupLockstep: a c10d::ProcessGroup whose collectives run on a lockstep Communicator,
-// which is what torch.distributed's backend "lockstep" creates.
+// ProcessGroupLockstep: c10d's collectives on a lockstep Communicator, which is what
+// torch.distributed's backend "lockstep" creates (a c10d::ProcessGroup on torch 1.x, a
+// c10d::Backend on torch 2.x: c10d_compat.h).
 //
 // Every collective checks its tensors on the caller's thread (CPU and dense; reduce operators
 // SUM, AVG, MIN, MAX), packs into a contiguous wire what cannot be sent as it is (tensor_wire.h),
@@ -30,7 +31,6 @@
 // the order they reach the lock must then be the same on every rank.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <functional>
 #include <memory>
@@ -38,13 +38,14 @@
 #include <string>
 #include <vector>
 
+#include "c10d_compat.h"
 #include "group_store.h"
 #include "lockstep/comm/communicator.h"
 #include "work.h"
 
 namespace lockstep::torch_backend {
 
-class ProcessGroupLockstep : public c10d::ProcessGroup {
+class ProcessGroupLockstep : public CollectiveBase {
  public:
   // Collective over the group's members: creates the communicator through `store`.
   ProcessGroupLockstep(const Settings& settings, const GroupPlace& place, std::unique_ptr<GroupStore> store);

@@ -22,6 +22,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+import lockstep_torch
+
 NATIVE = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
           "i32": torch.int32, "i64": torch.int64}
 EXTRA = {"u8": torch.uint8, "i8": torch.int8, "i16": torch.int16, "bool": torch.bool, "c64": torch.complex64}
@@ -580,7 +582,7 @@ def main():
     for check in (check_all_reduce, check_all_reduce_forms, check_broadcast_and_reduce, check_gathers,
                   check_reduce_scatter, check_all_to_all, check_objects_and_barrier, check_point_to_point, check_errors, check_subgroup, check_profiler, check_monitored_barrier):
         c.guard(check.__name__, lambda: check(c))
-    backend = dist.distributed_c10d._get_default_group().comm_backend
+    backend = lockstep_torch.group_backend().comm_backend
     print(json.dumps({"rank": rank, "world": world, "comm_backend": backend, "checks": c.checks,
                       "gloo_checks": c.gloo_checks, "failures": c.failures[:30],
                       "failure_count": len(c.failures)}), flush=True)

@@ -15,7 +15,7 @@ import tempfile
 import time
 import unittest
 
-PYTHON = "/usr/bin/python3"  # Debian's python3-torch; not the python3 first on PATH
+PYTHON = sys.executable  # ctest runs the tests with the python the extension was built for
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

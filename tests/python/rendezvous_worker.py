@@ -11,6 +11,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import lockstep_torch
+
 
 def main():
     mode, rank, world, address = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -28,7 +30,7 @@ def main():
     t = torch.full((1000,), float(rank + 1))
     dist.all_reduce(t)
     print(json.dumps({"rank": rank, "sum": t[0].item(),
-                      "comm_backend": dist.distributed_c10d._get_default_group().comm_backend}), flush=True)
+                      "comm_backend": lockstep_torch.group_backend().comm_backend}), flush=True)
     dist.destroy_process_group()
 
 
