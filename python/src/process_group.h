@@ -94,6 +94,16 @@ class ProcessGroupLockstep : public CollectiveBase {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // process_group_coalesced.cc: one call of the tensor form per pair, under one Work.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts)
+      LOCKSTEP_OVERRIDE_2X;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts)
+      LOCKSTEP_OVERRIDE_2X;
+
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -115,6 +125,9 @@ class ProcessGroupLockstep : public CollectiveBase {
   c10::intrusive_ptr<c10d::Work> exchange_blocks(const std::vector<at::Tensor>& send,
                                                  const std::vector<at::Tensor>& receive,
                                                  std::vector<at::Tensor> outputs);
+  // One Work over `parts`, issued already (process_group_coalesced.cc).
+  c10::intrusive_ptr<c10d::Work> coalesce(c10d::OpType type, std::vector<c10::intrusive_ptr<c10d::Work>> parts,
+                                          std::vector<at::Tensor> outputs);
   void check_root(std::int64_t root, const char* collective) const;
   // One send or recv of `tensors` (a list of one, as c10d passes it): process_group_p2p.cc.
   c10::intrusive_ptr<c10d::Work> point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors, int peer, int tag);
