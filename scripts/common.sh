@@ -62,6 +62,9 @@ install_pip_torch() {
     echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
     "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIP_VERSION"
   fi
+  # numpy (torch warns without it) and expecttest (PyTorch's distributed suite imports it).
+  "$TORCH_VENV/bin/python" -c 'import numpy, expecttest' 2>/dev/null ||
+    "$TORCH_VENV/bin/pip" install -q "numpy==2.4.6" "expecttest==0.3.0"
 }
 
 # The CMake arguments that pick the libtorch: the wheel's own cmake files and libraries first (Debian's

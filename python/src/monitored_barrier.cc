@@ -13,34 +13,48 @@
 namespace lockstep::torch_backend {
 namespace {
 
-// Ranks 1..size-1 whose key did not appear within `timeout` (after the first such rank, only
-// those missing at that moment; without wait_all, only the first).
-std::vector<int> ranks_missing(comm::StoreClient& store, const std::string& base, int size, comm::Seconds timeout,
-                               bool wait_all) {
-  std::vector<int> missing;
+struct Absent {
+  std::vector<int> ranks;  // ranks 1..size-1 that did not arrive
+  bool before_waiting = false;  // rank 0's time was up before it waited for the first of them
+};
+
+// Ranks whose key did not appear within `timeout` (after the first such rank, only those missing
+// at that moment; without wait_all, only the first).
+Absent ranks_missing(comm::StoreClient& store, const std::string& base, int size, comm::Seconds timeout,
+                     bool wait_all) {
+  Absent absent;
   const auto deadline = Clock::now() + timeout;
   for (int r = 1; r < size; ++r) {
     const std::string key = base + "arrived/" + std::to_string(r);
-    if (!missing.empty()) {
-      if (!store.try_get(key)) missing.push_back(r);
-      continue;
+    if (store.try_get(key)) continue;
+    if (absent.ranks.empty() && Clock::now() >= deadline) absent.before_waiting = true;
+    if (absent.ranks.empty() && !absent.before_waiting) {
+      try {
+        store.get(key, comm::Seconds(deadline - Clock::now()));
+        continue;
+      } catch (const TimeoutError&) {
+      }
     }
-    try {
-      store.get(key, std::max(comm::Seconds(0), comm::Seconds(deadline - Clock::now())));
-    } catch (const TimeoutError&) {
-      missing.push_back(r);
-      if (!wait_all) break;
-    }
+    absent.ranks.push_back(r);
+    if (!wait_all) break;
   }
-  return missing;
+  return absent;
 }
 
-std::string verdict_on(const std::vector<int>& missing, comm::Seconds timeout) {
-  if (missing.empty()) return "ok";
+// gloo's words: "Rank 0 timed out in monitoredBarrier" when its time was up before it waited for a
+// rank, "Rank N failed to pass monitoredBarrier" when it waited for rank N in vain.
+std::string verdict_on(const Absent& absent, comm::Seconds timeout) {
+  if (absent.ranks.empty()) return "ok";
+  const long long ms = static_cast<long long>(timeout.count() * 1000);
   std::ostringstream m;
-  m << (missing.size() == 1 ? "Rank " : "Ranks ");
-  for (std::size_t i = 0; i < missing.size(); ++i) m << (i ? ", " : "") << missing[i];
-  m << " failed to pass monitoredBarrier in " << static_cast<long long>(timeout.count() * 1000) << " ms";
+  if (absent.before_waiting) m << "Rank 0 timed out in monitoredBarrier after " << ms << " ms: ";
+  m << (absent.ranks.size() == 1 ? "Rank " : "Ranks ");
+  for (std::size_t i = 0; i < absent.ranks.size(); ++i) m << (i ? ", " : "") << absent.ranks[i];
+  if (absent.before_waiting) {
+    m << " had not arrived";
+  } else {
+    m << " failed to pass monitoredBarrier in " << ms << " ms";
+  }
   return m.str();
 }
 
@@ -63,12 +77,12 @@ void ProcessGroupLockstep::monitoredBarrier(const c10d::BarrierOptions& opts, bo
       }
       return;
     }
-    const auto missing = ranks_missing(store, base, size_, timeout, wait_all_ranks);
+    const Absent missing = ranks_missing(store, base, size_, timeout, wait_all_ranks);
     verdict = verdict_on(missing, timeout);
     store.set(base + "verdict", verdict);
     for (int r = 1; r < size_; ++r) store.remove(base + "arrived/" + std::to_string(r));
     // Every rank has read the previous barrier's verdict once all arrived at this one.
-    if (missing.empty() && monitored_barriers_ > 1)
+    if (missing.ranks.empty() && monitored_barriers_ > 1)
       store.remove(store_->communicator_name() + "/monitored/" + std::to_string(monitored_barriers_ - 2) + "/verdict");
   });
   if (verdict != "ok") throw std::runtime_error("lockstep: monitored_barrier: " + verdict);

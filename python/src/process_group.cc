@@ -64,9 +64,11 @@ ProcessGroupLockstep::~ProcessGroupLockstep() {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::launch(
     c10d::OpType type, const std::function<std::vector<comm::WorkPtr>(comm::Communicator&)>& issue,
-    LockstepWork::Finish finish, std::vector<at::Tensor> outputs) {
+    LockstepWork::Finish finish, std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs) {
   std::lock_guard<std::mutex> lock(issue_mu_);
-  auto work = c10::make_intrusive<LockstepWork>(rank_, type, issue(*comm_), std::move(finish), std::move(outputs));
+  if (inputs.empty()) inputs = outputs;
+  auto work = c10::make_intrusive<LockstepWork>(rank_, type, issue(*comm_), std::move(finish), std::move(outputs),
+                                                inputs);
   completer_->push(work);
   return work;
 }

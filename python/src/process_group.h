@@ -114,10 +114,12 @@ class ProcessGroupLockstep : public CollectiveBase {
 
  private:
   // Issues a collective: `issue` enqueues its comm steps (under the issue lock, so the steps
-  // of concurrent callers never interleave); `finish` unpacks once they are done.
+  // of concurrent callers never interleave); `finish` unpacks once they are done. The profiler
+  // records the shapes of `inputs` (as gloo's do), of `outputs` where none are given (in place).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type,
                                         const std::function<std::vector<comm::WorkPtr>(comm::Communicator&)>& issue,
-                                        LockstepWork::Finish finish, std::vector<at::Tensor> outputs);
+                                        LockstepWork::Finish finish, std::vector<at::Tensor> outputs,
+                                        std::vector<at::Tensor> inputs = {});
   // Every rank's `in` gathered into `outs` (one per rank; empty: this rank keeps nothing).
   // all_gather and gather both run on it (process_group_gather.cc).
   c10::intrusive_ptr<c10d::Work> gather_blocks(c10d::OpType type, const at::Tensor& in, std::vector<at::Tensor> outs);

@@ -88,7 +88,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::gather_blocks(c10d::OpType 
         for (std::size_t r = 0; r < outs.size(); ++r)
           unpack(wire_block(gathered, spec, static_cast<std::int64_t>(r)), spec, outs[r]);
       },
-      outs);
+      outs, {in});
 }
 
 // all_gather_into_tensor: straight into the output when it is contiguous and of a type comm
@@ -159,7 +159,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLockstep::allgather_coalesced(
             unpack(gathered.narrow(0, static_cast<std::int64_t>(r) * words + offsets[i], specs[i].count), specs[i],
                    outs[r][i]);
       },
-      flat_outputs);
+      flat_outputs, inputs);
 }
 
 // An allgather whose blocks only the root unpacks.

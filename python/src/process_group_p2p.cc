@@ -21,7 +21,7 @@ class PointToPointWork final : public LockstepWork {
  public:
   PointToPointWork(int rank, c10d::OpType type, comm::WorkPtr step, Finish finish, std::vector<at::Tensor> outputs,
                    CompletionPool* pool)
-      : LockstepWork(rank, type, {step}, std::move(finish), std::move(outputs)), step_(std::move(step)), pool_(pool) {}
+      : LockstepWork(rank, type, {step}, std::move(finish), outputs, outputs), step_(std::move(step)), pool_(pool) {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
     if (timeout != kNoTimeout) {
       try {

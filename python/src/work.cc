@@ -32,7 +32,7 @@ const char* profiling_title(c10d::OpType type) {
     case c10d::OpType::BARRIER: return "lockstep:barrier";
     case c10d::OpType::SEND: return "lockstep:send";
     case c10d::OpType::RECV: return "lockstep:recv";
-    case c10d::OpType::RECVANYSOURCE: return "lockstep:recv_anysource";
+    case c10d::OpType::RECVANYSOURCE: return "lockstep:recvAnySource";
     default: return "lockstep:collective";
   }
 }
@@ -40,8 +40,8 @@ const char* profiling_title(c10d::OpType type) {
 }  // namespace
 
 LockstepWork::LockstepWork(int rank, c10d::OpType type, std::vector<comm::WorkPtr> steps, Finish finish,
-                           std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type, profiling_title(type), outputs),
+                           std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs)
+    : c10d::Work(rank, type, profiling_title(type), inputs),
       steps_(std::move(steps)),
       finish_(std::move(finish)),
       outputs_(std::move(outputs)),

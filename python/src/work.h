@@ -31,8 +31,9 @@ namespace lockstep::torch_backend {
 class LockstepWork : public c10d::Work {
  public:
   using Finish = std::function<void()>;  // unpacks results; runs once the steps are done
+  // `inputs`: what the profiler records the shapes of.
   LockstepWork(int rank, c10d::OpType type, std::vector<comm::WorkPtr> steps, Finish finish,
-               std::vector<at::Tensor> outputs);
+               std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs);
 
   // With no timeout, completes the work on this thread if nobody has yet. With one, waits for
   // the completion thread up to then, and raises if it has not finished.

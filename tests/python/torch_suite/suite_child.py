@@ -1,12 +1,16 @@
 """One backend's run of PyTorch's distributed suite, for run.py (which sets BACKEND, WORLD_SIZE,
-TEMP_DIR): the upstream runner's test class, and a result that keeps each test's outcome.
+TEMP_DIR, SUITE_START): the upstream runner's test class, and a result that keeps each test's outcome.
 
     suite_child.py JSON_OUT [PATTERN ...]
 """
 import json
+import os
 import sys
 import unittest
 
+import torch
+
+from torch.testing._internal.distributed import distributed_test
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
 
 
@@ -22,8 +26,12 @@ class Recorder(unittest.TextTestResult):
         return test.id().rsplit(".", 1)[-1]
 
     def _note(self, test, outcome, detail=""):
-        lines = [line for line in str(detail).strip().splitlines() if line.strip()]
-        self.outcomes[self._name(test)] = {"outcome": outcome, "reason": lines[-1][:200] if lines else ""}
+        """The reason: the last line naming an error (the ranks' tracebacks end in PyTorch's advice
+        on reproducing), or the last line."""
+        lines = [line.strip() for line in str(detail).splitlines() if line.strip()]
+        errors = [line for line in lines if "Error" in line or "exit code" in line]
+        reason = (errors or lines or [""])[-1]
+        self.outcomes[self._name(test)] = {"outcome": outcome, "reason": reason[:200]}
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -50,18 +58,43 @@ class Recorder(unittest.TextTestResult):
         self._note(test, "passed")
 
 
+def lockstep_under_the_name_gloo():
+    """Makes BACKEND=gloo create lockstep groups: the suite then runs its gloo-only tests (most of
+    them: they check `BACKEND == "gloo"`) against lockstep, which answers as "gloo" to every test
+    that asks (a test of gloo's own messages, options or profiler names fails for that reason)."""
+    import torch.distributed as dist
+    from lockstep_torch import _backend
+    dist.Backend._ensure_backend_registered("gloo")  # torch registers its own backends on first use
+    plugin = dist.Backend._plugins["GLOO"]
+    dist.Backend._plugins["GLOO"] = type(plugin)(_backend._create_process_group, True)
+    # Of type CUSTOM, as every third-party backend: torch's C++ (DDP's logger) casts a GLOO-typed
+    # backend to ProcessGroupGloo without checking.
+    dist.Backend.backend_type_map["gloo"] = dist.ProcessGroup.BackendType.CUSTOM
+    # The profiler shows lockstep's collectives as lockstep:all_reduce, ... where the suite looks
+    # for gloo:all_reduce: it looks for lockstep's (and checks them as it would gloo's).
+    look_up = distributed_test.get_profiling_event
+    distributed_test.get_profiling_event = lambda name, *a, **k: look_up(name.replace("gloo:", "lockstep:", 1), *a, **k)
+
+
+if os.environ.get("SUITE_AS") == "lockstep":
+    lockstep_under_the_name_gloo()
+
+
 # At module level: the spawned ranks unpickle the test case by importing this file.
-class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+class TestDistBackendWithRanks(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if os.environ.get("SUITE_START") == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 def run(json_path, pattern):
     loader = unittest.TestLoader()
     if pattern:
         loader.testNamePatterns = [f"*{p}*" for p in pattern]
-    suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
+    suite = loader.loadTestsFromTestCase(TestDistBackendWithRanks)
     runner = unittest.TextTestRunner(resultclass=Recorder, verbosity=2, stream=sys.stderr)
     result = runner.run(suite)
     with open(json_path, "w") as f:
