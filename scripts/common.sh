@@ -13,8 +13,9 @@ case "$LOCKSTEP_TORCH" in
   pip) BUILD_DIR="${LOCKSTEP_BUILD_DIR:-$LOCKSTEP_ROOT/build-torch2}" ;;
   *) echo "lockstep: LOCKSTEP_TORCH must be debian or pip (got '$LOCKSTEP_TORCH')" >&2; exit 2 ;;
 esac
-TORCH_VENV="${LOCKSTEP_TORCH_VENV:-$LOCKSTEP_ROOT/.venv-torch}"
 TORCH_PIP_VERSION="2.15.0"  # the newest release when pinned (2026-11-27); pinned so a build does not change under us
+# Outside the tree, so that a fresh clone (CI's) reuses a venv this machine already holds.
+TORCH_VENV="${LOCKSTEP_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/venv-torch-$TORCH_PIP_VERSION}"
 
 # Debian packages the torch-free core, its tests and its benchmarks need.
 LOCKSTEP_PACKAGES=(
@@ -57,7 +58,7 @@ install_missing_packages() {
 # LOCKSTEP_TORCH=pip: the pinned torch wheel in TORCH_VENV (Debian's python3 and python3-venv).
 install_pip_torch() {
   install_missing_packages python3-venv
-  [ -x "$TORCH_VENV/bin/python" ] || /usr/bin/python3 -m venv "$TORCH_VENV"
+  [ -x "$TORCH_VENV/bin/python" ] || { mkdir -p "$(dirname "$TORCH_VENV")" && /usr/bin/python3 -m venv "$TORCH_VENV"; }
   if [ "$("$TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_PIP_VERSION" ]; then
     echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
     "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIP_VERSION"
@@ -75,6 +76,15 @@ torch_cmake_args() {
   torch_dir="$("$TORCH_VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
   echo "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake -DCMAKE_LIBRARY_PATH=$torch_dir/lib -DLOCKSTEP_PYTHON=ON" \
     "-DLOCKSTEP_PYTHON_EXECUTABLE=$TORCH_VENV/bin/python"
+}
+
+# One line naming the libtorch of this build, for logs.
+torch_description() {
+  if [ "$LOCKSTEP_TORCH" = pip ]; then
+    echo "PyTorch $("$TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__)') from pip ($TORCH_VENV), in $BUILD_DIR"
+  else
+    echo "Debian's libtorch $(dpkg-query -W -f='${Version}' libtorch-dev), in $BUILD_DIR"
+  fi
 }
 
 configure_and_build() {

@@ -1,11 +1,25 @@
 """The creator torch.distributed calls for a group on the lockstep backend, and its registration."""
 import atexit
 import functools
+import sys
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _build
+
+
+def _check_torch():
+    """The extension links one libtorch: loaded into another torch it would crash the process,
+    so a mismatch is an ImportError naming both and the python to use."""
+    if torch.__version__ != _build.TORCH_VERSION:
+        raise ImportError(f"lockstep_torch was built for torch {_build.TORCH_VERSION} (the python at "
+                          f"{_build.PYTHON}), but this python ({sys.executable}) has torch {torch.__version__}: "
+                          f"run the program with {_build.PYTHON}, or build lockstep for this torch")
+
+
+_check_torch()
+from . import _C  # noqa: E402  (only once the torch is known to be the one it links)
 
 BACKEND_NAME = "lockstep"
 ProcessGroupLockstep = _C.ProcessGroupLockstep

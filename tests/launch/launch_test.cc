@@ -224,9 +224,9 @@ TEST(Launch, TwoJobsAtOnceWithoutNamingPorts) {
 }
 
 TEST(Launch, APlainPytorchDdpScriptRunsUnmodifiedAndRanksAgree) {
-  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0)
-    GTEST_SKIP() << "Debian's python3-torch is not installed";
-  Process run({kLockstep, "run", "--nproc-per-node", "2", "/usr/bin/python3", DDP_SCRIPT});
+  if (std::system(TORCH_PYTHON " -c 'import torch.distributed' 2>/dev/null") != 0)
+    GTEST_SKIP() << TORCH_PYTHON " has no torch (Debian's python3-torch is not installed)";
+  Process run({kLockstep, "run", "--nproc-per-node", "2", TORCH_PYTHON, DDP_SCRIPT});
   ASSERT_EQ(run.wait(180), 0) << run.output();
   std::regex sum_re("PARAMS rank=(\\d) world=2 sum=(\\S+)");
   std::map<std::string, std::string> sums;
