@@ -63,9 +63,11 @@ install_pip_torch() {
     echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
     "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIP_VERSION"
   fi
-  # numpy (torch warns without it) and expecttest (PyTorch's distributed suite imports it).
-  "$TORCH_VENV/bin/python" -c 'import numpy, expecttest' 2>/dev/null ||
-    "$TORCH_VENV/bin/pip" install -q "numpy==2.4.6" "expecttest==0.3.0"
+  # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), and the
+  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py).
+  "$TORCH_VENV/bin/python" -c 'import numpy, expecttest, transformers, accelerate, tokenizers' 2>/dev/null ||
+    "$TORCH_VENV/bin/pip" install -q "numpy==2.4.6" "expecttest==0.3.0" "transformers==5.24.0" \
+      "tokenizers==0.23.3" "accelerate==1.15.0" "safetensors==0.8.0"
 }
 
 # The CMake arguments that pick the libtorch: the wheel's own cmake files and libraries first (Debian's

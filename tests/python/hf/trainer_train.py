@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""A transformers.Trainer fine-tune of a small BERT classifier (fortune_data.py) under
+`lockstep run` (or torchrun), on the backend named by argv[1].
+
+Hugging Face picks the backend itself: TrainingArguments' ddp_backend takes only its own list
+(nccl, gloo, mpi, ...), and on CPU Accelerate's PartialState uses gloo whatever it is given.
+Both create the process group only when none exists, so the supported way in is to create it
+first: dist.init_process_group("lockstep"); the Trainer's DDP then runs on it.
+
+Rank 0 prints one JSON line: {"backend", "world", "losses", "seconds_per_step"}.
+
+    trainer_train.py BACKEND OUT_DIR --tokenizer DIR [--steps N]
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+import fortune_data
+
+
+class StepClock:
+    """A TrainerCallback's two hooks: the wall time of every optimizer step after the first."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self):
+        from transformers import TrainerCallback
+        clock = self
+
+        class Callback(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                clock.times.append(time.perf_counter())
+
+        return Callback()
+
+    def seconds_per_step(self):
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        return sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("backend")
+    ap.add_argument("out_dir")
+    ap.add_argument("--tokenizer", required=True, help="a directory fortune_data.py saved")
+    ap.add_argument("--steps", type=int, default=60)
+    args = ap.parse_args()
+
+    dist.init_process_group(args.backend)  # before transformers: it then uses this group
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    rows = fortune_data.labelled()
+    tokenizer = fortune_data.load_tokenizer(args.tokenizer)
+    data = fortune_data.Encoded(rows, tokenizer)
+    model = fortune_data.small_bert(len(tokenizer))
+    training = TrainingArguments(output_dir=args.out_dir, per_device_train_batch_size=16, max_steps=args.steps,
+                                 learning_rate=2e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=1, seed=0,
+                                 report_to=[], save_strategy="no", use_cpu=True, dataloader_num_workers=0,
+                                 disable_tqdm=True)
+    clock = StepClock()
+    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[clock()])
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if dist.get_rank() == 0:
+        print(json.dumps({"backend": args.backend, "world": dist.get_world_size(), "losses": losses,
+                          "seconds_per_step": clock.seconds_per_step(),
+                          "group": dist.get_backend()}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
