@@ -26,23 +26,23 @@ class RngReplay {
 };
 
 struct AutocastState {
-  bool enabled = at::autocast::is_cpu_enabled();
-  at::ScalarType dtype = at::autocast::get_autocast_cpu_dtype();
+  bool enabled = torch_compat::cpu_autocast_enabled();
+  at::ScalarType dtype = torch_compat::cpu_autocast_dtype();
 };
 
 // The forward's CPU autocast state, again, for the recomputation.
 class AutocastReplay {
  public:
   explicit AutocastReplay(const AutocastState& s)
-      : previous_enabled_(at::autocast::is_cpu_enabled()), previous_dtype_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(s.enabled);
-    at::autocast::set_autocast_cpu_dtype(s.dtype);
+      : previous_enabled_(torch_compat::cpu_autocast_enabled()), previous_dtype_(torch_compat::cpu_autocast_dtype()) {
+    torch_compat::set_cpu_autocast_enabled(s.enabled);
+    torch_compat::set_cpu_autocast_dtype(s.dtype);
     at::autocast::increment_nesting();
   }
   ~AutocastReplay() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+    torch_compat::set_cpu_autocast_enabled(previous_enabled_);
+    torch_compat::set_cpu_autocast_dtype(previous_dtype_);
   }
   AutocastReplay(const AutocastReplay&) = delete;
   AutocastReplay& operator=(const AutocastReplay&) = delete;

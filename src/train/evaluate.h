@@ -11,6 +11,7 @@
 #include "lockstep/comm/communicator.h"
 #include "lockstep/data/evaluation.h"
 #include "lockstep/data/loader.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
@@ -20,15 +21,15 @@ class CpuAutocast {
  public:
   explicit CpuAutocast(bool on) : on_(on) {
     if (!on_) return;
-    previous_ = at::autocast::is_cpu_enabled();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    previous_ = torch_compat::cpu_autocast_enabled();
+    torch_compat::set_cpu_autocast_enabled(true);
+    torch_compat::set_cpu_autocast_dtype(at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~CpuAutocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(previous_);
+    torch_compat::set_cpu_autocast_enabled(previous_);
   }
   CpuAutocast(const CpuAutocast&) = delete;
   CpuAutocast& operator=(const CpuAutocast&) = delete;

@@ -11,6 +11,7 @@
 
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/gradient_checkpoint.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/tensor_memory.h"
@@ -59,14 +60,14 @@ class Bf16 {
  public:
   explicit Bf16(bool on) : on_(on) {
     if (!on_) return;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    torch_compat::set_cpu_autocast_enabled(true);
+    torch_compat::set_cpu_autocast_dtype(at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~Bf16() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
+    torch_compat::set_cpu_autocast_enabled(false);
   }
 
  private:

@@ -8,9 +8,14 @@
 //     (2.x): NodePtr, make_node<N>().
 //   - c10::Allocator::allocate() is const (1.x) or not, and copy_data() is to be given (2.x):
 //     an allocator derives from torch_compat::Allocator and defines allocate_bytes().
+//   - CPU autocast's switches are per-device functions from 2.3 on (the CPU-named ones are
+//     deprecated there, an error under -Werror) and CPU-named ones before: cpu_autocast_enabled()
+//     and friends. Overloads cannot tell these apart, so here the version decides.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <sstream>
@@ -86,5 +91,17 @@ class AllocatorOf<false, Base> : public Base {
 
 using Allocator = AllocatorOf<std::is_same_v<decltype(&c10::Allocator::allocate),
                                              c10::DataPtr (c10::Allocator::*)(std::size_t) const>>;
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+inline bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
+inline void set_cpu_autocast_enabled(bool on) { at::autocast::set_autocast_enabled(at::kCPU, on); }
+inline at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
+inline void set_cpu_autocast_dtype(at::ScalarType t) { at::autocast::set_autocast_dtype(at::kCPU, t); }
+#else
+inline bool cpu_autocast_enabled() { return at::autocast::is_cpu_enabled(); }
+inline void set_cpu_autocast_enabled(bool on) { at::autocast::set_cpu_enabled(on); }
+inline at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
+inline void set_cpu_autocast_dtype(at::ScalarType t) { at::autocast::set_autocast_cpu_dtype(t); }
+#endif
 
 }  // namespace lockstep::torch_compat
