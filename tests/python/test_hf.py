@@ -8,12 +8,12 @@ process group first and Hugging Face uses it (hf/trainer_train.py says why).
 What must hold: the loss falls, and the losses equal gloo's: bit for bit on 2 workers (DDP
 averages sums of two floats, which are the same in any order). On 4 workers lockstep's
 shared-memory reduction and gloo's ring add the four gradients in different orders, so a gradient
-may differ by an ulp; the first step's loss (computed before any gradient is exchanged) is still
-equal, the next ones differ by rounding only (within 1e-4 relative up to step 10), and from then on
-training amplifies the difference the way any reordering of a sum would (measured, Trainer: 9e-8
-up to step 10, then up to 5% and 30% on single steps in two runs while the model learns its task,
-1.3% on the mean of the last 10), so the end is compared as the mean of the last 10 losses, within
-10%. The seconds per step of each are printed, not asserted.
+may differ by an ulp (and so may a loss that is itself averaged over the ranks, as Accelerate's
+`reduce` does): the first ten losses differ by rounding only (within 1e-4 relative; measured
+9e-8), and from then on training amplifies the difference the way any reordering of a sum would
+(measured in three runs of each: single steps apart by 0.1% to 30% while the model learns its
+task, the mean of the last 10 losses by 2e-4 to 1.3%), so the end is compared as the mean of the
+last 10 losses, within 10%. The seconds per step of each are printed, not asserted.
 """
 import json
 import os
@@ -62,13 +62,12 @@ class HuggingFace(harness.TestCase):
         self.assertEqual(len(lockstep), len(gloo))
         relative = [abs(a - b) / abs(b) for a, b in zip(lockstep, gloo)]
         end = abs(sum(lockstep[-10:]) - sum(gloo[-10:])) / sum(gloo[-10:])
-        print(f"{name}, {world} workers: relative loss difference: steps 2-10 up to {max(relative[1:10]):.3g}, "
+        print(f"{name}, {world} workers: relative loss difference: steps 1-10 up to {max(relative[:10]):.3g}, "
               f"any step up to {max(relative):.3g}, mean of the last 10: {end:.3g}", flush=True)
         if world == 2:
             self.assertEqual(lockstep, gloo)
             return
-        self.assertEqual(lockstep[0], gloo[0])
-        self.assertLess(max(relative[1:10]), 1e-4)
+        self.assertLess(max(relative[:10]), 1e-4)
         self.assertLess(end, 0.10)
 
     def test_trainer_2_workers(self):
