@@ -18,6 +18,7 @@ last 10 losses, within 10%. The seconds per step of each are printed, not assert
 import json
 import os
 import subprocess
+import tempfile
 import unittest
 
 import harness
@@ -29,7 +30,7 @@ SCRIPTS = {"trainer": os.path.join(HF, "trainer_train.py"), "accelerate": os.pat
 class HuggingFace(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.holder = __import__("tempfile").TemporaryDirectory(prefix="hf_tokenizer_")
+        cls.holder = tempfile.TemporaryDirectory(prefix="hf_tokenizer_")
         cls.tokenizer = cls.holder.name
         done = subprocess.run([harness.PYTHON, os.path.join(HF, "fortune_data.py"), cls.tokenizer],
                               capture_output=True, text=True, timeout=300, env=harness.base_env())
