@@ -27,6 +27,10 @@ torch::nn::Linear linear(int in, int out, double std, bool bias = true) {
   return l;
 }
 
+torch::nn::LayerNormOptions layer_norm(const GptConfig& c) {
+  return torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
+}
+
 // The strictly upper triangle: position t may not attend to positions after it.
 torch::Tensor causal_mask(std::int64_t t, const torch::Device& device) {
   return torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
@@ -47,6 +51,9 @@ void GptConfig::validate() const {
     throw ConfigError("GPT n_embd " + std::to_string(n_embd) + " is not a multiple of n_head " +
                       std::to_string(n_head) + ": each head takes n_embd / n_head dimensions");
   if (!(dropout >= 0 && dropout < 1)) throw ConfigError("GPT dropout must be within [0, 1)");
+  if (activation != "gelu" && activation != "gelu_new")
+    throw ConfigError("GPT activation '" + activation + "' is not one lockstep's GPT has: use gelu or gelu_new");
+  if (!(layer_norm_epsilon > 0)) throw ConfigError("GPT layer_norm_epsilon must be positive");
 }
 
 std::int64_t GptConfig::parameters() const {
@@ -58,7 +65,8 @@ std::int64_t GptConfig::parameters() const {
 
 nlohmann::json GptConfig::to_json() const {
   return {{"model_type", "gpt"}, {"vocab_size", vocab_size}, {"block_size", block_size}, {"n_layer", n_layer},
-          {"n_head", n_head},     {"n_embd", n_embd},         {"dropout", dropout}};
+          {"n_head", n_head},     {"n_embd", n_embd},         {"dropout", dropout},
+          {"activation", activation}, {"layer_norm_epsilon", layer_norm_epsilon}};
 }
 
 GptConfig GptConfig::from_json(const nlohmann::json& j) {
@@ -71,6 +79,8 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
     c.n_head = j.at("n_head").get<int>();
     c.n_embd = j.at("n_embd").get<int>();
     c.dropout = j.value("dropout", 0.0);
+    c.activation = j.value("activation", c.activation);  // checkpoints from before it was a choice: exact
+    c.layer_norm_epsilon = j.value("layer_norm_epsilon", c.layer_norm_epsilon);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("a GPT configuration lacks a field (") + e.what() + ")");
   }
@@ -98,20 +108,20 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout(c_proj(y));
 }
 
-MlpImpl::MlpImpl(const GptConfig& c) {
+MlpImpl::MlpImpl(const GptConfig& c) : approximate_(c.activation == "gelu_new" ? "tanh" : "none") {
   c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, 0.02));
   c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, 0.02 / std::sqrt(2.0 * c.n_layer)));
   dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(torch::gelu(c_fc(x))));
+  return dropout(c_proj(torch::gelu(c_fc(x), approximate_)));
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(layer_norm(c)));
   attn = register_module("attn", CausalSelfAttention(c));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(layer_norm(c)));
   mlp = register_module("mlp", Mlp(c));
 }
 
@@ -129,7 +139,7 @@ GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
   for (int i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(layer_norm(c)));
 }
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {

@@ -1,6 +1,7 @@
 // A decoder-only transformer (GPT-2's architecture) in the libtorch C++ frontend: token and
 // learned position embeddings, pre-LayerNorm blocks of causal multi-head self-attention and a
-// GELU MLP, dropout, and a language-model head tied to the token embedding.
+// GELU MLP, dropout, and a language-model head tied to the token embedding. Hugging Face's
+// GPT2LMHeadModel directories load into it and are written from it (models/hf_gpt2.h).
 //
 //   GptConfig config;                      // 4 layers, 4 heads, 256 wide, 128 tokens of context
 //   GptLmHeadModel lm(config);             // logits = lm(tokens)      tokens [B, T] -> [B, T, vocab]
@@ -37,6 +38,10 @@ struct GptConfig {
   int n_head = 4;
   int n_embd = 256;
   double dropout = 0.1;
+  // The MLP's nonlinearity, by Hugging Face's names: "gelu" (exact, erf) or "gelu_new" (the tanh
+  // approximation GPT-2 was trained with; models loaded from Hugging Face bring theirs).
+  std::string activation = "gelu";
+  double layer_norm_epsilon = 1e-5;
 
   // ConfigError naming the field: sizes must be positive, n_embd a multiple of n_head.
   void validate() const;
@@ -65,6 +70,9 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+
+ private:
+  std::string approximate_;  // torch::gelu's: "none" or "tanh"
 };
 TORCH_MODULE(Mlp);
 
