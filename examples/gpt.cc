@@ -4,16 +4,22 @@
 //   build/examples/gpt generate --checkpoint runs/gpt/checkpoint-600 --prompt "The "   # sample
 //   lockstep run --nproc-per-node 2 build/examples/gpt finetune --pretrained runs/gpt/checkpoint-600
 //   lockstep run --nproc-per-node 2 build/examples/gpt finetune --from-scratch        # the baseline
+//   lockstep run --nproc-per-node 2 build/examples/gpt train --from-hf my-gpt2         # from Hugging Face
+//   build/examples/gpt export-hf --checkpoint runs/gpt/checkpoint-600 --output my-gpt2-tuned
 //
 // `train` (the default) pretrains a byte-level causal language model and reports eval_loss and
 // perplexity on the held-out entries; every Trainer flag applies (--gradient-checkpointing,
 // --bf16, --resume-from-checkpoint ...). Each checkpoint also holds config.json, the model's
 // shape, which `generate` and `finetune` read. `finetune` puts the pretrained body under a new
 // classification head that predicts an entry's category file, reporting which weights it loaded,
-// which are new and which it did not use, as from_pretrained does.
+// which are new and which it did not use, as from_pretrained does. `--from-hf` starts from a
+// directory that GPT2LMHeadModel.save_pretrained wrote (its tokens must be bytes: a vocabulary of
+// at least 256), `export-hf` writes a checkpoint as one that from_pretrained loads, and `generate`
+// reads either kind of directory.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +27,7 @@
 #include "lockstep/base/main.h"
 #include "lockstep/error.h"
 #include "lockstep/models/gpt.h"
+#include "lockstep/models/hf_gpt2.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
 #include "lockstep/train/trainer.h"
@@ -41,8 +48,10 @@ void add_model_options(CLI::App& app, GptConfig& c) {
   app.add_option("--dropout", c.dropout, "dropout everywhere")->capture_default_str();
 }
 
-// The shape of the model a checkpoint holds (written by this program beside model.pt).
+// The shape of the model a checkpoint holds (written by this program beside model.pt), or of a
+// Hugging Face GPT-2's directory.
 GptConfig config_of(const std::string& checkpoint) {
+  if (lockstep::models::is_hf_gpt2_dir(checkpoint)) return lockstep::models::load_hf_gpt2(checkpoint)->config();
   const fs::path file = fs::path(checkpoint) / "config.json";
   if (!fs::exists(file))
     throw lockstep::ConfigError(checkpoint + " is not a GPT checkpoint of this program: it has no config.json (pass a "
@@ -52,6 +61,29 @@ GptConfig config_of(const std::string& checkpoint) {
   } catch (const lockstep::ConfigError& e) {
     throw lockstep::ConfigError(file.string() + ": " + e.what());
   }
+}
+
+// The language model a checkpoint of this program or a Hugging Face GPT-2 directory holds.
+lockstep::models::GptLmHeadModel load_language_model(const std::string& dir) {
+  if (lockstep::models::is_hf_gpt2_dir(dir)) return lockstep::models::load_hf_gpt2(dir);
+  lockstep::models::GptLmHeadModel model(config_of(dir));
+  load_module(*model, (fs::path(dir) / "model.pt").string());
+  return model;
+}
+
+// Model flags that differ both from their defaults and from a pretrained model's shape: its
+// weights only load into its own shape.
+void refuse_reshape(const GptConfig& given, const GptConfig& pretrained, const std::string& source) {
+  const GptConfig d;
+  auto refuse = [&](const char* flag, int value, int pretrained_value, int default_value) {
+    if (value != default_value && value != pretrained_value)
+      throw lockstep::ConfigError(std::string(flag) + " " + std::to_string(value) + " differs from the pretrained " +
+                                  "model's " + std::to_string(pretrained_value) + " (" + source +
+                                  "/config.json): its weights only load into its own shape; drop the flag");
+  };
+  refuse("--n-layer", given.n_layer, pretrained.n_layer, d.n_layer);
+  refuse("--n-head", given.n_head, pretrained.n_head, d.n_head);
+  refuse("--n-embd", given.n_embd, pretrained.n_embd, d.n_embd);
 }
 
 // Writes config.json into every checkpoint rank 0 saves.
@@ -67,9 +99,21 @@ class SaveConfig : public TrainerCallback {
   GptConfig config_;
 };
 
+// The shape of the Hugging Face GPT-2 in `dir`, which model flags may not change; its training
+// blocks are `sequence` bytes, at most its context.
+GptConfig hf_shape(const GptConfig& given, const std::string& dir, int& sequence) {
+  const GptConfig c = config_of(dir);
+  refuse_reshape(given, c, dir);
+  if (c.vocab_size < 256)
+    throw lockstep::ConfigError(dir + " has a vocabulary of " + std::to_string(c.vocab_size) +
+                                " tokens; this program's tokens are bytes, which need 256");
+  sequence = std::min(sequence, c.block_size);
+  return c;
+}
+
 int pretrain(int argc, const char* const* argv) {
   GptConfig config;
-  std::string corpus_dir = lockstep::data::kFortunesDir;
+  std::string corpus_dir = lockstep::data::kFortunesDir, from_hf;
   std::size_t train_limit = 0, eval_limit = 0;
   TrainingArguments defaults;
   defaults.output_dir = "runs/gpt";
@@ -94,24 +138,31 @@ int pretrain(int argc, const char* const* argv) {
         app.add_option("--corpus-dir", corpus_dir, "directory of the fortune files")->capture_default_str();
         app.add_option("--train-limit", train_limit, "use only the first N training blocks (0: all)");
         app.add_option("--eval-limit", eval_limit, "use only the first N validation blocks (0: all)");
+        app.add_option("--from-hf", from_hf,
+                       "start from a Hugging Face GPT-2 directory (save_pretrained's): its shape and weights; "
+                       "blocks of min(--block-size, its n_positions) bytes");
       },
       "gpt train: pretrain a byte-level GPT on the fortune corpus with the lockstep Trainer", defaults);
+  int sequence = config.block_size;
+  if (!from_hf.empty()) config = hf_shape(config, from_hf, sequence);
   config.validate();
   auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(corpus_dir);
-  auto train_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::train, config.block_size,
+  auto train_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::train, sequence,
                                                           train_limit);
-  auto eval_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::validation,
-                                                         config.block_size, eval_limit);
+  auto eval_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::validation, sequence,
+                                                         eval_limit);
   set_seed(args.seed);  // the same initial weights on every rank
   lockstep::models::GptLmHeadModel model(config);
+  if (!from_hf.empty()) lockstep::models::load_hf_gpt2_weights(model, from_hf);  // on every rank, the same
   auto save_config = std::make_shared<SaveConfig>(config);
   Trainer trainer(Model::of(model), train_set, eval_set, args, {save_config});
   save_config->rank0 = trainer.communicator().rank() == 0;
   if (trainer.communicator().rank() == 0)
-    std::printf("GPT: %d layers, %d heads, %d wide, %d tokens of context: %.2f M parameters; %zu training blocks "
-                "(%zu bytes), %zu validation blocks\n",
+    std::printf("GPT: %d layers, %d heads, %d wide, %d tokens of context: %.2f M parameters%s; %zu training blocks "
+                "of %d (%zu bytes), %zu validation blocks\n",
                 config.n_layer, config.n_head, config.n_embd, config.block_size, config.parameters() / 1e6,
-                train_set->size(), train_set->blocks().tokens(), eval_set->size());
+                from_hf.empty() ? "" : (", from " + from_hf).c_str(), train_set->size(), sequence,
+                train_set->blocks().tokens(), eval_set->size());
   const TrainResult result = trainer.train();
   const nlohmann::json m = trainer.evaluate();
   if (trainer.communicator().rank() == 0) {
@@ -136,27 +187,42 @@ std::vector<std::int64_t> bytes_of(const std::string& text) {
 int generate(int argc, const char* const* argv) {
   CLI::App app{"gpt generate: sample text from a checkpoint"};
   std::string checkpoint, prompt = "%\n";
+  std::vector<std::int64_t> prompt_tokens;
+  bool print_tokens = false;
   lockstep::models::SamplingOptions o;
   int samples = 1;
-  app.add_option("--checkpoint", checkpoint, "a checkpoint directory that `gpt train` wrote")->required();
+  app.add_option("--checkpoint", checkpoint,
+                 "a checkpoint directory that `gpt train` wrote, or a Hugging Face GPT-2 directory")->required();
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  app.add_option("--prompt-tokens", prompt_tokens,
+                 "token ids to continue instead (a model whose tokens are not bytes), comma-separated")
+      ->delimiter(',');
+  app.add_flag("--print-tokens", print_tokens, "print token ids, one line per sample, instead of text");
   app.add_option("--max-new-tokens", o.max_new_tokens, "bytes to generate")->capture_default_str();
   app.add_option("--temperature", o.temperature, "0: always the most likely byte")->capture_default_str();
   app.add_option("--top-k", o.top_k, "sample among the k most likely bytes (0: all)")->capture_default_str();
   app.add_option("--seed", o.seed, "the sampler's seed")->capture_default_str();
   app.add_option("--samples", samples, "how many texts to sample (separated by a line of %)")->capture_default_str();
   parse_command_line(app, argc, argv);
-  if (prompt.empty()) throw lockstep::ConfigError("--prompt must hold at least one character");
-  const GptConfig config = config_of(checkpoint);
-  lockstep::models::GptLmHeadModel model(config);
-  load_module(*model, (fs::path(checkpoint) / "model.pt").string());
-  const auto prompt_tokens = bytes_of(prompt);
+  if (prompt_tokens.empty()) prompt_tokens = bytes_of(prompt);
+  if (prompt_tokens.empty()) throw lockstep::ConfigError("--prompt must hold at least one character");
+  auto model = load_language_model(checkpoint);
+  for (auto t : prompt_tokens)
+    if (t < 0 || t >= model->config().vocab_size)
+      throw lockstep::ConfigError("prompt token " + std::to_string(t) + " is outside the model's vocabulary of " +
+                                  std::to_string(model->config().vocab_size));
   for (int s = 0; s < samples; ++s) {
     o.seed += static_cast<std::uint64_t>(s > 0);
     const auto tokens = lockstep::models::generate(model, prompt_tokens, o);
     std::string text;
-    for (auto t : tokens) text.push_back(static_cast<char>(t));
-    std::printf("%s%s\n", s ? "%\n" : "", text.c_str());
+    for (auto t : tokens)
+      if (print_tokens)
+        text += (text.empty() ? "" : " ") + std::to_string(t);
+      else
+        text.push_back(static_cast<char>(t));
+    std::printf("%s", s && !print_tokens ? "%\n" : "");
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
   }
   return 0;
 }
@@ -182,16 +248,7 @@ std::pair<GptConfig, int> classifier_shape(const GptConfig& given, const std::st
     return {c, c.block_size};
   }
   GptConfig c = config_of(pretrained);
-  const GptConfig d;
-  auto refuse_reshape = [&](const char* flag, int value, int pretrained_value, int default_value) {
-    if (value != default_value && value != pretrained_value)
-      throw lockstep::ConfigError(std::string(flag) + " " + std::to_string(value) + " differs from the pretrained " +
-                                  "model's " + std::to_string(pretrained_value) + " (" + pretrained +
-                                  "/config.json): its weights only load into its own shape; drop the flag");
-  };
-  refuse_reshape("--n-layer", given.n_layer, c.n_layer, d.n_layer);
-  refuse_reshape("--n-head", given.n_head, c.n_head, d.n_head);
-  refuse_reshape("--n-embd", given.n_embd, c.n_embd, d.n_embd);
+  refuse_reshape(given, c, pretrained);
   if (given.block_size > c.block_size)
     throw lockstep::ConfigError("--block-size " + std::to_string(given.block_size) +
                                 " is larger than the pretrained model's context (block_size " +
@@ -273,6 +330,19 @@ int finetune(int argc, const char* const* argv) {
   return 0;
 }
 
+int export_hf(int argc, const char* const* argv) {
+  CLI::App app{"gpt export-hf: write a checkpoint as a Hugging Face GPT-2 directory (from_pretrained loads it)"};
+  std::string checkpoint, output;
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory that `gpt train` wrote")->required();
+  app.add_option("--output", output, "the directory to write (replaced whole if it exists)")->required();
+  parse_command_line(app, argc, argv);
+  auto model = load_language_model(checkpoint);
+  lockstep::models::save_hf_gpt2(model, output);
+  std::printf("wrote %s (config.json, model.safetensors: %.2f M parameters) from %s\n", output.c_str(),
+              model->config().parameters() / 1e6, checkpoint.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -281,8 +351,9 @@ int main(int argc, char** argv) {
     if (command == "generate") return generate(argc - 1, argv + 1);
     if (command == "finetune") return finetune(argc - 1, argv + 1);
     if (command == "train") return pretrain(argc - 1, argv + 1);
+    if (command == "export-hf") return export_hf(argc - 1, argv + 1);
     if (!command.empty())
-      throw lockstep::ConfigError("unknown command '" + command + "': use train, generate or finetune");
+      throw lockstep::ConfigError("unknown command '" + command + "': use train, generate, finetune or export-hf");
     return pretrain(argc, argv);
   });
 }

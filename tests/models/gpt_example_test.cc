@@ -1,6 +1,7 @@
 // examples/gpt end to end, as a user runs it: pretraining under `lockstep run` on two workers,
 // resume, gradient checkpointing through the Trainer flag, sampling, fine-tuning from the
-// checkpoint, the report page, and the one-line errors for bad input. A small model on the real
+// checkpoint, the report page, a Hugging Face GPT-2 directory out and back in, and the one-line
+// errors for bad input. A small model on the real
 // fortune corpus (Debian's fortunes, installed by the set-up), so each run takes seconds.
 // Torch-free: it reads what the program writes.
 #include <gtest/gtest.h>
@@ -203,6 +204,37 @@ TEST_F(GptExample, ACheckpointOfAnotherArchitectureIsRefused) {
   EXPECT_EQ(code, 2) << msg;
   EXPECT_NE(msg.find("transformer.wte.weight"), std::string::npos) << msg;
   EXPECT_EQ(lockstep::testing::count_of(msg, "\n"), 1u) << msg;
+}
+
+// A checkpoint exported as a Hugging Face GPT-2 directory is the same model (greedy generation
+// from either gives the same tokens), training starts from it, and flags that would reshape it are
+// refused. (That transformers reads it: tests/python/test_gpt2.py.)
+TEST_F(GptExample, ACheckpointExportedForHuggingFaceIsTheSameModelAndTrainsOn) {
+  TempDir hf("gpt-hf");
+  const std::string ckpt = out() + "/checkpoint-20", exported = hf / "gpt2";
+  run_ok({GPT_EXAMPLE, "export-hf", "--checkpoint", ckpt, "--output", exported});
+  EXPECT_NE(lockstep::testing::read_file(exported + "/config.json").find("\"gpt2\""), std::string::npos);
+  auto greedy = [&](const std::string& dir) {
+    return run_ok({GPT_EXAMPLE, "generate", "--checkpoint", dir, "--prompt", "The ", "--max-new-tokens", "30",
+                   "--temperature", "0", "--print-tokens"});
+  };
+  const std::string ours = greedy(ckpt);
+  EXPECT_EQ(ours.rfind("84 104 101 32 ", 0), 0u) << ours;  // "The " as token ids
+  EXPECT_EQ(greedy(exported), ours);
+
+  TempDir again("gpt-from-hf");
+  const std::string o = run_ok(gpt({{"train", "--from-hf", exported, "--block-size", "64", "--train-limit", "64",
+                                     "--max-steps", "2", "--save-strategy", "no", "--eval-strategy", "no",
+                                     "--disable-tqdm", "--output-dir", again.path()}}));
+  EXPECT_NE(o.find("from " + exported), std::string::npos) << o;
+  EXPECT_NE(o.find("blocks of 32"), std::string::npos) << "the blocks are at most the model's context: " << o;
+
+  auto [code, msg] = run_fail({GPT_EXAMPLE, "train", "--from-hf", exported, "--n-embd", "128"});
+  EXPECT_EQ(code, 2) << msg;
+  EXPECT_NE(msg.find("--n-embd 128 differs from the pretrained model's 64"), std::string::npos) << msg;
+  std::tie(code, msg) = run_fail({GPT_EXAMPLE, "export-hf", "--checkpoint", hf / "nothing", "--output", hf / "x"});
+  EXPECT_EQ(code, 2) << msg;
+  EXPECT_FALSE(fs::exists(hf / "x"));
 }
 
 }  // namespace
