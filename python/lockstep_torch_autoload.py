@@ -28,8 +28,15 @@ def _register_broken(distributed, error):
     def create(*_args, **_kwargs):
         raise RuntimeError(message)
 
-    if not hasattr(distributed.Backend, "LOCKSTEP"):
+    if hasattr(distributed.Backend, "LOCKSTEP"):
+        return
+    try:  # torch 2.x asks for the devices; without them it consults torch.accelerator, which may not be
+        # loaded yet (torch.distributed is imported while torch itself initialises)
+        distributed.Backend.register_backend("lockstep", create, extended_api=True, devices=["cpu"])
+    except TypeError:  # torch 1.x
         distributed.Backend.register_backend("lockstep", create, extended_api=True)
+    except Exception:  # nothing here may break `import torch` for a program that never asks for lockstep
+        pass
 
 
 class _RegisterAfterLoad(importlib.abc.Loader):

@@ -100,6 +100,25 @@ class Registration(harness.TestCase):
         self.assertIn("lockstep_torch was built for torch", done.stderr)
         self.assertIn(harness.PYTHON, done.stderr)
 
+    def test_an_extension_that_fails_to_load_leaves_torch_working(self):
+        """The autoload runs while `import torch` itself imports torch.distributed: an extension that
+        cannot load (here one that raises on import) must leave torch importable, and only asking for
+        "lockstep" is an error, naming why. (On torch 2.x, registering the explanation without its
+        devices consulted torch.accelerator before torch had it, and `import torch` died.)"""
+        fake = os.path.join(self.tmpdir(), "fake")
+        os.makedirs(os.path.join(fake, "lockstep_torch"))
+        with open(os.path.join(fake, "lockstep_torch", "__init__.py"), "w") as f:
+            f.write("raise ImportError('simulated: built for another torch')\n")
+        env = harness.base_env()
+        env["PYTHONPATH"] = fake + os.pathsep + env["PYTHONPATH"]
+        store = os.path.join(self.tmpdir(), "store")
+        program = ("import torch, torch.distributed as d; print('imported', flush=True); "
+                   f"d.init_process_group('lockstep', init_method='file://{store}', rank=0, world_size=1)")
+        done = subprocess.run([harness.PYTHON, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.stdout.strip(), "imported", done.stderr)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("lockstep_torch extension failed to load: ImportError: simulated", done.stderr)
+
     def test_programs_without_torch_do_not_load_it(self):
         done = self.python("import sys, json; print('torch' in sys.modules, 'lockstep_torch' in sys.modules)")
         self.assertEqual(done.returncode, 0, done.stderr)
