@@ -11,6 +11,8 @@ thread and one BLAS thread per worker, it runs interleaved, --repeat times:
   PyTorch 1 process                     /usr/bin/python3 bench/torch_ddp.py
   PyTorch DDP (gloo), 2 workers         lockstep run --nproc-per-node 2 python3 torch_ddp.py
   PyTorch 2 workers under no_sync       ... --no-sync
+  PyTorch 2.x: 1 process, DDP (gloo), DDP of torch.compile(model), no_sync: the same script on the
+                                        torch 2.x venv's python (--torch2-python; skipped when absent)
 and prints a markdown table of median samples/s (and range), scaling efficiency (2-worker
 throughput over twice the same side's single process), the share of the same side's no_sync
 ceiling, the exposed-communication fraction of the step, and lockstep DDP over PyTorch DDP.
@@ -25,6 +27,10 @@ set to the CPU's best (--blas-kernels best, the default) or keep OpenBLAS's own 
 
     /usr/bin/python3 bench/compare_ddp.py [--build build] [--repeat 3] [--models mlp,wide]
                                           [--blas-kernels best|as-detected] [--json out.json]
+                                          [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
+
+The pip wheel of torch 2.x multiplies with its own BLAS (MKL on x86), not libblas.so.3: the header
+names each side's.
 """
 import argparse
 import json
@@ -51,6 +57,16 @@ def blas():
         return os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
     except OSError:
         return "unknown"
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def best_openblas_core():
@@ -92,6 +108,8 @@ def main():
     ap.add_argument("--models", default="mlp,wide")
     ap.add_argument("--blas-kernels", choices=["best", "as-detected"], default="best")
     ap.add_argument("--json", help="also write every measurement here")
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with torch 2.x for the 2.x columns (none: skip them)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -127,21 +145,34 @@ def main():
             "PyTorch DDP 2 workers (gloo)": two + peer + common,
             "PyTorch 2 workers, no_sync": two + peer + common + ["--no-sync"],
         }
+        if os.path.exists(args.torch2_python):
+            peer2 = [args.torch2_python, os.path.join(HERE, "torch_ddp.py")]
+            sides.update({
+                "PyTorch2 1 process": peer2 + common,
+                "PyTorch2 DDP 2 workers (gloo)": two + peer2 + common,
+                "PyTorch2 DDP 2 workers (gloo), torch.compile": two + peer2 + common + ["--compile"],
+                "PyTorch2 2 workers, no_sync": two + peer2 + common + ["--no-sync"],
+            })
         got = {k: [] for k in sides}
         for _ in range(args.repeat):
             for name, cmd in sides.items():
                 got[name].append(run(cmd, env))
         results[model] = got
 
+    torches = sorted({f"{r['torch']} (BLAS {r['torch_blas']})" for got in results.values() for name, v in got.items()
+                      if name.startswith("PyTorch") for r in v})
     print(f"DDP training throughput, per-worker batch 64, 1 intra-op + 1 BLAS thread per worker, "
-          f"median of {args.repeat} interleaved runs; {os.cpu_count()} cores, {platform.machine()}, "
-          f"BLAS {blas()}; {kernels}; GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side\n")
-    print("| model | side | samples/s (range) | scaling eff. | of no_sync | exposed comm / step | vs PyTorch DDP |")
-    print("|---|---|---|---|---|---|---|")
+          f"median of {args.repeat} interleaved runs; {os.cpu_count()} cores, {platform.machine()} ({cpu_name()}), "
+          f"lockstep's BLAS {blas()}; {kernels}; PyTorch: {', '.join(torches)}; "
+          f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side\n")
+    print("| model | side | samples/s (range) | scaling eff. | of no_sync | exposed comm / step | vs PyTorch 1.13 DDP "
+          "| vs PyTorch 2.x DDP |")
+    print("|---|---|---|---|---|---|---|---|")
     for model, got in results.items():
         med = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in got.items()}
-        single = {"lockstep": med["lockstep 1 process"], "PyTorch": med["PyTorch 1 process"]}
-        ceiling = {"lockstep": med["lockstep 2 workers, no_sync"], "PyTorch": med["PyTorch 2 workers, no_sync"]}
+        single = {side: med[f"{side} 1 process"] for side in ("lockstep", "PyTorch", "PyTorch2") if
+                  f"{side} 1 process" in med}
+        ceiling = {side: med[f"{side} 2 workers, no_sync"] for side in single}
         for name, runs in got.items():
             rates = [r["samples_per_s"] for r in runs]
             world = runs[0]["world"]
@@ -152,8 +183,10 @@ def main():
             if "exposed_comm_s" in runs[0] and world > 1 and not runs[0].get("no_sync"):
                 exposed = f"{statistics.median(r['exposed_comm_s'] / r['step_s'] for r in runs):.0%}"
             ratio = f"{med[name] / med['PyTorch DDP 2 workers (gloo)']:.2f}x" if "DDP" in name else ""
+            peer2 = med.get("PyTorch2 DDP 2 workers (gloo)")
+            ratio2 = f"{med[name] / peer2:.2f}x" if "DDP" in name and peer2 else ""
             print(f"| {model} | {name} | {med[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {eff} | "
-                  f"{of_ceiling} | {exposed} | {ratio} |")
+                  f"{of_ceiling} | {exposed} | {ratio} | {ratio2} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,12 +1,13 @@
 #!/usr/bin/python3
-"""The GPT workload, lockstep against PyTorch 1.13, in one run on this machine.
+"""The GPT workload, lockstep against PyTorch 1.13 and 2.x, in one run on this machine.
 
 Both sides train the same byte-level GPT on the same fortune blocks with the same initialisation,
 AdamW, schedule and clipping (examples/gpt.cc against bench/torch_gpt.py), per-worker batch 16
 blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three parts:
 
   throughput  tokens/s of lockstep 1 process, lockstep DDP 2 workers, PyTorch 1 process and
-              PyTorch DDP (gloo) 2 workers, interleaved --repeat times, on the default model
+              PyTorch DDP (gloo) 2 workers, for PyTorch 1.13 (Debian's) and 2.x (the venv's python,
+              --torch2-python; skipped when absent), interleaved --repeat times, on the default model
               (4 layers, 256 wide) and one 4x larger (4 layers, 512 wide, 8 heads): median
               tokens/s, scaling efficiency (2 workers over twice the same side's 1 process) and
               lockstep DDP over PyTorch DDP. The first 10 steps of every run are not timed.
@@ -18,7 +19,11 @@ blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three p
               loss over the whole validation split: lockstep's against PyTorch's.
 
     /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,loss]
-        [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json]
+        [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
+
+The memory and loss parts compare with PyTorch 1.13 only. PyTorch 2.x multiplies with the wheel's
+own BLAS (MKL on x86): the header names each side's.
 """
 import argparse
 import json
@@ -89,8 +94,11 @@ def run_lockstep(build, world, flags, env):
         return lockstep_result(out, world)
 
 
-def run_pytorch(build, world, flags, env):
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_gpt.py"), "--warmup", str(WARMUP)] + flags
+PYTHONS = {"pytorch": "/usr/bin/python3"}  # "pytorch2" added by main() when a 2.x python is there
+
+
+def run_pytorch(build, world, flags, env, side="pytorch"):
+    cmd = [PYTHONS[side], os.path.join(HERE, "torch_gpt.py"), "--warmup", str(WARMUP)] + flags
     if world > 1:
         cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", str(world)] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
@@ -103,32 +111,37 @@ def run_pytorch(build, world, flags, env):
 def run_side(side, build, world, flags, env):
     if side == "lockstep":
         return run_lockstep(build, world, flags, env)
-    return run_pytorch(build, world, flags, env)  # torch_gpt.py spells the flags alike
+    return run_pytorch(build, world, flags, env, side)  # torch_gpt.py spells the flags alike
 
 
 def throughput(args, env):
     rows = []
     for model, shape in MODELS.items():
+        if model not in args.models.split(","):
+            continue
         flags = ["--max-steps", str(args.steps), "--eval-limit", "32"] + shape
-        got = {(side, world): [] for side in ("lockstep", "pytorch") for world in (1, 2)}
+        got = {(side, world): [] for side in ["lockstep"] + list(PYTHONS) for world in (1, 2)}
         for _ in range(args.repeat):
             for side, world in got:
                 got[side, world].append(run_side(side, args.build, world, flags, env))
         rows.append((model, got))
     print("\n### Throughput: tokens/s, median of %d interleaved runs (range)\n" % args.repeat)
-    print("| model | parameters | side | 1 process | DDP 2 workers | scaling eff. | exposed comm | DDP vs PyTorch DDP |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | parameters | side | 1 process | DDP 2 workers | scaling eff. | exposed comm | DDP vs PyTorch 1.13 "
+          "DDP | DDP vs PyTorch 2.x DDP |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model, got in rows:
         med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in got.items()}
         rng = {k: (min(r["tokens_per_s"] for r in v), max(r["tokens_per_s"] for r in v)) for k, v in got.items()}
         params = got["lockstep", 1][0]["params"]
-        for side in ("lockstep", "pytorch"):
+        for side in ["lockstep"] + list(PYTHONS):
             exposed = (f"{statistics.median(r['exposed_comm_fraction'] for r in got[side, 2]):.1%}"
                        if side == "lockstep" else "")
-            print(f"| {model} | {params / 1e6:.2f} M | {side} | {med[side, 1]:.0f} ({rng[side, 1][0]:.0f}-"
+            versus2 = f"{med[side, 2] / med['pytorch2', 2]:.2f}x" if ("pytorch2", 2) in med else ""
+            name = {"lockstep": "lockstep", "pytorch": "PyTorch 1.13", "pytorch2": "PyTorch 2.x"}[side]
+            print(f"| {model} | {params / 1e6:.2f} M | {name} | {med[side, 1]:.0f} ({rng[side, 1][0]:.0f}-"
                   f"{rng[side, 1][1]:.0f}) | {med[side, 2]:.0f} ({rng[side, 2][0]:.0f}-{rng[side, 2][1]:.0f}) | "
                   f"{med[side, 2] / (2 * med[side, 1]):.0%} | {exposed} | "
-                  f"{med[side, 2] / med['pytorch', 2]:.2f}x |")
+                  f"{med[side, 2] / med['pytorch', 2]:.2f}x | {versus2} |")
     return {m: {f"{s} {w}": v for (s, w), v in got.items()} for m, got in rows}
 
 
@@ -172,6 +185,16 @@ def loss(args, env):
     return got
 
 
+def torch_build(python):
+    """The torch version and BLAS of `python` (None: not measured)."""
+    if not python:
+        return "not measured (no --torch2-python)"
+    code = ("import torch; c = torch.__config__.show(); "
+            "b = [p.split('=')[1] for p in c.replace(chr(10), ',').split(',') if 'BLAS_INFO=' in p]; "
+            "print(torch.__version__, 'BLAS', b[0] if b else '?')")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -179,9 +202,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40, help="steps per throughput/memory run (10 untimed)")
     ap.add_argument("--loss-steps", type=int, default=300)
+    ap.add_argument("--models", default="default,4x", help="the throughput part's models")
     ap.add_argument("--json", help="also write every measurement here")
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with torch 2.x for the 2.x rows (none: skip them)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
+    if os.path.exists(args.torch2_python):
+        PYTHONS["pytorch2"] = args.torch2_python
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
     detected = compare_ddp.openblas_core(os.path.join(args.build, "bench", "ddp_bench"), env)
@@ -192,7 +220,8 @@ def main():
     else:
         kernels = f"OpenBLAS kernels {detected or 'unknown'}, as OpenBLAS picked them"
     print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes, 1 intra-op + 1 BLAS thread per worker; "
-          f"{cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()}; {kernels}; "
+          f"{cpu_model()}, {os.cpu_count()} cores; lockstep and PyTorch 1.13: BLAS {compare_ddp.blas()}; {kernels}; "
+          f"PyTorch 2.x: {torch_build(PYTHONS.get('pytorch2'))}; "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
     results = {}
     for part in args.parts.split(","):

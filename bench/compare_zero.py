@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Sharded data parallelism on 2 workers, lockstep against PyTorch 1.13, in one run on this machine.
+"""Sharded data parallelism on 2 workers, lockstep against PyTorch 1.13 and 2.x, in one run on this machine.
 
 For the wide MLP (784-2048x3-10 on Fashion-MNIST, batch 64 per worker) and the GPT (4 layers, 256
 wide, batch 16 x 128 bytes per worker), AdamW, clipping at 1, one intra-op and one BLAS thread
@@ -9,12 +9,15 @@ per worker, interleaved --repeat times:
   lockstep ZeRO-2, one copy       ... --zero-stage 2 --zero-shared-parameters
   PyTorch DDP (gloo)              bench/torch_zero.py
   PyTorch ZeroRedundancyOptimizer bench/torch_zero.py --zero (ZeRO-1: all-reduce, then broadcast)
+  PyTorch 2.x DDP, ZeRO           the same script on the torch 2.x venv's python (--torch2-python;
+                                  skipped when absent; the wheel multiplies with its own BLAS, MKL)
 It prints median throughput (range), the step's optimizer share, rank 0's peak RSS, the job's
 memory at the end (all workers' proportional set size summed: shared pages once), and the bytes
 of parameters plus optimizer state the job holds (lockstep: what train_begin records for each
 worker, times 2; PyTorch: the tensors themselves).
 
     /usr/bin/python3 bench/compare_zero.py [--build build] [--repeat 3] [--steps 40] [--models wide,gpt]
+                                           [--torch2-python PYTHON]
 """
 import argparse
 import json
@@ -57,8 +60,8 @@ def lockstep_run(build, model, flags, steps, env):
             "job_state_bytes": 2 * (begin["worker_parameter_bytes"] + begin["worker_optimizer_state_bytes"])}
 
 
-def pytorch_run(build, model, flags, steps, env):
-    cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", "2", "/usr/bin/python3",
+def pytorch_run(build, model, flags, steps, env, python="/usr/bin/python3"):
+    cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", "2", python,
            os.path.join(HERE, "torch_zero.py"), "--model", model, "--steps", str(steps)] + flags
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     r = compare_gpt.json_line(done.stdout)
@@ -76,32 +79,42 @@ def main():
     ap.add_argument("--steps", type=int, default=40, help="steps per run (the first 10 untimed)")
     ap.add_argument("--models", default="wide,gpt")
     ap.add_argument("--json", help="also write every measurement here")
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with torch 2.x for the 2.x rows (none: skip them)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
+    sides = dict(SIDES)
+    if os.path.exists(args.torch2_python):
+        sides.update({"PyTorch 2.x DDP": [], "PyTorch 2.x ZeroRedundancyOptimizer": ["--zero"]})
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
-    print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()}; "
+    print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()} "
+          f"(PyTorch 2.x: {compare_gpt.torch_build(args.torch2_python if 'PyTorch 2.x DDP' in sides else None)}); "
           f"1 intra-op + 1 BLAS thread per worker; GLIBC_TUNABLES on every side; median of {args.repeat} interleaved runs\n")
     results = {}
     for model in args.models.split(","):
-        got = {name: [] for name in SIDES}
+        got = {name: [] for name in sides}
         for _ in range(args.repeat):
-            for name, flags in SIDES.items():
-                run = lockstep_run if name.startswith("lockstep") else pytorch_run
-                got[name].append(run(build, model, flags, args.steps, env))
+            for name, flags in sides.items():
+                if name.startswith("lockstep"):
+                    got[name].append(lockstep_run(build, model, flags, args.steps, env))
+                else:
+                    python = args.torch2_python if "2.x" in name else "/usr/bin/python3"
+                    got[name].append(pytorch_run(build, model, flags, args.steps, env, python))
         results[model] = got
         print(f"\n### {model}\n")
-        print("| side | samples/s (range) | vs lockstep DDP | vs PyTorch ZeRO | optimizer share | rank 0 peak RSS | "
-              "job memory (PSS) | job parameters + optimizer state |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| side | samples/s (range) | vs lockstep DDP | vs PyTorch 1.13 ZeRO | vs PyTorch 2.x ZeRO | optimizer share "
+              "| rank 0 peak RSS | job memory (PSS) | job parameters + optimizer state |")
+        print("|---|---|---|---|---|---|---|---|---|")
         med = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in got.items()}
         for name, runs in got.items():
             rates = [r["samples_per_s"] for r in runs]
             shares = [r["optimizer_share"] for r in runs if r["optimizer_share"] is not None]
             share = f"{statistics.median(shares):.0%}" if shares else ""
+            zero2 = med.get("PyTorch 2.x ZeroRedundancyOptimizer")
             print(f"| {name} | {med[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | "
                   f"{med[name] / med['lockstep DDP']:.2f}x | {med[name] / med['PyTorch ZeroRedundancyOptimizer']:.2f}x | "
-                  f"{share} | "
+                  f"{f'{med[name] / zero2:.2f}x' if zero2 else ''} | {share} | "
                   f"{statistics.median(r['peak_rss_bytes'] for r in runs) / 2**20:.0f} MiB | "
                   f"{statistics.median(r['job_pss_bytes'] for r in runs) / 2**20:.0f} MiB | "
                   f"{runs[0]['job_state_bytes'] / 2**20:.1f} MiB |")

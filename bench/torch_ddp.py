@@ -6,7 +6,10 @@ or torchrun) it uses torch.nn.parallel.DistributedDataParallel over --backend (g
 or PYTHONPATH holds <build>/python: the script itself imports nothing for it).
 
     /usr/bin/python3 bench/torch_ddp.py --model mlp|wide|cnn [--batch 64] [--steps N] [--no-sync]
-                                        [--backend gloo|lockstep]
+                                        [--backend gloo|lockstep] [--compile]
+
+It runs on torch 1.13 and 2.x alike; --compile (2.x) trains torch.compile(model), compiled during
+the warm-up steps. The JSON line names the torch and its BLAS.
 """
 import argparse
 import contextlib
@@ -33,6 +36,14 @@ def build(model):
     return torch.nn.Sequential(*layers)
 
 
+def blas_of_torch():
+    """The BLAS this torch multiplies with, as its build configuration names it."""
+    for part in torch.__config__.show().replace("\n", ",").split(","):
+        if "BLAS_INFO=" in part:
+            return part.split("=", 1)[1].strip()
+    return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="mlp")
@@ -43,6 +54,7 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--no-sync", action="store_true")
     ap.add_argument("--backend", default="gloo", help="torch.distributed backend under a launcher")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -54,6 +66,8 @@ def main():
         rank, world = dist.get_rank(), dist.get_world_size()
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     net = ddp if ddp is not None else model
+    if args.compile:
+        net = torch.compile(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(100 + rank)
     pool = [(torch.rand(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))) for _ in range(8)]
@@ -86,7 +100,8 @@ def main():
         n = args.steps
         print(json.dumps({"model": args.model, "world": world, "batch": args.batch, "threads": args.threads,
                           "backend": args.backend if ddp is not None else None,
-                          "ddp": ddp is not None, "no_sync": args.no_sync, "bucket_cap_mb": args.bucket_cap_mb,
+                          "ddp": ddp is not None, "no_sync": args.no_sync, "compiled": args.compile,
+                          "torch": torch.__version__, "torch_blas": blas_of_torch(), "bucket_cap_mb": args.bucket_cap_mb,
                           "samples_per_s": round(args.batch * world * n / elapsed, 1), "step_s": elapsed / n,
                           "forward_s": fwd / n, "backward_s": bwd / n, "optimizer_s": optim / n}), flush=True)
     if ddp is not None:

@@ -386,7 +386,11 @@ def main():
             "checkpoint_mode": checkpoint_mode,
             "torch": torch.__version__}), flush=True)
     if world > 1:
-        dist.destroy_process_group()
+        # Not destroy_process_group(): torch 1.13 can deadlock tearing DDP down (the reducer's gloo
+        # group joins a worker thread that waits for the GIL the joining thread holds; seen here,
+        # a rank spinning for 13 minutes after its JSON line). The all_reduce above was the last
+        # collective of both ranks, so nothing is left to finish.
+        os._exit(0)
 
 
 if __name__ == "__main__":
