@@ -20,8 +20,10 @@ calls as fit in ~512 MiB of traffic (5 to 2000); the time is the slower rank's m
 
     /usr/bin/python3 bench/compare_torch_backend.py [--build build] [--repeat 3] [--models mlp,wide,cnn]
                                                     [--sweep-max-mib 256] [--skip-ddp] [--skip-sweep]
-                                                    [--json out.json]
+                                                    [--json out.json] [--python /usr/bin/python3]
 The build must have the extension (-DLOCKSTEP_PYTHON=ON) and the targets lockstep and ddp_bench.
+--python is the python its extension was built for: /usr/bin/python3 (torch 1.13) for a Debian
+build, the venv's python for a build on the wheel (`--build build-torch2 --python VENV/bin/python`).
 """
 import argparse
 import json
@@ -48,6 +50,17 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
+PYTHON = ["/usr/bin/python3"]  # set from --python
+
+
+def compare_gpt_torch(python):
+    """torch's version and BLAS under `python`."""
+    code = ("import torch; c = torch.__config__.show(); "
+            "b = [p.split('=')[1] for p in c.replace(chr(10), ',').split(',') if 'BLAS_INFO=' in p]; "
+            "print('torch', torch.__version__, 'BLAS', b[0] if b else '?')")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
 def environment(build):
     """Every side's environment: one thread each, the malloc tunables, the BLAS kernels, and the
     build tree's python/ on PYTHONPATH (which registers "lockstep" with torch.distributed)."""
@@ -71,7 +84,7 @@ def environment(build):
 def ddp(build, env, models, repeat):
     lockstep = os.path.join(build, "tools", "lockstep")
     two = [lockstep, "run", "--nproc-per-node", "2"]
-    peer = ["/usr/bin/python3", os.path.join(HERE, "torch_ddp.py")]
+    peer = [PYTHON[0], os.path.join(HERE, "torch_ddp.py")]
     results = {}
     for model in models:
         common = ["--model", model, "--steps", str(compare_ddp.STEPS[model])]
@@ -117,7 +130,7 @@ def sweep(build, env, max_bytes):
     lockstep = os.path.join(build, "tools", "lockstep")
     results = {}
     for backend in ("lockstep", "gloo"):
-        cmd = [lockstep, "run", "--nproc-per-node", "2", "/usr/bin/python3",
+        cmd = [lockstep, "run", "--nproc-per-node", "2", PYTHON[0],
                os.path.join(HERE, "torch_allreduce.py"), str(4 * KIB), str(max_bytes), backend]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
         rows = []
@@ -159,12 +172,14 @@ def main():
     ap.add_argument("--skip-ddp", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--json", help="also write every measurement here")
+    ap.add_argument("--python", default="/usr/bin/python3", help="the python the build's extension is for")
     args = ap.parse_args()
+    PYTHON[0] = args.python
     build = os.path.abspath(args.build)
     env, kernels = environment(build)
-    import torch  # only for the header: the version and what it multiplies with
     print(f"# PyTorch on lockstep's torch.distributed backend vs gloo\n\n"
-          f"CPU: {cpu_model()}, {os.cpu_count()} cores, {platform.machine()}; torch {torch.__version__}; "
+          f"CPU: {cpu_model()}, {os.cpu_count()} cores, {platform.machine()}; PyTorch sides: "
+          f"{compare_gpt_torch(args.python)} ({args.python}); lockstep C++: "
           f"BLAS {compare_ddp.blas()}, {kernels}; threads: 1 intra-op + 1 BLAS thread per worker "
           f"(OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
