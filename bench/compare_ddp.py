@@ -69,6 +69,16 @@ def cpu_name():
     return "unknown CPU"
 
 
+def torch_build(python):
+    """The torch version and BLAS of `python` (None: not measured)."""
+    if not python:
+        return "not measured (no --torch2-python)"
+    code = ("import torch; c = torch.__config__.show(); "
+            "b = [p.split('=')[1] for p in c.replace(chr(10), ',').split(',') if 'BLAS_INFO=' in p]; "
+            "print('torch', torch.__version__, 'BLAS', b[0] if b else '?')")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
 def best_openblas_core():
     """The widest OpenBLAS kernel set this CPU runs (the rules of src/train/blas.cc)."""
     flags = set()

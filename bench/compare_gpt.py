@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -41,11 +40,7 @@ WARMUP = 10  # untimed steps at the start of every run
 MODELS = {"default": [], "4x": ["--n-embd", "512", "--n-head", "8"]}
 
 
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+cpu_model = compare_ddp.cpu_name  # compare_zero and others call it by this name
 
 
 def json_line(stdout):
@@ -185,16 +180,6 @@ def loss(args, env):
     return got
 
 
-def torch_build(python):
-    """The torch version and BLAS of `python` (None: not measured)."""
-    if not python:
-        return "not measured (no --torch2-python)"
-    code = ("import torch; c = torch.__config__.show(); "
-            "b = [p.split('=')[1] for p in c.replace(chr(10), ',').split(',') if 'BLAS_INFO=' in p]; "
-            "print(torch.__version__, 'BLAS', b[0] if b else '?')")
-    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -221,7 +206,7 @@ def main():
         kernels = f"OpenBLAS kernels {detected or 'unknown'}, as OpenBLAS picked them"
     print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes, 1 intra-op + 1 BLAS thread per worker; "
           f"{cpu_model()}, {os.cpu_count()} cores; lockstep and PyTorch 1.13: BLAS {compare_ddp.blas()}; {kernels}; "
-          f"PyTorch 2.x: {torch_build(PYTHONS.get('pytorch2'))}; "
+          f"PyTorch 2.x: {compare_ddp.torch_build(PYTHONS.get('pytorch2'))}; "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
     results = {}
     for part in args.parts.split(","):

@@ -40,25 +40,7 @@ import compare_ddp  # noqa: E402  (the models' step counts, BLAS detection, run(
 KIB = 1024
 
 
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 PYTHON = ["/usr/bin/python3"]  # set from --python
-
-
-def compare_gpt_torch(python):
-    """torch's version and BLAS under `python`."""
-    code = ("import torch; c = torch.__config__.show(); "
-            "b = [p.split('=')[1] for p in c.replace(chr(10), ',').split(',') if 'BLAS_INFO=' in p]; "
-            "print('torch', torch.__version__, 'BLAS', b[0] if b else '?')")
-    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
 
 
 def environment(build):
@@ -178,8 +160,8 @@ def main():
     build = os.path.abspath(args.build)
     env, kernels = environment(build)
     print(f"# PyTorch on lockstep's torch.distributed backend vs gloo\n\n"
-          f"CPU: {cpu_model()}, {os.cpu_count()} cores, {platform.machine()}; PyTorch sides: "
-          f"{compare_gpt_torch(args.python)} ({args.python}); lockstep C++: "
+          f"CPU: {compare_ddp.cpu_name()}, {os.cpu_count()} cores, {platform.machine()}; PyTorch sides: "
+          f"{compare_ddp.torch_build(args.python)} ({args.python}); lockstep C++: "
           f"BLAS {compare_ddp.blas()}, {kernels}; threads: 1 intra-op + 1 BLAS thread per worker "
           f"(OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)); "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")

@@ -89,7 +89,7 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
     print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()} "
-          f"(PyTorch 2.x: {compare_gpt.torch_build(args.torch2_python if 'PyTorch 2.x DDP' in sides else None)}); "
+          f"(PyTorch 2.x: {compare_ddp.torch_build(args.torch2_python if 'PyTorch 2.x DDP' in sides else None)}); "
           f"1 intra-op + 1 BLAS thread per worker; GLIBC_TUNABLES on every side; median of {args.repeat} interleaved runs\n")
     results = {}
     for model in args.models.split(","):

@@ -111,10 +111,9 @@ GptConfig hf_shape(const GptConfig& given, const std::string& dir, int& sequence
   return c;
 }
 
-int pretrain(int argc, const char* const* argv) {
-  GptConfig config;
-  std::string corpus_dir = lockstep::data::kFortunesDir, from_hf;
-  std::size_t train_limit = 0, eval_limit = 0;
+// Pretraining's defaults: one epoch, AdamW with GPT-style decay and beta2, a cosine schedule,
+// evaluation and a checkpoint every 100 steps.
+TrainingArguments pretrain_defaults() {
   TrainingArguments defaults;
   defaults.output_dir = "runs/gpt";
   defaults.per_device_train_batch_size = 16;
@@ -131,6 +130,13 @@ int pretrain(int argc, const char* const* argv) {
   defaults.save_strategy = "steps";
   defaults.save_steps = 100;
   defaults.save_total_limit = 2;
+  return defaults;
+}
+
+int pretrain(int argc, const char* const* argv) {
+  GptConfig config;
+  std::string corpus_dir = lockstep::data::kFortunesDir, from_hf;
+  std::size_t train_limit = 0, eval_limit = 0;
   TrainingArguments args = parse_arguments(
       argc, argv,
       [&](CLI::App& app) {
@@ -142,7 +148,7 @@ int pretrain(int argc, const char* const* argv) {
                        "start from a Hugging Face GPT-2 directory (save_pretrained's): its shape and weights; "
                        "blocks of min(--block-size, its n_positions) bytes");
       },
-      "gpt train: pretrain a byte-level GPT on the fortune corpus with the lockstep Trainer", defaults);
+      "gpt train: pretrain a byte-level GPT on the fortune corpus with the lockstep Trainer", pretrain_defaults());
   int sequence = config.block_size;
   if (!from_hf.empty()) config = hf_shape(config, from_hf, sequence);
   config.validate();
