@@ -253,11 +253,14 @@ TEST(Codecs, DdpTrainsWithEachCodecLikeExactWithFewerBytes) {
     std::vector<std::vector<torch::Tensor>> params(W);
     std::vector<double> losses(W);
     std::vector<std::uint64_t> sent(W);
+    std::mutex seeding;  // torch's default generator is shared by the thread ranks
     testing::run_ranks_as_threads(W, machines_of("gloo", {0, 1}), [&](comm::Communicator& comm) {
-      torch::manual_seed(5);
+      std::unique_lock<std::mutex> lock(seeding);
+      torch::manual_seed(5);  // the same start in every run: without the lock the ranks' draws interleave
       auto model =
           torch::nn::Sequential(torch::nn::Linear(20, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
                                 torch::nn::ReLU(), torch::nn::Linear(64, 5));
+      lock.unlock();
       DdpOptions o;
       o.comm_hook = hook;
       o.compression.start_step = 3;
