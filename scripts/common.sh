@@ -55,18 +55,31 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# pip install into TORCH_VENV, or an error that says what to do when PyPI cannot be reached.
+venv_pip_install() {
+  "$TORCH_VENV/bin/pip" install -q "$@" && return
+  cat >&2 <<EOF
+lockstep: pip could not install $* from PyPI (its messages above).
+  CERTIFICATE_VERIFY_FAILED: this network intercepts TLS; install its CA certificate (copy it to
+    /usr/local/share/ca-certificates/ and run update-ca-certificates) or set PIP_CERT to it.
+  No connection: behind a proxy, set HTTPS_PROXY; offline, PIP_FIND_LINKS=DIR with the wheels.
+  LOCKSTEP_TORCH=debian $0 uses Debian's PyTorch 1.13 and needs no PyPI.
+EOF
+  exit 1
+}
+
 # LOCKSTEP_TORCH=pip: the pinned torch wheel in TORCH_VENV (Debian's python3 and python3-venv).
 install_pip_torch() {
   install_missing_packages python3-venv
   [ -x "$TORCH_VENV/bin/python" ] || { mkdir -p "$(dirname "$TORCH_VENV")" && /usr/bin/python3 -m venv "$TORCH_VENV"; }
   if [ "$("$TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_PIP_VERSION" ]; then
     echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
-    "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIP_VERSION"
+    venv_pip_install "torch==$TORCH_PIP_VERSION"
   fi
   # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), and the
   # Hugging Face libraries the backend is tested under (tests/python/test_hf.py).
   "$TORCH_VENV/bin/python" -c 'import numpy, expecttest, transformers, accelerate, tokenizers' 2>/dev/null ||
-    "$TORCH_VENV/bin/pip" install -q "numpy==2.4.6" "expecttest==0.3.0" "transformers==5.24.0" \
+    venv_pip_install "numpy==2.4.6" "expecttest==0.3.0" "transformers==5.24.0" \
       "tokenizers==0.23.3" "accelerate==1.15.0" "safetensors==0.8.0"
 }
 
