@@ -9,6 +9,12 @@ torch.nn.parallel.DistributedDataParallel over gloo. Rank 0 prints one JSON line
     /usr/bin/python3 bench/torch_gpt.py [--max-steps 200] [--batch 16] [--n-layer 4 --n-head 4 --n-embd 256]
         [--block-size 128] [--dropout 0.1] [--gradient-checkpointing] [--bf16] [--eval-limit N]
 
+On PyTorch 2.x, under a launcher, --fsdp2 shards it with FSDP2 instead of DDP (built on the meta
+device, fully_shard per block and at the root, as ZeRO-3), and --save-steps N --save-dir DIR
+[--async-save] write torch.distributed.checkpoint checkpoints (dcp.save or dcp.async_save), which
+--resume-from DIR reads at any world size; the JSON line then has each save's stall and
+completion time and the load's.
+
 What the C++ side does, and this file mirrors:
   data     the category files of /usr/share/games/fortunes (regular files, not the .dat indexes nor
            the .u8 links, by name), entries split on lines holding only "%"; an entry is held out
@@ -183,16 +189,22 @@ class GptLmHeadModel(torch.nn.Module):
             drop=torch.nn.Dropout(config["dropout"]),
             h=torch.nn.ModuleList(Block(c, config["n_head"], config["dropout"]) for _ in range(n_layer)),
             ln_f=torch.nn.LayerNorm(c)))
-        # GPT-2's initialisation, as the C++ model: in construction order, so one seed gives one model.
-        residual_std = 0.02 / math.sqrt(2.0 * n_layer)
-        with torch.no_grad():
-            for name, module in self.named_modules():
-                if isinstance(module, torch.nn.Linear):
-                    module.weight.normal_(0.0, residual_std if name.endswith("c_proj") else 0.02)
-                    module.bias.zero_()
-                elif isinstance(module, torch.nn.Embedding):
-                    module.weight.normal_(0.0, 0.02)
-                # LayerNorm: torch's defaults, weight 1 and bias 0.
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """GPT-2's initialisation, as the C++ model: in construction order, so one seed gives one
+        model. Also what FSDP2 runs once the sharded parameters of a model built on the meta
+        device exist."""
+        residual_std = 0.02 / math.sqrt(2.0 * len(self.transformer.h))
+        for name, module in self.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, residual_std if name.endswith("c_proj") else 0.02)
+                module.bias.zero_()
+            elif isinstance(module, torch.nn.Embedding):
+                module.weight.normal_(0.0, 0.02)
+            elif isinstance(module, torch.nn.LayerNorm):
+                module.reset_parameters()  # weight 1, bias 0
 
     def forward(self, idx):
         t = idx.size(1)
@@ -267,6 +279,65 @@ def step_tensor_bytes(run_step):
     return peak
 
 
+# ---------------------------------------------------------------------------------------------
+# PyTorch 2.x only: FSDP2 (ZeRO-3's peer) and DCP checkpoints (the sharded checkpoint's peer).
+
+def fully_shard_gpt(model, reshard_after_forward=True):
+    """FSDP2 as its documentation shards a transformer: each block its own unit, then the root
+    (embeddings, final LayerNorm, the tied head). Parameters become DTensors sharded on dim 0."""
+    from torch.distributed.fsdp import fully_shard
+    for block in model.transformer.h:
+        fully_shard(block, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
+
+
+class DcpCheckpoints:
+    """Sharded checkpoints with torch.distributed.checkpoint: every rank writes its own part of the
+    model's and AdamW's state (dcp.save), or hands a copy in memory to a background thread
+    (dcp.async_save, on a gloo group of its own so that its collectives never meet training's).
+    Records, per save, the stall (how long the training loop waited) and when it was complete."""
+
+    def __init__(self, model, opt, asynchronous):
+        import torch.distributed.checkpoint as dcp
+        self.dcp, self.model, self.opt, self.asynchronous = dcp, model, opt, asynchronous
+        self.group = dist.new_group(backend="gloo") if asynchronous else None
+        self.pending, self.saves = None, []
+
+    def state(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_state, optim_state = get_state_dict(self.model, self.opt)
+        return {"model": model_state, "optim": optim_state}
+
+    def save(self, path):
+        start = time.perf_counter()
+        self.wait()  # one save in flight at a time, as lockstep's background writer
+        record = {"path": path}
+        if self.asynchronous:
+            future = self.dcp.async_save(self.state(), checkpoint_id=path, process_group=self.group)
+            future.add_done_callback(lambda _: record.__setitem__("complete_s", time.perf_counter() - start))
+            self.pending = future
+        else:
+            self.dcp.save(self.state(), checkpoint_id=path)
+            record["complete_s"] = time.perf_counter() - start
+        record["stall_s"] = time.perf_counter() - start
+        self.saves.append(record)
+
+    def wait(self):
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def load(self, path):
+        """Reads `path` into the model and optimizer (at any world size: DCP reshards on load);
+        returns the seconds it took."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        start = time.perf_counter()
+        state = self.state()
+        self.dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return time.perf_counter() - start
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,6 +363,11 @@ def main():
     ap.add_argument("--checkpoint-mode", choices=["reentrant", "non-reentrant"], default="reentrant",
                     help="torch.utils.checkpoint's variant under --gradient-checkpointing")
     ap.add_argument("--bf16", action="store_true", help="autocast forward and loss to bfloat16")
+    ap.add_argument("--fsdp2", action="store_true", help="torch 2.x: fully_shard each block and the root (ZeRO-3)")
+    ap.add_argument("--save-steps", type=int, default=0, help="a DCP checkpoint every N steps (0: none)")
+    ap.add_argument("--save-dir", help="where the DCP checkpoints go: DIR/step-N")
+    ap.add_argument("--async-save", action="store_true", help="dcp.async_save instead of dcp.save")
+    ap.add_argument("--resume-from", help="a DCP checkpoint to load before training (timed)")
     ap.add_argument("--measure-memory", action="store_true",
                     help="after the timed steps, run one more under the profiler for step_tensor_bytes")
     args = ap.parse_args()
@@ -299,6 +375,10 @@ def main():
         sys.exit("--max-steps must be at least 1")
     if args.n_embd % args.n_head:
         sys.exit(f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}")
+    if (args.save_steps or args.resume_from) and not args.fsdp2:
+        sys.exit("--save-steps and --resume-from write and read DCP checkpoints of FSDP2: add --fsdp2")
+    if args.save_steps and not args.save_dir:
+        sys.exit("--save-steps needs --save-dir")
 
     torch.set_num_threads(args.threads)
     rank, world = 0, 1
@@ -322,10 +402,21 @@ def main():
               "n_head": args.n_head, "n_embd": args.n_embd, "dropout": args.dropout}
     checkpoint_mode = args.checkpoint_mode if args.gradient_checkpointing else None
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = GptLmHeadModel(config, checkpoint_mode)
+    if args.fsdp2:
+        if "RANK" not in os.environ:
+            sys.exit("--fsdp2 needs a process group: start under lockstep run or torchrun")
+        # As FSDP2's documentation builds a model: on the meta device, sharded, then each rank
+        # allocates and initialises only its shards (no whole model in any process).
+        with torch.device("meta"):
+            model = GptLmHeadModel(config, checkpoint_mode)
+        fully_shard_gpt(model)
+        model.to_empty(device="cpu")
+        model.init_weights()
+    else:
+        model = GptLmHeadModel(config, checkpoint_mode)
     params = sum(p.numel() for p in model.parameters())
     net = model
-    if world > 1:
+    if world > 1 and not args.fsdp2:
         # Plain DDP (find_unused_parameters=False, no static_graph) is enough for both checkpoint
         # variants in 1.13: every parameter gets exactly one gradient per step, the reentrant one's
         # from its nested backward, and the all-reduced gradients equal those without checkpointing.
@@ -337,6 +428,12 @@ def main():
                             weight_decay=args.weight_decay)
     warmup_steps = math.ceil(args.warmup_ratio * args.max_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup_steps, args.max_steps))
+    checkpoints = DcpCheckpoints(model, opt, args.async_save) if args.fsdp2 else None
+    load_s = None
+    if args.resume_from:
+        load_s = torch.tensor([checkpoints.load(args.resume_from)], dtype=torch.float64)
+        dist.all_reduce(load_s, op=dist.ReduceOp.MAX)  # the job waits for its slowest rank
+        load_s = load_s.item()
 
     model.train()
     batches = train_batches(train_set, args.batch, rank, world, args.seed)
@@ -353,15 +450,22 @@ def main():
         sched.step()
         return loss
 
-    timed_steps, start = 0, None
+    timed_steps, start, plain_steps = 0, None, []
     for step in range(args.max_steps):
         if step == min(args.warmup, args.max_steps - 1) and start is None:  # always time at least one step
             if world > 1:
                 dist.barrier()
             start = time.perf_counter()
+        step_start = time.perf_counter()
         loss = train_step()
+        if args.save_steps and (step + 1) % args.save_steps == 0:
+            checkpoints.save(os.path.join(args.save_dir, f"step-{step + 1}"))
+        else:
+            plain_steps.append(time.perf_counter() - step_start)
         if start is not None:
             timed_steps += 1
+    if checkpoints:
+        checkpoints.wait()
     if world > 1:
         dist.barrier()
     elapsed = time.perf_counter() - start
@@ -383,7 +487,9 @@ def main():
             "eval_loss": eval_loss, "eval_blocks": len(eval_set), "last_train_loss": loss.item(),
             "peak_rss_bytes": rss, "peak_rss_bytes_max": int(rss_max.item()), "step_tensor_bytes": step_bytes,
             "gradient_checkpointing": args.gradient_checkpointing, "bf16": args.bf16,
-            "checkpoint_mode": checkpoint_mode,
+            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2,
+            "plain_step_s_median": sorted(plain_steps)[len(plain_steps) // 2] if plain_steps else None,
+            "saves": checkpoints.saves if checkpoints else [], "load_s": load_s,
             "torch": torch.__version__}), flush=True)
     if world > 1:
         # Not destroy_process_group(): torch 1.13 can deadlock tearing DDP down (the reducer's gloo
