@@ -12,8 +12,15 @@ the snapshot copied to memory and the hand-over; the slowest of rank 0's saves i
 the time until the checkpoint was complete on disk. Then each side's last checkpoint is resumed
 by a 1-step run on the same number of workers and on --resume-workers, timing the read.
 
+With a PyTorch 2.x python (--torch2-python; skipped when absent) the same GPT is trained by
+bench/torch_gpt.py with FSDP2 and saved with torch.distributed.checkpoint, dcp.save and
+dcp.async_save (each rank writes its own part, as lockstep's sharded format), and resumed on the
+same world sizes (DCP reshards on load), timed the same way: the stall is the time the training
+loop waited in the save call, "complete" when the write had finished.
+
     /usr/bin/python3 bench/compare_checkpoint.py [--build build] [--workers 2] [--resume-workers 1,3]
         [--steps 12] [--save-steps 4] [--n-embd 512] [--n-layer 8] [--repeat 5] [--out bench/CHECKPOINT.md]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 """
 import argparse
 import datetime
@@ -27,7 +34,14 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import compare_ddp  # noqa: E402
+from compare_gpt import json_line  # noqa: E402
 
+DCP_SIDES = {  # PyTorch 2.x: FSDP2 and torch.distributed.checkpoint
+    "DCP async_save (PyTorch 2.x, FSDP2)": ["--async-save"],
+    "DCP save (PyTorch 2.x, FSDP2)": [],
+}
 SIDES = {
     "consolidated": ["--save-format", "consolidated"],
     "sharded, background": ["--save-format", "sharded"],
@@ -66,6 +80,36 @@ def gpt(args, workers, out, extra):
     return p.stdout
 
 
+def torch_gpt(args, workers, extra):
+    """bench/torch_gpt.py with FSDP2 on `workers` workers under lockstep run; its JSON line."""
+    argv = [f"{args.build}/tools/lockstep", "run", "--nproc-per-node", str(workers), args.torch2_python,
+            os.path.join(HERE, "torch_gpt.py"), "--fsdp2", "--n-embd", str(args.n_embd), "--n-layer", str(args.n_layer),
+            "--n-head", "8", "--batch", str(args.batch), "--train-limit", "4000", "--eval-limit", "8",
+            "--warmup", "0"] + extra
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run(argv, capture_output=True, text=True, env=env)
+    result = json_line(p.stdout)
+    if p.returncode != 0 or result is None:
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(argv)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return result
+
+
+def directory_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def dcp_saves(args, tmp, rows, last):
+    for side, flags in DCP_SIDES.items():
+        out = os.path.join(tmp, "dcp-async" if flags else "dcp-sync")
+        got = torch_gpt(args, args.workers, flags + ["--max-steps", str(args.steps), "--save-steps",
+                                                     str(args.save_steps), "--save-dir", out])
+        saves = got["saves"]
+        rows.append((side, got["plain_step_s_median"], max(c["stall_s"] for c in saves),
+                     statistics.median(c["complete_s"] for c in saves), directory_bytes(saves[-1]["path"])))
+        print(rows[-1], flush=True)
+        last[side] = saves[-1]["path"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -78,7 +122,10 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5, help="resumes of each checkpoint on each world size")
     ap.add_argument("--out", default=os.path.join(HERE, "CHECKPOINT.md"))
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with PyTorch 2.x for the DCP sides (skipped when it does not exist)")
     args = ap.parse_args()
+    with_dcp = os.path.exists(args.torch2_python)
     rows, last = [], {}
     with tempfile.TemporaryDirectory(prefix="lockstep-checkpoint-bench-", dir="/var/tmp") as tmp:
         for side, flags in SIDES.items():
@@ -94,6 +141,8 @@ def main():
                          statistics.median(c["write_seconds"] for c in saves), saves[-1]["bytes"]))
             print(rows[-1], flush=True)
             last[side] = saves[-1]["dir"]
+        if with_dcp:
+            dcp_saves(args, tmp, rows, last)
         # Every side's resumes interleaved, --repeat rounds, the median kept: the host's noise
         # then falls on all sides alike.
         reads = {}
@@ -106,6 +155,11 @@ def main():
                     read = events(os.path.join(again, "metrics.jsonl"), "checkpoint")[0]
                     reads.setdefault((side, workers), []).append(read["stall_seconds"])
                     print(side, workers, read["stall_seconds"], flush=True)
+            for side in DCP_SIDES if with_dcp else []:
+                for workers in [args.workers] + [int(w) for w in args.resume_workers.split(",") if w]:
+                    got = torch_gpt(args, workers, ["--max-steps", "1", "--resume-from", last[side]])
+                    reads.setdefault((side, workers), []).append(got["load_s"])
+                    print(side, workers, got["load_s"], flush=True)
         loads = [(side, workers, statistics.median(t)) for (side, workers), t in reads.items()]
     blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
     lines = ["# Checkpoints: consolidated against sharded, synchronous and in the background", "",
@@ -113,7 +167,9 @@ def main():
              f"{subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}; "
              f"the GPT at {args.n_embd} wide x {args.n_layer} layers, ZeRO stage 2 on {args.workers} workers, "
              f"batch {args.batch} x 128 bytes, one intra-op and one BLAS thread each (BLAS: {blas}); checkpoints "
-             f"on /var/tmp ({subprocess.run(['df', '--output=source,fstype', '/var/tmp'], capture_output=True, text=True).stdout.split()[-1]}).",
+             f"on /var/tmp ({subprocess.run(['df', '--output=source,fstype', '/var/tmp'], capture_output=True, text=True).stdout.split()[-1]}). "
+             f"PyTorch 2.x: {compare_ddp.torch_build(args.torch2_python if with_dcp else None)}, "
+             f"FSDP2 (ZeRO-3's sharding) on gloo, launched by lockstep run.",
              f"Command: `/usr/bin/python3 bench/compare_checkpoint.py {' '.join(sys.argv[1:])}`", "",
              "| save | step without a save (median) | stall of the slowest save | stall / step | "
              "checkpoint complete after (median) | checkpoint size |", "|---|---|---|---|---|---|"]
