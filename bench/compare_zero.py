@@ -11,6 +11,8 @@ per worker, interleaved --repeat times:
   PyTorch ZeroRedundancyOptimizer bench/torch_zero.py --zero (ZeRO-1: all-reduce, then broadcast)
   PyTorch 2.x DDP, ZeRO           the same script on the torch 2.x venv's python (--torch2-python;
                                   skipped when absent; the wheel multiplies with its own BLAS, MKL)
+  DeepSpeed ZeRO-1, -2, -3        bench/torch_zero.py --deepspeed N on that python, when it has
+                                  deepspeed (CPU accelerator, gloo, fp32, the same torch AdamW)
 It prints median throughput (range), the step's optimizer share, rank 0's peak RSS, the job's
 memory at the end (all workers' proportional set size summed: shared pages once), and the bytes
 of parameters plus optimizer state the job holds (lockstep: what train_begin records for each
@@ -67,9 +69,16 @@ def pytorch_run(build, model, flags, steps, env, python="/usr/bin/python3"):
     r = compare_gpt.json_line(done.stdout)
     if done.returncode != 0 or r is None:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    state = r["job_parameter_bytes"] and r["job_parameter_bytes"] + r["job_optimizer_state_bytes"]
     return {"samples_per_s": r["samples_per_s"], "step_s": r["step_s"], "optimizer_share": None,
-            "peak_rss_bytes": r["peak_rss_bytes"], "job_pss_bytes": r["job_pss_bytes"],
-            "job_state_bytes": r["job_parameter_bytes"] + r["job_optimizer_state_bytes"]}
+            "peak_rss_bytes": r["peak_rss_bytes"], "job_pss_bytes": r["job_pss_bytes"], "job_state_bytes": state}
+
+
+def deepspeed_version(python):
+    """DeepSpeed's version under `python`, or None when it has none."""
+    done = subprocess.run([python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
+                          text=True, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    return done.stdout.strip().splitlines()[-1] if done.returncode == 0 else None
 
 
 def main():
@@ -84,12 +93,17 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     sides = dict(SIDES)
+    ds_version = None
     if os.path.exists(args.torch2_python):
         sides.update({"PyTorch 2.x DDP": [], "PyTorch 2.x ZeroRedundancyOptimizer": ["--zero"]})
+        ds_version = deepspeed_version(args.torch2_python)
+        if ds_version:
+            sides.update({f"DeepSpeed ZeRO-{n}": ["--deepspeed", str(n)] for n in (1, 2, 3)})
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
     print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()} "
-          f"(PyTorch 2.x: {compare_ddp.torch_build(args.torch2_python if 'PyTorch 2.x DDP' in sides else None)}); "
+          f"(PyTorch 2.x: {compare_ddp.torch_build(args.torch2_python if 'PyTorch 2.x DDP' in sides else None)}"
+          f"{f', DeepSpeed {ds_version}' if ds_version else ''}); "
           f"1 intra-op + 1 BLAS thread per worker; GLIBC_TUNABLES on every side; median of {args.repeat} interleaved runs\n")
     results = {}
     for model in args.models.split(","):
@@ -99,7 +113,7 @@ def main():
                 if name.startswith("lockstep"):
                     got[name].append(lockstep_run(build, model, flags, args.steps, env))
                 else:
-                    python = args.torch2_python if "2.x" in name else "/usr/bin/python3"
+                    python = args.torch2_python if "2.x" in name or "DeepSpeed" in name else "/usr/bin/python3"
                     got[name].append(pytorch_run(build, model, flags, args.steps, env, python))
         results[model] = got
         print(f"\n### {model}\n")
@@ -112,12 +126,13 @@ def main():
             shares = [r["optimizer_share"] for r in runs if r["optimizer_share"] is not None]
             share = f"{statistics.median(shares):.0%}" if shares else ""
             zero2 = med.get("PyTorch 2.x ZeroRedundancyOptimizer")
+            state = f"{runs[0]['job_state_bytes'] / 2**20:.1f} MiB" if runs[0]["job_state_bytes"] else "not counted"
             print(f"| {name} | {med[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | "
                   f"{med[name] / med['lockstep DDP']:.2f}x | {med[name] / med['PyTorch ZeroRedundancyOptimizer']:.2f}x | "
                   f"{f'{med[name] / zero2:.2f}x' if zero2 else ''} | {share} | "
                   f"{statistics.median(r['peak_rss_bytes'] for r in runs) / 2**20:.0f} MiB | "
                   f"{statistics.median(r['job_pss_bytes'] for r in runs) / 2**20:.0f} MiB | "
-                  f"{runs[0]['job_state_bytes'] / 2**20:.1f} MiB |")
+                  f"{state} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

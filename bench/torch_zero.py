@@ -7,6 +7,11 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON line.
 
     lockstep run --nproc-per-node 2 /usr/bin/python3 bench/torch_zero.py --model wide|gpt [--zero]
         [--steps 40] [--warmup 10] [--batch 64]
+    lockstep run --nproc-per-node 2 PYTHON bench/torch_zero.py --deepspeed 1|2|3 ...
+
+--deepspeed STAGE (a python with torch 2.x and deepspeed) trains the same model with DeepSpeed's
+ZeRO of that stage on CPU (DS_ACCELERATOR=cpu, gloo, fp32), the same torch AdamW handed to
+deepspeed.initialize and DeepSpeed's own clipping at 1.
 
 Models: wide, the MLP 784-2048x3-10 on Fashion-MNIST-shaped inputs (the C++ side's --model wide),
 AdamW with weight decay 0 (the fashion_mnist example's defaults); gpt, bench/torch_gpt.py's
@@ -49,8 +54,24 @@ def pss_bytes():
 
 def state_bytes(optimizer):
     inner = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    inner = getattr(inner, "optimizer", inner)  # DeepSpeed's ZeRO optimizers wrap the torch one
     return sum(t.numel() * t.element_size() for s in inner.state.values() for t in s.values()
                if torch.is_tensor(t) and t.dim() > 0)
+
+
+def deepspeed_engine(model, opt_args, batch, stage):
+    """DeepSpeed's ZeRO at `stage` around `model`, in fp32, with a torch AdamW of `opt_args`."""
+    import deepspeed
+    config = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
+              "gradient_clipping": 1.0, "zero_optimization": {"stage": stage}}
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), **opt_args),
+                                             config=config)
+    return engine, opt
+
+
+def deepspeed_version():
+    import deepspeed
+    return deepspeed.__version__
 
 
 def main():
@@ -61,8 +82,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=0, help="per worker (0: 64 for wide, 16 for gpt)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--deepspeed", type=int, choices=[1, 2, 3], help="DeepSpeed ZeRO of this stage instead of DDP")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.deepspeed:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed looks for a GPU
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(42)
@@ -85,10 +109,13 @@ def main():
             data.append((block[:, :-1], block[:, 1:]))
         loss_of = lambda logits, y: F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))  # noqa: E731
         per_sample = 128
-    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+    if args.deepspeed:
+        net, opt = deepspeed_engine(model, opt_args, batch, args.deepspeed)
+    else:
+        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
     if args.zero:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **opt_args)
-    else:
+    elif not args.deepspeed:
         opt = torch.optim.AdamW(model.parameters(), **opt_args)
     torch.manual_seed(42 + rank)
 
@@ -99,10 +126,14 @@ def main():
             start = time.perf_counter()
         x, y = data[step % len(data)]
         loss = loss_of(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if args.deepspeed:
+            net.backward(loss)  # the engine reduces (and partitions) the gradients, clips, steps
+            net.step()
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         timed += start is not None
     dist.barrier()
     elapsed = time.perf_counter() - start
@@ -112,13 +143,17 @@ def main():
     dist.all_reduce(totals)
     if rank == 0:
         samples = batch * world * timed
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        # DeepSpeed keeps its own fp32 partitions and (stage 3) empties the parameters: its state
+        # is not the tensors counted here, so only its PSS is reported.
+        params = None if args.deepspeed else sum(p.numel() * p.element_size() for p in model.parameters())
         print(json.dumps({
-            "side": "pytorch", "model": args.model, "zero": args.zero, "world": world, "batch": batch,
+            "side": "deepspeed" if args.deepspeed else "pytorch", "model": args.model, "zero": args.zero,
+            "deepspeed_stage": args.deepspeed, "world": world, "batch": batch,
             "samples_per_s": samples / elapsed, "tokens_per_s": samples * per_sample / elapsed if per_sample > 1 else None,
             "step_s": elapsed / timed, "peak_rss_bytes": rss, "job_peak_rss_bytes": totals[2].item(),
             "job_pss_bytes": totals[0].item(), "job_optimizer_state_bytes": totals[1].item(),
-            "job_parameter_bytes": params * world, "threads": args.threads, "torch": torch.__version__}), flush=True)
+            "job_parameter_bytes": params and params * world, "threads": args.threads, "torch": torch.__version__,
+            "deepspeed": deepspeed_version() if args.deepspeed else None}), flush=True)
     dist.destroy_process_group()
 
 
