@@ -10,6 +10,10 @@ thread per worker; rank 0 logs every step, and this script timestamps each line 
              time from the kill to the next completed step, with its parts from the survivor's
              membership_change record (agree, rebuild, state; detection is the rest), and the
              completed steps lost.
+  torchft    (with --torch2-python holding torchft) the same kill in a torchft job: a
+             torchft_lighthouse in the third namespace, one replica group per machine started by
+             PyTorch 2.x's torchrun (bench/torchft_worker.py: the same MLP, random data), and the
+             time from the kill to the survivor's next committed step.
   restart    the same job with a fixed membership (--nnodes 2, --max-restarts 1, a checkpoint every
              --save-steps): the time from the kill to the first step after the restart, and the
              completed steps taken again (back to the last checkpoint).
@@ -25,6 +29,7 @@ part measures against the fixed ZeRO job.
 
     sudo /usr/bin/python3 bench/compare_elastic.py [--build build] [--churn-seconds 300]
         [--churn-every 30] [--repeat 3] [--zero-stage 0] [--out bench/ELASTIC.md]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 """
 import argparse
 import datetime
@@ -45,6 +50,7 @@ from compare_cluster import Cluster, cpu, sh  # noqa: E402
 
 STORE_PORT = 29500
 MASTER_PORT = 29400
+LIGHTHOUSE_PORT = 29510
 STEP = re.compile(r"step (\d+)/")
 TRAINER_FLAGS = []  # every job's, from the command line (--zero-stage)
 MODEL = ["mlp"]     # the example's --model, from the command line
@@ -71,13 +77,14 @@ class Launcher:
         with self.lock:
             return [(t, int(m.group(1))) for t, line in self.lines if (m := STEP.search(line))]
 
-    def wait_for(self, pattern, timeout=300):
+    def wait_for(self, pattern, timeout=300, after=0.0):
+        """(arrival time, line) of the first line that matches `pattern` and arrived after `after`."""
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern)
         while time.monotonic() < deadline:
             with self.lock:
                 for t, line in self.lines:
-                    if regex.search(line):
+                    if t > after and regex.search(line):
                         return t, line
             if self.proc.poll() is not None and not self.reader.is_alive():
                 break
@@ -156,9 +163,11 @@ def measure_recovery(cluster, build, kill_at):
         first.wait_for(rf"step {kill_at}/")
         killed = time.monotonic()
         kill_worker(cluster, 1)
-        first.wait_for(r"membership 1: 2 -> 1 workers")
-        done_before = max(s for t, s in first.steps() if t <= killed)
-        next_step_at = first.step_after(done_before + 1, killed)
+        changed_at, _ = first.wait_for(r"membership 1: 2 -> 1 workers")
+        # A step in flight at the kill can still complete with both workers: the recovered step is
+        # the first one after the survivor's membership change.
+        done_before = max(s for t, s in first.steps() if t <= changed_at)
+        next_step_at = first.step_after(done_before + 1, changed_at)
         record = membership_changes(out)[0]
         total = next_step_at - killed
         step_time = statistics.median(b - a for (a, _), (b, _) in zip(first.steps()[5:kill_at - 1],
@@ -194,6 +203,69 @@ def measure_restart(cluster, build, kill_at, save_steps):
     finally:
         for n in nodes:
             n.stop()
+
+
+def torchft_version(python):
+    return subprocess.run([python, "-c", "import importlib.metadata as m; print('torchft', m.version('torchft'))"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def has_torchft(python):
+    return os.path.exists(python) and subprocess.run([python, "-c", "import torchft"], capture_output=True).returncode == 0
+
+
+def kill_torchft_worker(cluster, m):
+    """SIGKILL to machine m's torchft worker (not its torchrun agent, whose command line names it too)."""
+    for pid in sh("ip", "netns", "pids", cluster.ns(m), check=False).split():
+        try:
+            words = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(w.endswith(b"torchft_worker.py") for w in words) and b"torch.distributed.run" not in words:
+            os.kill(int(pid), signal.SIGKILL)
+            return
+    raise SystemExit(f"no torchft worker on machine {m} to kill")
+
+
+def measure_torchft(cluster, python, kill_at):
+    """The kill of measure_recovery in a torchft job: the lighthouse as its examples start it
+    (--min_replicas 1, --quorum_tick_ms 100, --join_timeout_ms 10000; its heartbeat timeout, 5 s,
+    left as it is), one replica group of one worker per machine."""
+    lighthouse = Launcher(cluster, 2, [os.path.join(os.path.dirname(python), "torchft_lighthouse"), "--min_replicas",
+                                       "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000", "--bind",
+                                       f"0.0.0.0:{LIGHTHOUSE_PORT}"], env())
+    replicas = []
+    try:
+        lighthouse.wait_for("listening on")
+        for m in range(2):
+            argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1", "--max_restarts",
+                    "0", "--master_addr", cluster.address(m), "--master_port", str(MASTER_PORT),
+                    os.path.join(HERE, "torchft_worker.py"), "--max-steps", "1000000", "--hostname",
+                    cluster.address(m)]
+            replicas.append(Launcher(cluster, m, argv, dict(
+                env(), REPLICA_GROUP_ID=str(m), GLOO_SOCKET_IFNAME="eth0",
+                TORCHFT_LIGHTHOUSE=f"http://{cluster.address(2)}:{LIGHTHOUSE_PORT}")))
+        first = replicas[0]
+        # Each replica trains alone until the other joins its quorum; the kill comes kill_at steps
+        # after both are in, as in the lockstep job.
+        _, line = first.wait_for(r"step \d+/\d+ participants 2")
+        target = int(STEP.search(line).group(1)) + kill_at
+        first.wait_for(rf"step {target}/\d+ participants 2")
+        killed = time.monotonic()
+        kill_torchft_worker(cluster, 1)
+        done_before = max(s for t, s in first.steps() if t <= killed)
+        # A step in flight at the kill may still commit with both; what counts is the first step
+        # the survivor commits on its own.
+        alone_at, alone_line = first.wait_for(r"participants 1 ", after=killed)
+        steps = [(t, s) for t, s in first.steps() if t <= killed][-40:]
+        step_time = statistics.median(b - a for (a, _), (b, _) in zip(steps, steps[1:]))
+        print("torchft: killed after step", done_before, "; alone at:", alone_line, flush=True)
+        return {"total": alone_at - killed, "step": step_time, "killed_after": done_before,
+                "steps_lost": done_before - (int(STEP.search(alone_line).group(1)) - 1)}
+    finally:
+        for r in replicas:
+            r.stop()
+        lighthouse.stop()
 
 
 def steps_per_second(launcher, start, end):
@@ -253,6 +325,8 @@ def main():
     ap.add_argument("--zero-stage", type=int, default=0, help="every job shards with ZeRO stage 1 or 2")
     ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"], help="the Fashion-MNIST example's model")
     ap.add_argument("--out", default=os.path.join(HERE, "ELASTIC.md"))
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with PyTorch 2.x and torchft for the torchft column (skipped without one)")
     args = ap.parse_args()
     MODEL[0] = args.model
     if args.zero_stage:
@@ -294,18 +368,29 @@ def cluster_parts(cluster, args, parts):
         print("recovery", r, flush=True)
         s = measure_restart(cluster, args.build, args.kill_at, args.save_steps)
         print("restart", s, flush=True)
+        ft = measure_torchft(cluster, args.torch2_python, args.kill_at) if has_torchft(args.torch2_python) else None
+        print("torchft", ft, flush=True)
+        head = f" torchft (PyTorch 2.x, {torchft_version(args.torch2_python)}) |" if ft else ""
+        col = (lambda text: f" {text} |") if ft else (lambda text: "")
         lines += ["## One worker of two SIGKILLed (2 machines, 1 Gbit/s)", "",
+                  *(["torchft: the time to the survivor's first step committed without the dead replica "
+                     "(its lighthouse drops a replica whose heartbeats stop for --heartbeat_timeout_ms, "
+                     "5 s by default; steps before that fail and are not committed).", ""] if ft else []),
                   "| | elastic (--nnodes 1:2) | restart from checkpoint (--max-restarts 1, --save-steps "
-                  f"{args.save_steps}) |", "|---|---|---|",
-                  f"| kill to the next completed step | {r['total']:.2f} s | {s['total']:.2f} s |",
-                  f"| kill to the first step past the one reached | {r['total']:.2f} s | {s['caught_up']:.2f} s |",
-                  f"| ... detection | {r['detection']:.2f} s | |",
-                  f"| ... agreement on the new membership | {r['agree']:.3f} s | |",
-                  f"| ... communicator rebuild | {r['rebuild']:.3f} s | |",
-                  f"| ... state transfer | {r['state']:.3f} s | |",
-                  f"| ... the step itself (median step before) | {r['step']:.3f} s | |",
+                  f"{args.save_steps}) |" + head, "|---|---|---|" + ("---|" if ft else ""),
+                  f"| kill to the next completed step | {r['total']:.2f} s | {s['total']:.2f} s |"
+                  + col(ft and f"{ft['total']:.2f} s"),
+                  f"| kill to the first step past the one reached | {r['total']:.2f} s | {s['caught_up']:.2f} s |"
+                  + col(ft and f"{ft['total']:.2f} s"),
+                  f"| ... detection | {r['detection']:.2f} s | |" + col(""),
+                  f"| ... agreement on the new membership | {r['agree']:.3f} s | |" + col(""),
+                  f"| ... communicator rebuild | {r['rebuild']:.3f} s | |" + col(""),
+                  f"| ... state transfer | {r['state']:.3f} s | |" + col(""),
+                  f"| ... the step itself (median step before) | {r['step']:.3f} s | |"
+                  + col(ft and f"{ft['step']:.3f} s"),
                   f"| completed steps lost | {r['steps_lost']} | {s['steps_redone']} (killed after step "
-                  f"{s['killed_after']}, resumed from {s['killed_after'] // args.save_steps * args.save_steps}) |", ""]
+                  f"{s['killed_after']}, resumed from {s['killed_after'] // args.save_steps * args.save_steps}) |"
+                  + col(ft and str(max(0, ft["steps_lost"]))), ""]
     if "churn" in parts:
         c = measure_churn(cluster, args.build, args.churn_seconds, args.churn_every)
         base = c["no failure"][0]
