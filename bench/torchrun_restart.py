@@ -15,13 +15,15 @@ resumes from the last checkpoint. Each output line is timestamped as it arrives,
   steps redone         the old group's last step minus the checkpoint's
 
 The torchrun side is Debian's python3-torch (1.13, under /usr/bin/python3), DDP over gloo, with
-this file as its worker (--worker); the data are random (seeded), which a restart does not care
+this file as its worker (--worker), and again the torchrun of PyTorch 2.x (--torch2-python; skipped
+when absent); the data are random (seeded), which a restart does not care
 about. The lockstep side is build/examples/fashion_mnist --model mlp (the real Fashion-MNIST,
 loaded at start; lockstep's own choice of backend on one machine). Runs alternate, --repeat of
 each; the medians, every run and the ratio torchrun / lockstep go to --out as markdown.
 
     /usr/bin/python3 bench/torchrun_restart.py [--build build] [--repeat 3] [--kill-at 140]
         [--save-steps 50] [--torchrun-monitor-interval S] [--out bench/TORCHRUN_RESTART.md]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 
 Threading model: the driver's main thread starts one launcher at a time; a reader thread per
 launcher appends (arrival time, line) under a condition variable, which the main thread waits
@@ -247,7 +249,7 @@ def comm(pid):
 # ---------------------------------------------------------------------------------------------
 # The two sides
 
-def torchrun_job(args, work, max_steps):
+def torchrun_job(args, work, max_steps, python):
     logs = os.path.join(work, "logs")
     checkpoints = os.path.join(work, "checkpoints")
     os.makedirs(logs)
@@ -257,7 +259,7 @@ def torchrun_job(args, work, max_steps):
     # None: iterating an IntFlag no longer yields its zero or multi-bit members. So rank 1's stdout
     # goes to a file and its stderr to a file and the console (tee implies redirect); rank 0's
     # output, which we time, goes straight to our pipe.
-    argv = [TORCH_PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
             "--max_restarts", "1", "--master_port", str(free_port()), *monitor, "--redirects", "1:1",
             "--tee", "1:2", "--log_dir", logs, os.path.abspath(__file__), "--worker", "--checkpoint-dir",
             checkpoints, "--save-steps", str(args.save_steps), "--max-steps", str(max_steps)]
@@ -270,7 +272,7 @@ def torchrun_job(args, work, max_steps):
     return Job(argv, job_env(), is_worker)
 
 
-def lockstep_job(args, work, max_steps):
+def lockstep_job(args, work, max_steps, python=None):
     argv = [os.path.join(args.build, "tools", "lockstep"), "run", "--nproc-per-node", "2", "--max-restarts", "1",
             "--master-port", str(free_port()), os.path.join(args.build, "examples", "fashion_mnist"), "--model", "mlp",
             "--per-device-train-batch-size", "64", "--max-steps", str(max_steps), "--logging-steps", "1",
@@ -281,12 +283,14 @@ def lockstep_job(args, work, max_steps):
 
 
 # The launcher's first line about the failure: it has seen a worker exit and is about to restart.
-FAILURE_REPORT = {"torchrun": r"failed \(exitcode: ", "lockstep": r"job FAILED \(attempt 1 "}
+SIDE_NAMES = {"torchrun": "torchrun 1.13", "torchrun2": "torchrun 2.x", "lockstep": "lockstep run"}
+FAILURE_REPORT = {"torchrun": r"failed \(exitcode: ", "torchrun2": r"failed \(exitcode: ",
+                  "lockstep": r"job FAILED \(attempt 1 "}
 
 
 def new_group_line(side):
     """accept(line) -> the checkpoint step the new group resumed from, for its first line."""
-    if side == "torchrun":
+    if side.startswith("torchrun"):
         pattern = re.compile(r"resumed from step (\d+) \(restart [1-9]")
     else:
         pattern = re.compile(r"resumed from \S*checkpoint-(\d+) at step")
@@ -303,8 +307,8 @@ def step_of(line):
 
 
 def measure(side, args, work):
-    make = torchrun_job if side == "torchrun" else lockstep_job
-    job = make(args, work, args.kill_at + 400)
+    make = torchrun_job if side.startswith("torchrun") else lockstep_job
+    job = make(args, work, args.kill_at + 400, args.torch2_python if side == "torchrun2" else TORCH_PYTHON)
     try:
         job.wait_line(step_of)
         victim = job.find_worker(1)
@@ -338,39 +342,43 @@ def cpu_model():
     return "unknown CPU"
 
 
-def report(args, runs, command):
+def report(args, runs, command, sides):
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             timeout=30).stdout.strip()
     blas = os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
-    torch_version = subprocess.run([TORCH_PYTHON, "-c", "import torch; print(torch.__version__)"],
-                                   capture_output=True, text=True, timeout=120).stdout.strip()
+    versions = {side: subprocess.run([args.torch2_python if side == "torchrun2" else TORCH_PYTHON, "-c",
+                                      "import torch; print(torch.__version__)"],
+                                     capture_output=True, text=True, timeout=120).stdout.strip()
+                for side in sides if side.startswith("torchrun")}
     monitor = (f"--monitor_interval {args.torchrun_monitor_interval}" if args.torchrun_monitor_interval
                else "torchrun's default --monitor_interval (5 s)")
-    by_side = {side: [r for r in runs if r["side"] == side] for side in ["torchrun", "lockstep"]}
     keys = ["noticed", "resumed", "next", "caught_up", "redone"]
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in by_side.items()}
+    med = {side: {k: statistics.median(r[k] for r in runs if r["side"] == side) for k in keys} for side in sides}
+    torchruns = [side for side in sides if side.startswith("torchrun")]
     lines = ["# torchrun's restart after a worker is killed, against lockstep run's", "",
-             f"{datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, commit {commit}, BLAS {blas}, "
-             f"torch {torch_version} (Debian python3-torch).",
+             f"{datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, commit {commit}, BLAS {blas}; "
+             + ", ".join(f"{SIDE_NAMES[side]}: torch {versions[side]}" for side in torchruns) + ".",
              f"Command (in the repository's root): `{command}`", "",
              f"One machine, 2 workers over loopback, --max-restarts 1; MLP 784-512-256-10, batch 64 per worker, "
              f"AdamW lr 1e-3, one intra-op and one BLAS thread per worker, a checkpoint every {args.save_steps} "
              f"steps; the rank-1 worker SIGKILLed when rank 0 reports step {args.kill_at}. torchrun: DDP over gloo, "
              f"random data, {monitor}. lockstep run: build/examples/fashion_mnist --model mlp (Fashion-MNIST "
              f"loaded at start), its default backend and --monitor-interval (0.1 s). {args.repeat} runs of each, "
-             f"alternating; times from the kill to the line's arrival at this script.", "",
-             "| median of runs | torchrun | lockstep run | torchrun / lockstep |", "|---|---|---|---|"]
+             f"in turn; times from the kill to the line's arrival at this script.", "",
+             "| median of runs | " + " | ".join(SIDE_NAMES[s] for s in sides) + " | "
+             + " | ".join(f"{SIDE_NAMES[t]} / lockstep" for t in torchruns) + " |",
+             "|---|" + "---|" * (len(sides) + len(torchruns))]
     for key, label in [("noticed", "kill -> the launcher reports the failure"),
                        ("resumed", "kill -> new group resumed from its checkpoint"),
                        ("next", "kill -> next completed step"), ("caught_up", "kill -> caught up (first step past "
                                                                               "the old group's last)")]:
-        t, l = med["torchrun"][key], med["lockstep"][key]
-        lines.append(f"| {label} | {t:.2f} s | {l:.2f} s | {t / l:.1f}x |")
-    lines += [f"| steps redone | {med['torchrun']['redone']:g} | {med['lockstep']['redone']:g} | |", "",
-              "| run | launcher | killed after step | resumed from | kill -> reported | kill -> resumed | "
+        lines.append(f"| {label} | " + " | ".join(f"{med[s][key]:.2f} s" for s in sides) + " | "
+                     + " | ".join(f"{med[t][key] / med['lockstep'][key]:.1f}x" for t in torchruns) + " |")
+    lines += ["| steps redone | " + " | ".join(f"{med[s]['redone']:g}" for s in sides) + " |" + " |" * len(torchruns),
+              "", "| run | launcher | killed after step | resumed from | kill -> reported | kill -> resumed | "
               "kill -> next step | kill -> caught up | steps redone |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(runs):
-        lines.append(f"| {i // 2 + 1} | {'torchrun' if r['side'] == 'torchrun' else 'lockstep run'} | "
+        lines.append(f"| {i // len(sides) + 1} | {SIDE_NAMES[r['side']]} | "
                      f"{r['killed_after']} | {r['resumed_at']} | {r['noticed']:.2f} s | {r['resumed']:.2f} s | "
                      f"{r['next']:.2f} s (step {r['next_step']}) | {r['caught_up']:.2f} s | {r['redone']} |")
     return "\n".join(lines) + "\n"
@@ -389,6 +397,8 @@ def main():
     ap.add_argument("--torchrun-monitor-interval", type=float,
                     help="passed to torchrun as --monitor_interval (default: torchrun's own, 5 s)")
     ap.add_argument("--out", default=os.path.join(HERE, "TORCHRUN_RESTART.md"))
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with PyTorch 2.x, whose torchrun is measured too (skipped when absent)")
     args = ap.parse_args()
     if args.worker:
         worker_main(args)
@@ -401,9 +411,10 @@ def main():
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = tempfile.mkdtemp(prefix="torchrun-restart-", dir="/tmp")
     runs = []
+    sides = ["torchrun"] + (["torchrun2"] if os.path.exists(args.torch2_python) else []) + ["lockstep"]
     try:
         for i in range(args.repeat):
-            for side in ["torchrun", "lockstep"]:
+            for side in sides:
                 run_dir = os.path.join(work, f"{side}-{i}")
                 os.makedirs(run_dir)
                 r = measure(side, args, run_dir)
@@ -414,7 +425,7 @@ def main():
                 shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(args, runs, command)
+    text = report(args, runs, command, sides)
     print(text)
     with open(args.out, "w") as f:
         f.write(text)
