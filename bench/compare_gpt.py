@@ -22,8 +22,8 @@ blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three p
         [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x]
         [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 
-The memory and loss parts compare with PyTorch 1.13 only. PyTorch 2.x multiplies with the wheel's
-own BLAS (MKL on x86): the header names each side's.
+Every part runs the PyTorch side on both generations when the 2.x python is there. PyTorch 2.x
+multiplies with the wheel's own BLAS (MKL on x86): the header names each side's.
 """
 import argparse
 import json
@@ -90,6 +90,7 @@ def run_lockstep(build, world, flags, env):
 
 
 PYTHONS = {"pytorch": "/usr/bin/python3"}  # "pytorch2" added by main() when a 2.x python is there
+SIDE_NAMES = {"lockstep": "lockstep", "pytorch": "PyTorch 1.13", "pytorch2": "PyTorch 2.x"}
 
 
 def run_pytorch(build, world, flags, env, side="pytorch"):
@@ -132,7 +133,7 @@ def throughput(args, env):
             exposed = (f"{statistics.median(r['exposed_comm_fraction'] for r in got[side, 2]):.1%}"
                        if side == "lockstep" else "")
             versus2 = f"{med[side, 2] / med['pytorch2', 2]:.2f}x" if ("pytorch2", 2) in med else ""
-            name = {"lockstep": "lockstep", "pytorch": "PyTorch 1.13", "pytorch2": "PyTorch 2.x"}[side]
+            name = SIDE_NAMES[side]
             print(f"| {model} | {params / 1e6:.2f} M | {name} | {med[side, 1]:.0f} ({rng[side, 1][0]:.0f}-"
                   f"{rng[side, 1][1]:.0f}) | {med[side, 2]:.0f} ({rng[side, 2][0]:.0f}-{rng[side, 2][1]:.0f}) | "
                   f"{med[side, 2] / (2 * med[side, 1]):.0%} | {exposed} | "
@@ -144,17 +145,17 @@ def memory(args, env):
     flags = ["--max-steps", str(args.steps), "--eval-limit", "32"]
     got = {}
     for _ in range(args.repeat):
-        for side in ("lockstep", "pytorch"):
+        for side in ["lockstep"] + list(PYTHONS):
             for ckpt in (False, True):
                 extra = ["--gradient-checkpointing"] if ckpt else []
-                if side == "pytorch":
+                if side != "lockstep":
                     extra.append("--measure-memory")
                 got.setdefault((side, ckpt), []).append(run_side(side, args.build, 2, flags + extra, env))
     print("\n### Gradient checkpointing, 2 workers, default model (median of %d runs)\n" % args.repeat)
     print("| side | checkpointing | tokens/s | step time vs off | tensor growth within a step | vs off | "
           "peak RSS rank 0 |")
     print("|---|---|---|---|---|---|---|")
-    for side in ("lockstep", "pytorch"):
+    for side in ["lockstep"] + list(PYTHONS):
         off = statistics.median(r["tokens_per_s"] for r in got[side, False])
         off_bytes = statistics.median(r["step_tensor_bytes"] for r in got[side, False])
         for ckpt in (False, True):
@@ -162,21 +163,23 @@ def memory(args, env):
             tps = statistics.median(r["tokens_per_s"] for r in runs)
             grown = statistics.median(r["step_tensor_bytes"] for r in runs)
             rss = statistics.median(r["peak_rss_bytes"] for r in runs)
-            print(f"| {side} | {'on' if ckpt else 'off'} | {tps:.0f} | {off / tps:.2f}x | {grown / 2**20:.1f} MiB | "
+            print(f"| {SIDE_NAMES[side]} | {'on' if ckpt else 'off'} | {tps:.0f} | {off / tps:.2f}x | {grown / 2**20:.1f} MiB | "
                   f"{grown / off_bytes:.2f}x | {rss / 2**20:.0f} MiB |")
     return {f"{s} {'on' if c else 'off'}": v for (s, c), v in got.items()}
 
 
 def loss(args, env):
     flags = ["--max-steps", str(args.loss_steps)]
-    got = {side: run_side(side, args.build, 2, flags, env) for side in ("lockstep", "pytorch")}
-    a, b = got["lockstep"]["eval_loss"], got["pytorch"]["eval_loss"]
+    got = {side: run_side(side, args.build, 2, flags, env) for side in ["lockstep"] + list(PYTHONS)}
     print(f"\n### Validation loss after {args.loss_steps} steps, 2 workers, default model, whole validation split\n")
     print("| side | eval loss (nats/byte) | perplexity |")
     print("|---|---|---|")
     for side, r in got.items():
-        print(f"| {side} | {r['eval_loss']:.4f} | {math.exp(r['eval_loss']):.3f} |")
-    print(f"\nlockstep's is {100 * (a - b) / b:+.2f}% of PyTorch's.")
+        print(f"| {SIDE_NAMES[side]} | {r['eval_loss']:.4f} | {math.exp(r['eval_loss']):.3f} |")
+    a = got["lockstep"]["eval_loss"]
+    for side in PYTHONS:
+        b = got[side]["eval_loss"]
+        print(f"\nlockstep's is {100 * (a - b) / b:+.2f}% of {SIDE_NAMES[side]}'s.")
     return got
 
 
