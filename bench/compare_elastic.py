@@ -256,9 +256,14 @@ def measure_torchft(cluster, python, kill_at):
         done_before = max(s for t, s in first.steps() if t <= killed)
         # A step in flight at the kill may still commit with both; what counts is the first step
         # the survivor commits on its own.
-        alone_at, alone_line = first.wait_for(r"participants 1 ", after=killed)
         steps = [(t, s) for t, s in first.steps() if t <= killed][-40:]
         step_time = statistics.median(b - a for (a, _), (b, _) in zip(steps, steps[1:]))
+        try:
+            alone_at, alone_line = first.wait_for(r"participants 1 ", after=killed)
+        except SystemExit:  # the survivor ended instead: say how
+            errors = [line for line in first.text().splitlines() if re.search(r"^\w*(Error|Exception)\b", line)]
+            print("torchft: the survivor failed:\n" + first.text()[-3000:], flush=True)
+            return {"failed": errors[-1] if errors else "exited", "step": step_time, "killed_after": done_before}
         print("torchft: killed after step", done_before, "; alone at:", alone_line, flush=True)
         return {"total": alone_at - killed, "step": step_time, "killed_after": done_before,
                 "steps_lost": done_before - (int(STEP.search(alone_line).group(1)) - 1)}
@@ -266,6 +271,17 @@ def measure_torchft(cluster, python, kill_at):
         for r in replicas:
             r.stop()
         lighthouse.stop()
+
+
+def torchft_runs(cluster, args):
+    """measure_torchft --repeat times: the median of the runs whose survivor went on, and why the
+    others' did not."""
+    runs = [measure_torchft(cluster, args.torch2_python, args.kill_at) for _ in range(args.repeat)]
+    survived = [r for r in runs if "failed" not in r]
+    median = (lambda key: statistics.median(r[key] for r in survived)) if survived else (lambda key: float("nan"))
+    return {"runs": len(runs), "survived": len(survived), "failures": [r["failed"] for r in runs if "failed" in r],
+            "total": median("total"), "step": statistics.median(r["step"] for r in runs),
+            "steps_lost": max((r["steps_lost"] for r in survived), default=0)}
 
 
 def steps_per_second(launcher, start, end):
@@ -368,14 +384,17 @@ def cluster_parts(cluster, args, parts):
         print("recovery", r, flush=True)
         s = measure_restart(cluster, args.build, args.kill_at, args.save_steps)
         print("restart", s, flush=True)
-        ft = measure_torchft(cluster, args.torch2_python, args.kill_at) if has_torchft(args.torch2_python) else None
+        ft = torchft_runs(cluster, args) if has_torchft(args.torch2_python) else None
         print("torchft", ft, flush=True)
         head = f" torchft (PyTorch 2.x, {torchft_version(args.torch2_python)}) |" if ft else ""
         col = (lambda text: f" {text} |") if ft else (lambda text: "")
         lines += ["## One worker of two SIGKILLed (2 machines, 1 Gbit/s)", "",
                   *(["torchft: the time to the survivor's first step committed without the dead replica "
                      "(its lighthouse drops a replica whose heartbeats stop for --heartbeat_timeout_ms, "
-                     "5 s by default; steps before that fail and are not committed).", ""] if ft else []),
+                     "5 s by default; steps before that fail and are not committed), median of the runs "
+                     f"whose survivor went on: {ft['survived']} of {ft['runs']}."
+                     + (f" In the others the survivor itself ended: {'; '.join(sorted(set(ft['failures'])))}"
+                        if ft["failures"] else ""), ""] if ft else []),
                   "| | elastic (--nnodes 1:2) | restart from checkpoint (--max-restarts 1, --save-steps "
                   f"{args.save_steps}) |" + head, "|---|---|---|" + ("---|" if ft else ""),
                   f"| kill to the next completed step | {r['total']:.2f} s | {s['total']:.2f} s |"

@@ -317,7 +317,12 @@ def measure(side, args, work):
         os.kill(victim, signal.SIGKILL)
         noticed = re.compile(FAILURE_REPORT[side])
         _, noticed_t, _ = job.wait_line(lambda line: noticed.search(line))
-        first_new, resumed_t, resumed_at = job.wait_line(new_group_line(side))
+        try:
+            first_new, resumed_t, resumed_at = job.wait_line(new_group_line(side))
+        except RuntimeError as e:  # a launcher that never restarted: a result too, not the end of the run
+            print(e, flush=True)
+            return {"side": side, "failed": f"reported the failure {noticed_t - killed:.2f} s after the kill, "
+                                           f"then no new group within {WAIT_SECONDS} s"}
         with job.changed:
             old = [s for _, line in job.lines[:first_new] if line is not None and (s := step_of(line)) is not None]
         done_before = max(old)
@@ -353,7 +358,9 @@ def report(args, runs, command, sides):
     monitor = (f"--monitor_interval {args.torchrun_monitor_interval}" if args.torchrun_monitor_interval
                else "torchrun's default --monitor_interval (5 s)")
     keys = ["noticed", "resumed", "next", "caught_up", "redone"]
-    med = {side: {k: statistics.median(r[k] for r in runs if r["side"] == side) for k in keys} for side in sides}
+    done = [r for r in runs if "failed" not in r]
+    med = {side: {k: statistics.median([r[k] for r in done if r["side"] == side] or [float("nan")]) for k in keys}
+           for side in sides}
     torchruns = [side for side in sides if side.startswith("torchrun")]
     lines = ["# torchrun's restart after a worker is killed, against lockstep run's", "",
              f"{datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, commit {commit}, BLAS {blas}; "
@@ -375,9 +382,15 @@ def report(args, runs, command, sides):
         lines.append(f"| {label} | " + " | ".join(f"{med[s][key]:.2f} s" for s in sides) + " | "
                      + " | ".join(f"{med[t][key] / med['lockstep'][key]:.1f}x" for t in torchruns) + " |")
     lines += ["| steps redone | " + " | ".join(f"{med[s]['redone']:g}" for s in sides) + " |" + " |" * len(torchruns),
+              "| runs that restarted | " + " | ".join(
+                  f"{sum(r['side'] == s for r in done)} of {sum(r['side'] == s for r in runs)}" for s in sides)
+              + " |" + " |" * len(torchruns),
               "", "| run | launcher | killed after step | resumed from | kill -> reported | kill -> resumed | "
               "kill -> next step | kill -> caught up | steps redone |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(runs):
+        if "failed" in r:
+            lines.append(f"| {i // len(sides) + 1} | {SIDE_NAMES[r['side']]} | {r['failed']} |||||||")
+            continue
         lines.append(f"| {i // len(sides) + 1} | {SIDE_NAMES[r['side']]} | "
                      f"{r['killed_after']} | {r['resumed_at']} | {r['noticed']:.2f} s | {r['resumed']:.2f} s | "
                      f"{r['next']:.2f} s (step {r['next_step']}) | {r['caught_up']:.2f} s | {r['redone']} |")
@@ -418,11 +431,14 @@ def main():
                 run_dir = os.path.join(work, f"{side}-{i}")
                 os.makedirs(run_dir)
                 r = measure(side, args, run_dir)
+                runs.append(r)
+                shutil.rmtree(run_dir, ignore_errors=True)
+                if "failed" in r:
+                    print(f"{side} run {i + 1}: {r['failed']}", flush=True)
+                    continue
                 print(f"{side} run {i + 1}: killed after step {r['killed_after']}, resumed from {r['resumed_at']}; "
                       f"kill -> reported {r['noticed']:.2f} s, resumed {r['resumed']:.2f} s, next step "
                       f"{r['next']:.2f} s, caught up {r['caught_up']:.2f} s", flush=True)
-                runs.append(r)
-                shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = report(args, runs, command, sides)
