@@ -388,6 +388,7 @@ def cluster_parts(cluster, args, parts):
         print("torchft", ft, flush=True)
         head = f" torchft (PyTorch 2.x, {torchft_version(args.torch2_python)}) |" if ft else ""
         col = (lambda text: f" {text} |") if ft else (lambda text: "")
+        ft_total = ft and (f"{ft['total']:.2f} s" if ft["survived"] else "none went on")
         lines += ["## One worker of two SIGKILLed (2 machines, 1 Gbit/s)", "",
                   *(["torchft: the time to the survivor's first step committed without the dead replica "
                      "(its lighthouse drops a replica whose heartbeats stop for --heartbeat_timeout_ms, "
@@ -397,10 +398,9 @@ def cluster_parts(cluster, args, parts):
                         if ft["failures"] else ""), ""] if ft else []),
                   "| | elastic (--nnodes 1:2) | restart from checkpoint (--max-restarts 1, --save-steps "
                   f"{args.save_steps}) |" + head, "|---|---|---|" + ("---|" if ft else ""),
-                  f"| kill to the next completed step | {r['total']:.2f} s | {s['total']:.2f} s |"
-                  + col(ft and f"{ft['total']:.2f} s"),
+                  f"| kill to the next completed step | {r['total']:.2f} s | {s['total']:.2f} s |" + col(ft_total),
                   f"| kill to the first step past the one reached | {r['total']:.2f} s | {s['caught_up']:.2f} s |"
-                  + col(ft and f"{ft['total']:.2f} s"),
+                  + col(ft_total),
                   f"| ... detection | {r['detection']:.2f} s | |" + col(""),
                   f"| ... agreement on the new membership | {r['agree']:.3f} s | |" + col(""),
                   f"| ... communicator rebuild | {r['rebuild']:.3f} s | |" + col(""),
@@ -409,7 +409,7 @@ def cluster_parts(cluster, args, parts):
                   + col(ft and f"{ft['step']:.3f} s"),
                   f"| completed steps lost | {r['steps_lost']} | {s['steps_redone']} (killed after step "
                   f"{s['killed_after']}, resumed from {s['killed_after'] // args.save_steps * args.save_steps}) |"
-                  + col(ft and str(max(0, ft["steps_lost"]))), ""]
+                  + col(ft and (str(max(0, ft["steps_lost"])) if ft["survived"] else "-")), ""]
     if "churn" in parts:
         c = measure_churn(cluster, args.build, args.churn_seconds, args.churn_every)
         base = c["no failure"][0]

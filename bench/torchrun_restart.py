@@ -321,8 +321,10 @@ def measure(side, args, work):
             first_new, resumed_t, resumed_at = job.wait_line(new_group_line(side))
         except RuntimeError as e:  # a launcher that never restarted: a result too, not the end of the run
             print(e, flush=True)
-            return {"side": side, "failed": f"reported the failure {noticed_t - killed:.2f} s after the kill, "
-                                           f"then no new group within {WAIT_SECONDS} s"}
+            errors = [line for line in str(e).splitlines() if "Error: " in line]
+            then = (f"then its new group failed: {errors[-1].split(']:', 1)[-1].strip()[:160]}"
+                    if "ended (exit" in str(e) and errors else f"then no new group within {WAIT_SECONDS} s")
+            return {"side": side, "failed": f"reported the failure {noticed_t - killed:.2f} s after the kill, {then}"}
         with job.changed:
             old = [s for _, line in job.lines[:first_new] if line is not None and (s := step_of(line)) is not None]
         done_before = max(old)
