@@ -3,10 +3,12 @@
 launcher to both workers being past their first barrier (the latest PAST_BARRIER stamp a worker
 prints, minus the moment the launcher was started), for `lockstep run --nproc-per-node 2`,
 `torchrun --nproc-per-node 2` (Debian's python3-torch 1.13; it needs --redirects 1 --tee 1 to
-start on Python 3.11) and `mpirun -np 2`. Runs each --repeat times, interleaved, and prints the
-median and range as a markdown table.
+start on Python 3.11), the torchrun of PyTorch 2.x (--torch2-python; skipped when absent) and
+`mpirun -np 2`. Runs each --repeat times, interleaved, and prints the median and range as a
+markdown table.
 
     /usr/bin/python3 bench/compare_launch.py [--build build] [--repeat 7]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 """
 import argparse
 import os
@@ -31,6 +33,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"))
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     sides = {
@@ -38,8 +41,12 @@ def main():
                          os.path.join(build, "bench", "launch_worker")],
         "torchrun": ["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node", "2", "--redirects", "1",
                      "--tee", "1", os.path.join(HERE, "torch_barrier.py")],
+        "torchrun 2.x": [args.torch2_python, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                         os.path.join(HERE, "torch_barrier.py")],
         "mpirun": ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", os.path.join(build, "bench", "mpi_barrier")],
     }
+    if not os.path.exists(args.torch2_python):
+        del sides["torchrun 2.x"]
     times = {k: [] for k in sides}
     for _ in range(args.repeat):
         for name, cmd in sides.items():
