@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Allreduce, lockstep against its peers, in one run on this machine: lockstep shm and gloo
 (`lockstep bench allreduce --json`), Open MPI's MPI_Allreduce (bench/mpi_allreduce.c) and
-torch.distributed gloo (Debian's python3-torch). 2 ranks, f32 sum, one thread per rank.
+torch.distributed gloo (Debian's python3-torch, and PyTorch 2.x's with --torch2-python). 2 ranks, f32 sum, one thread per rank.
 Each pair compares the same operation: lockstep shm and MPI go from a send buffer to a receive
 buffer; lockstep gloo and torch gloo reduce in place (torch's all_reduce has no other form, and
 DDP's buckets are reduced in place). Prints a markdown table with busbw and the ratios
@@ -46,13 +46,13 @@ def run_mpi(build, ranks, lo, hi):
     return parse_lines(out)
 
 
-def run_torch(ranks, lo, hi):
+def run_torch(ranks, lo, hi, python="/usr/bin/python3"):
     port = free_port()
     procs = []
     for r in range(ranks):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(["/usr/bin/python3", os.path.join(HERE, "torch_allreduce.py"), str(lo), str(hi)],
+        procs.append(subprocess.Popen([python, os.path.join(HERE, "torch_allreduce.py"), str(lo), str(hi)],
                                       env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--rounds", type=int, default=3,
                     help="sweeps per side, interleaved; each size keeps its best time (noise only adds time)")
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="a python with PyTorch 2.x for a second torch gloo side (skipped when absent)")
     args = ap.parse_args()
     lo, hi, n = args.min_bytes, args.max_bytes, args.ranks
     runners = {
@@ -83,6 +85,8 @@ def main():
         "Open MPI": lambda: run_mpi(args.build, n, lo, hi),
         "torch gloo": lambda: run_torch(n, lo, hi),
     }
+    if os.path.exists(args.torch2_python):
+        runners["torch 2.x gloo"] = lambda: run_torch(n, lo, hi, args.torch2_python)
     sides = {k: {} for k in runners}
     for _ in range(args.rounds):
         for name, run in runners.items():
@@ -94,9 +98,11 @@ def main():
     names = list(sides)
     print(f"allreduce f32 sum, {n} ranks, 1 thread per rank (no BLAS involved); best of {args.rounds} interleaved "
           f"sweeps per size; time in us, busbw in GB/s; shm and MPI send -> receive, both gloo sides in place\n")
-    head = "| size | " + " | ".join(f"{k} us | {k} busbw" for k in names) + " | shm/MPI | gloo/torch |"
+    two = "torch 2.x gloo" in sides
+    head = ("| size | " + " | ".join(f"{k} us | {k} busbw" for k in names) + " | shm/MPI | gloo/torch |"
+            + (" gloo/torch 2.x |" if two else ""))
     print(head)
-    print("|" + "---|" * (1 + 2 * len(names) + 2))
+    print("|" + "---|" * (1 + 2 * len(names) + 2 + two))
     size = lo
     while size <= hi:
         cells, bw = [], {}
@@ -105,7 +111,8 @@ def main():
             bw[k] = size / (t * 1e-6) / 1e9 * factor
             cells += [f"{t:.1f}", f"{bw[k]:.2f}"]
         print(f"| {human(size)} | " + " | ".join(cells) +
-              f" | {bw['lockstep shm'] / bw['Open MPI']:.2f}x | {bw['lockstep gloo'] / bw['torch gloo']:.2f}x |")
+              f" | {bw['lockstep shm'] / bw['Open MPI']:.2f}x | {bw['lockstep gloo'] / bw['torch gloo']:.2f}x |"
+              + (f" {bw['lockstep gloo'] / bw['torch 2.x gloo']:.2f}x |" if two else ""))
         size *= 2
     wrong = sum(r.get("wrong", 0) for k in ("lockstep shm", "lockstep gloo") for r in sides[k].values())
     print(f"\nlockstep correctness check: {wrong} wrong elements")
