@@ -233,10 +233,10 @@ std::int64_t worker_baseline_bytes() {
 TEST(Zero3Cluster, AModelWhoseStateOutgrowsEachMachineTrainsUnderStageThreeWhereDdpAndStageTwoRunOutOfMemory) {
   REQUIRE_CLUSTER();
   constexpr std::int64_t kStateLimit = std::int64_t(1690) << 20;  // 1.65 GiB for the training state
-  const std::int64_t kLimit = kStateLimit + 2 * worker_baseline_bytes();
+  const std::int64_t machine_limit = kStateLimit + 2 * worker_baseline_bytes();
   auto limits = [&] {
     std::vector<Cgroup> g;
-    for (int m = 0; m < 2; ++m) g.push_back(Cgroup::memory(kLimit));
+    for (int m = 0; m < 2; ++m) g.push_back(Cgroup::memory(machine_limit));
     return g;
   };
   if (limits()[0].path().empty()) GTEST_SKIP() << "no memory cgroup can be made here (needs root)";
@@ -253,7 +253,7 @@ TEST(Zero3Cluster, AModelWhoseStateOutgrowsEachMachineTrainsUnderStageThreeWhere
     // Either the OOM kill is the job's first failure or another rank's reaction to it was agreed
     // first; the launcher names the kill both ways.
     EXPECT_NE(all.find("the kernel's OOM killer ended it"), std::string::npos)
-        << "each machine limited to " << (kLimit >> 20) << " MiB\n" << all;
+        << "each machine limited to " << (machine_limit >> 20) << " MiB\n" << all;
     EXPECT_FALSE(fs::exists(out.path() + "/checkpoint-1")) << "a checkpoint from a job that did not train";
   }
   TempDir out("zero3-fits");
@@ -261,7 +261,7 @@ TEST(Zero3Cluster, AModelWhoseStateOutgrowsEachMachineTrainsUnderStageThreeWhere
   VirtualCluster cluster({2, "10gbit"});
   auto nodes = launch(cluster, big_gpt(out.path(), {"--zero-stage", "3", "--zero-shared-parameters"}), &g);
   for (auto& n : nodes) {
-    ASSERT_EQ(n->wait(600), 0) << "each machine limited to " << (kLimit >> 20) << " MiB\n" << n->output();
+    ASSERT_EQ(n->wait(600), 0) << "each machine limited to " << (machine_limit >> 20) << " MiB\n" << n->output();
   }
   const std::string& o = nodes[0]->output();
   const std::regex parameters(R"(GPT: 44 layers, 8 heads, 512 wide, 64 tokens of context: ([0-9.]+) M parameters)");
