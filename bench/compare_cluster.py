@@ -16,7 +16,8 @@ shape it measures:
                momentum (bench/ddp_bench.cc and its PyTorch twin bench/torch_ddp.py): lockstep
                hier, lockstep gloo, lockstep hier with bf16 gradients everywhere, with PowerSGD
                (rank 4) or auto between machines (--sides), PyTorch DDP (gloo,
-               GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve),
+               GLOO_SOCKET_IFNAME=eth0: PyTorch needs it where hostnames do not resolve;
+               `pytorch` is Debian's 1.13, `pytorch2` the torch 2.x venv's, --torch2-python),
                --repeat times interleaved, median samples/s of all workers; hier-syncK is local
                SGD (--sync-every K: DDP inside each machine, the machines averaging their models
                every K steps; --steps should be a multiple of K), hier-powersgd:N PowerSGD with N
@@ -31,6 +32,7 @@ compute is slower than on real machines: the ratios, measured in one run, are wh
     sudo /usr/bin/python3 bench/compare_cluster.py [--build build] [--rates 1gbit,10gbit]
         [--shapes 2x2,4x1,3x2] [--sides hier,gloo,hier-bf16,hier-powersgd,hier-auto,pytorch]
         [--sizes 4194304,67108864] [--repeat 3] [--steps 100] [--out bench/CLUSTER.md]
+        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 """
 import argparse
 import datetime
@@ -141,9 +143,10 @@ SIDES = {"hier": ("hier", "none"), "gloo": ("gloo", "none"), "hier-bf16": ("hier
          "gloo-auto": ("gloo", "auto")}
 
 
-def ddp(cluster, build, side, steps, nproc):
-    if side == "pytorch":
-        program = ["/usr/bin/python3", f"{HERE}/torch_ddp.py", "--model", "mlp", "--steps", str(steps)]
+def ddp(cluster, build, side, steps, nproc, torch2_python):
+    if side in ("pytorch", "pytorch2"):
+        python = "/usr/bin/python3" if side == "pytorch" else torch2_python
+        program = [python, f"{HERE}/torch_ddp.py", "--model", "mlp", "--steps", str(steps)]
         return launch(cluster, build, nproc, program, {"GLOO_SOCKET_IFNAME": "eth0"})["samples_per_s"]
     if side == "no-comm":  # the ceiling: the same steps with no gradient sent at all
         program = [f"{build}/bench/ddp_bench", "--model", "mlp", "--steps", str(steps), "--no-sync"]
@@ -179,10 +182,15 @@ def main():
     ap.add_argument("--shapes", default="2x2", help="MACHINESxWORKERS, comma-separated")
     ap.add_argument("--sides", default="hier,gloo,hier-bf16,hier-powersgd,hier-auto,pytorch")
     ap.add_argument("--out", default=os.path.join(HERE, "CLUSTER.md"))
+    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
+                    help="the python of a torch 2.x venv, for the pytorch2 side")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("compare_cluster.py makes network namespaces: run it as root")
     sides = args.sides.split(",")
+    if "pytorch2" in sides and not os.path.exists(args.torch2_python):
+        raise SystemExit(f"the pytorch2 side needs a torch 2.x python: {args.torch2_python} does not exist "
+                         "(run LOCKSTEP_TORCH=pip ./scripts/test once, or pass --torch2-python)")
     lines = [f"# Machines as network namespaces: hier, flat gloo, gradient codecs and PyTorch DDP",
              "",
              f"{datetime.date.today()}, {cpu()}, {os.cpu_count()} cores shared by every machine, commit "
@@ -201,15 +209,15 @@ def main():
                 results = {s: [] for s in sides}
                 for _ in range(args.repeat):
                     for s in sides:
-                        results[s].append(ddp(cluster, args.build, s, args.steps, nproc))
+                        results[s].append(ddp(cluster, args.build, s, args.steps, nproc, args.torch2_python))
                         print(rate, shape, s, results[s][-1], flush=True)
                 med = {s: statistics.median(v) for s, v in results.items()}
                 lines += [f"| DDP, MLP 784-1024-1024-10, batch 64 x {machines * nproc} workers | samples/s (median) | "
-                          "range | vs flat gloo | vs PyTorch DDP |", "|---|---|---|---|---|"]
+                          "range | vs flat gloo | vs PyTorch 1.13 DDP | vs PyTorch 2.x DDP |", "|---|---|---|---|---|---|"]
                 for s in sides:
                     versus = lambda peer: f"{med[s] / med[peer]:.2f}x" if peer in med else ""
                     lines.append(f"| {s} | {med[s]:.0f} | {min(results[s]):.0f}-{max(results[s]):.0f} | "
-                                 f"{versus('gloo')} | {versus('pytorch')} |")
+                                 f"{versus('gloo')} | {versus('pytorch')} | {versus('pytorch2')} |")
                 lines.append("")
             finally:
                 cluster.close()
