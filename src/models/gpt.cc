@@ -159,6 +159,20 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   return ln_f(x);
 }
 
+std::vector<train::Matmul> GptModelImpl::forward_matmuls(std::int64_t samples) const {
+  const std::int64_t t = config_.block_size, c = config_.n_embd, heads = config_.n_head, rows = samples * t;
+  const std::vector<train::Matmul> block = {
+      {1, rows, c, 3 * c},                  // query, key, value
+      {samples * heads, t, c / heads, t},   // scores: q k^T
+      {samples * heads, t, t, c / heads},   // scores v
+      {1, rows, c, c},                      // attention's output projection
+      {1, rows, c, 4 * c},                  // MLP in
+      {1, rows, 4 * c, c}};                 // MLP out
+  std::vector<train::Matmul> out;
+  for (int layer = 0; layer < config_.n_layer; ++layer) out.insert(out.end(), block.begin(), block.end());
+  return out;
+}
+
 std::vector<std::shared_ptr<torch::nn::Module>> GptModelImpl::parameter_units() {
   std::vector<std::shared_ptr<torch::nn::Module>> out;
   for (const auto& block : *h) out.push_back(block);
@@ -174,6 +188,12 @@ torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
   return torch::nn::functional::linear(transformer(tokens), transformer->wte->weight);
 }
 
+std::vector<train::Matmul> GptLmHeadModelImpl::forward_matmuls(std::int64_t samples) const {
+  auto out = transformer->forward_matmuls(samples);
+  out.push_back({1, samples * config().block_size, config().n_embd, config().vocab_size});  // the tied head
+  return out;
+}
+
 GptForSequenceClassificationImpl::GptForSequenceClassificationImpl(const GptConfig& c, int num_labels, int pad_token)
     : pad_token_(pad_token) {
   if (num_labels < 2) throw ConfigError("a classifier needs at least 2 labels (got " + std::to_string(num_labels) + ")");
@@ -187,6 +207,12 @@ torch::Tensor GptForSequenceClassificationImpl::forward(const torch::Tensor& tok
   auto last = (tokens != pad_token_).to(torch::kLong).sum(1).sub(1).clamp_min(0);  // [B]
   auto rows = torch::arange(tokens.size(0), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   return score(hidden.index({rows, last}));
+}
+
+std::vector<train::Matmul> GptForSequenceClassificationImpl::forward_matmuls(std::int64_t samples) const {
+  auto out = transformer->forward_matmuls(samples);
+  out.push_back({1, samples, config().n_embd, score->options.out_features()});  // the last token's only
+  return out;
 }
 
 std::vector<std::int64_t> generate(GptLmHeadModel& model, std::vector<std::int64_t> tokens,

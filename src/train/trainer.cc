@@ -14,11 +14,13 @@
 #include <thread>
 
 #include "evaluate.h"
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/model_flops.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/memory_usage.h"
 #include "lockstep/train_core/blas.h"
@@ -182,9 +184,24 @@ void Trainer::Impl::log_modes() const {
                               << "gradients besides its slices, and small ones start reducing sooner";
 }
 
+// The model's FLOPs per sample and, when LOCKSTEP_PROBE_MATMUL asks, the matmul rates at the
+// shapes of this worker's micro-batch.
+RunFlops Trainer::Impl::count_flops() const {
+  RunFlops counted;
+  const auto per_sample = model_matmuls(*model.module, 1);
+  if (!per_sample) return counted;
+  counted.per_sample = training_flops(*per_sample);
+  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1") return counted;
+  const auto shapes = *model_matmuls(*model.module, args.per_device_train_batch_size);
+  counted.fp32_rate = measure_matmul_rate(shapes, torch::kFloat);
+  counted.bf16_rate = measure_matmul_rate(shapes, torch::kBFloat16);
+  return counted;
+}
+
 // Rank 0's first lines, and the train_begin record the doctor reads.
 void Trainer::Impl::announce() {
   const BlasInfo blas = blas_info();
+  flops = count_flops();
   if (rank() != 0) return;
   char head[512];
   std::snprintf(
@@ -235,6 +252,14 @@ void Trainer::Impl::announce() {
   begin.blas_own_core = blas.own_core;
   begin.blas_forced = blas.forced;
   begin.blas_by_launcher = blas.chosen_by_launcher;
+  begin.bf16 = args.bf16;
+  begin.model_flops_per_sample = flops.per_sample;
+  if (flops.fp32_rate > 0) {
+    begin.matmul_fp32_flops_per_second = flops.fp32_rate;
+    begin.matmul_bf16_flops_per_second = flops.bf16_rate;
+    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops.fp32_rate / 1e9
+                              << " GFLOP/s, bf16 " << flops.bf16_rate / 1e9 << " GFLOP/s";
+  }
   outputs->record(begin.to_json());
 }
 
@@ -279,6 +304,11 @@ void Trainer::Impl::log_window(RunProgress& run) {
   entry.job_pss_bytes = pss;
   if (stage3()) entry.zero_gathered_high_water_bytes = static_cast<double>(zero->memory().gathered_high_water);
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
+  if (flops.per_sample) {
+    entry.model_flops_per_second = *flops.per_sample * entry.samples_per_second;
+    const double rate = args.bf16 ? flops.bf16_rate : flops.fp32_rate;
+    if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
+  }
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
   if (entry.straggler_rank != run.straggler && rank() == 0) {

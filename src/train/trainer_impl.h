@@ -76,6 +76,13 @@ class WholeParameters {
   bool keep_values_;
 };
 
+// The model's FLOPs per sample and the rates this worker multiplies at (0: not measured): what
+// the log's model_flops_per_second and mfu come from.
+struct RunFlops {
+  std::optional<double> per_sample;
+  double fp32_rate = 0, bf16_rate = 0;
+};
+
 struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
@@ -97,6 +104,7 @@ struct Trainer::Impl {
   bool improved_since_save = false;  // the best metric changed since the last checkpoint
   StepEpilogue epilogue;
   std::unique_ptr<RunOutputs> outputs;
+  RunFlops flops;
 
   bool stage3() const { return zero && args.zero_stage == 3; }
   int rank() const { return comm->rank(); }
@@ -127,6 +135,8 @@ struct Trainer::Impl {
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
   torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
   void announce();
+  // Collective in effect (every rank measures at once, sharing the cores as training will).
+  RunFlops count_flops() const;
   void log_modes() const;
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
   // Logging, evaluation, the end of an epoch, checkpoints and callbacks after a step: starts the

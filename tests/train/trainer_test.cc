@@ -389,7 +389,8 @@ TEST(TrainerRuns, AShortRunOnTwoWorkersLowersTheLoss) {
   const std::string out = out_dir.path();
   lockstep::testing::Process run(
       launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "40", "--logging-steps", "5",
-                                 "--save-strategy", "no", "--trace", "--output-dir", out})));
+                                 "--save-strategy", "no", "--trace", "--output-dir", out})),
+      {{"LOCKSTEP_PROBE_MATMUL", "1"}});
   ASSERT_EQ(run.wait(180), 0) << run.output();
   EXPECT_NE(run.output().find("2 workers x 16 per device x 1 accumulation = 32 samples per step"),
             std::string::npos)
@@ -402,6 +403,23 @@ TEST(TrainerRuns, AShortRunOnTwoWorkersLowersTheLoss) {
                           "backward_seconds", "optimizer_seconds", "data_seconds"})
     EXPECT_TRUE(log.back().contains(key)) << key;
   EXPECT_TRUE(list_checkpoints(out).empty());  // --save-strategy no
+
+  // Model FLOPs: an MLP multiplies each weight once per sample (6 FLOPs in training), its biases
+  // being under 1% of the parameters; the utilisation is over the rate measured for the run.
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::string first;
+  std::getline(metrics, first);
+  const auto begin = nlohmann::json::parse(first);
+  const double per_sample = begin["model_flops_per_sample"].get<double>();
+  EXPECT_NEAR(per_sample, 6.0 * begin["parameters"].get<double>(), 0.01 * 6 * begin["parameters"].get<double>());
+  const double fp32_rate = begin["matmul_fp32_flops_per_second"].get<double>();
+  EXPECT_GT(fp32_rate, 0);
+  EXPECT_GT(begin["matmul_bf16_flops_per_second"].get<double>(), 0);
+  for (const auto& window : log) {
+    EXPECT_NEAR(window["model_flops_per_second"].get<double>(), per_sample * window["samples_per_second"].get<double>(),
+                1e-9 * window["model_flops_per_second"].get<double>());
+    EXPECT_NEAR(window["mfu"].get<double>(), window["model_flops_per_second"].get<double>() / 2 / fp32_rate, 1e-9);
+  }
 
   // --trace: one Chrome trace per rank, valid JSON, with every phase of a step.
   for (int rank : {0, 1}) {

@@ -76,6 +76,7 @@ inline constexpr Knob kPath{"PATH", "/usr/local/bin:/usr/bin:/bin", "where locks
 // --- the Trainer ---
 inline constexpr Knob kElasticCheck{"LOCKSTEP_ELASTIC_CHECK", "1", "elastic jobs: seconds of training between the members' looks for workers waiting to join (one integer all-reduce each)", Group::train};
 inline constexpr Knob kFaultInject{"LOCKSTEP_FAULT_INJECT", nullptr, "tests only, first attempt (elastic: first membership) only; comma-separated: kill-during-save:STEP (rank 0 dies inside the save of checkpoint-STEP), kill-after-step:STEP:RANK, kill-during-eval:STEP:RANK, kill-before-update:STEP:RANK (RANK dies in an elastic ZeRO step holding its gradients, before the update may start), kill-in-update:STEP:RANK (... once its slices are updated, before the all-gather) or kill-in-state-transfer:MEMBERSHIP:RANK (RANK dies sending the state to the members of that membership)", Group::train};
+inline constexpr Knob kProbeMatmul{"LOCKSTEP_PROBE_MATMUL", nullptr, "1: before training, every worker measures its matmul rate at the model's shapes in fp32 and bf16 (about a second), and metrics.jsonl reports them and the model FLOPs utilisation (mfu); lockstep doctor sets it", Group::train};
 inline constexpr Knob kOpenblasOwnCore{"LOCKSTEP_OPENBLAS_OWN_CORE", nullptr, "set by lockstep run beside the OPENBLAS_CORETYPE it chose: the kernels OpenBLAS picks by itself on this CPU, which the Trainer's metrics and lockstep doctor report", Group::train};
 // --- libraries lockstep runs on ---
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
@@ -124,6 +125,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kElasticCheck,
                                        &kFaultInject,
                                        &kOpenblasOwnCore,
+                                       &kProbeMatmul,
                                        &kOmpNumThreads,
                                        &kOpenblasCoretype,
                                        &kGlibcTunables};

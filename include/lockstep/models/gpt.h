@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "lockstep/ddp/parameter_units.h"
+#include "lockstep/train_core/matmuls.h"
 
 namespace lockstep::models {
 
@@ -97,6 +98,10 @@ class GptModelImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units();
   void set_unit_runner(UnitRunner runner) { runner_ = std::move(runner); }
   const GptConfig& config() const { return config_; }
+  // The blocks' products for `samples` sequences of block_size tokens: per block the QKV and
+  // output projections, attention's two batched products (full T x T: no causal skipping), the
+  // MLP's two.
+  std::vector<train::Matmul> forward_matmuls(std::int64_t samples) const;
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -110,10 +115,11 @@ class GptModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptModel);
 
-class GptLmHeadModelImpl : public torch::nn::Module {
+class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls {
  public:
   explicit GptLmHeadModelImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, T, vocab]
+  std::vector<train::Matmul> forward_matmuls(std::int64_t samples) const override;  // the body's and the head's
   void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
   void set_unit_runner(UnitRunner runner) { transformer->set_unit_runner(std::move(runner)); }
@@ -125,10 +131,11 @@ TORCH_MODULE(GptLmHeadModel);
 
 // Classifies a sequence from the hidden state of its last real token; tokens equal to
 // `pad_token` at the end are padding (GPT-2's sequence classifier does the same).
-class GptForSequenceClassificationImpl : public torch::nn::Module {
+class GptForSequenceClassificationImpl : public torch::nn::Module, public train::CountsMatmuls {
  public:
   GptForSequenceClassificationImpl(const GptConfig& c, int num_labels, int pad_token = 0);
   torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, num_labels]
+  std::vector<train::Matmul> forward_matmuls(std::int64_t samples) const override;  // the body's and the score's
   void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
   void set_unit_runner(UnitRunner runner) { transformer->set_unit_runner(std::move(runner)); }

@@ -51,7 +51,14 @@
   X(std::string, blas_best_core, "the fastest OpenBLAS kernel set this CPU runs")                       \
   X(std::string, blas_own_core, "the kernel set OpenBLAS picks by itself on this CPU")                  \
   X(bool, blas_forced, "whether OPENBLAS_CORETYPE chose the kernels")                                   \
-  X(bool, blas_by_launcher, "whether lockstep run set OPENBLAS_CORETYPE, OpenBLAS's own pick being slower")
+  X(bool, blas_by_launcher, "whether lockstep run set OPENBLAS_CORETYPE, OpenBLAS's own pick being slower") \
+  X(bool, bf16, "whether forward and backward run under bfloat16 autocast (--bf16)")                  \
+  X(std::optional<double>, model_flops_per_sample,                                                      \
+    "training FLOPs per sample: 3x the forward's matrix products (model FLOPs; recomputation not counted); " \
+    "absent when the model's products are unknown (docs/metrics.md says which models count)")           \
+  X(std::optional<double>, matmul_fp32_flops_per_second,                                                \
+    "rank 0's measured fp32 matmul rate at the model's shapes and threads (LOCKSTEP_PROBE_MATMUL=1)")    \
+  X(std::optional<double>, matmul_bf16_flops_per_second, "... and in bfloat16")
 
 #define LOCKSTEP_STEP_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done")                                                         \
@@ -61,6 +68,8 @@
   X(std::optional<double>, grad_norm, "global gradient norm before clipping (when --max-grad-norm > 0)") \
   X(double, samples_per_second, "samples of all workers per second of wall time over the window")      \
   X(std::optional<double>, tokens_per_second, "target tokens of all workers per second (per-token targets only)") \
+  X(std::optional<double>, model_flops_per_second, "model FLOPs of all workers per second (train_begin's model_flops_per_sample x samples_per_second)") \
+  X(std::optional<double>, mfu, "model FLOPs utilisation: model_flops_per_second over world_size times the measured matmul rate at the run's precision (when probed)") \
   X(int, world_size, "workers")                                                                          \
   X(double, step_seconds, "time per step, averaged over steps and ranks")                               \
   X(double, data_seconds, "... waiting for the batch")                                                  \
