@@ -7,6 +7,7 @@
 
 #include "lockstep/base/cpu_kernels.h"
 #include "lockstep/doctor/doctor.h"
+#include "lockstep/train_core/matmuls.h"
 #include "lockstep/train_core/memory_usage.h"
 
 namespace lockstep::doctor {
@@ -302,10 +303,50 @@ std::optional<Finding> slow_link(const Evidence& e) {
   return f;
 }
 
+// The run multiplies in fp32 on a CPU whose bf16 units multiply its shapes much faster.
+std::optional<Finding> bf16_matmuls(const Evidence& e) {
+  const RunSummary& many = e.many;
+  const auto advice = train::bf16_advice(many.bf16, many.matmul_fp32, many.matmul_bf16, step_of(many), many.compute());
+  if (!advice) return std::nullopt;
+  Finding f;
+  f.kind = "precision";
+  f.problem = "the matrix products run in fp32, which this CPU multiplies at " + fmt("%.0f", many.matmul_fp32 / 1e9) +
+              " GFLOP/s per worker at the model's shapes; its bf16 units reach " +
+              fmt("%.0f", many.matmul_bf16 / 1e9) + fmt(" (%.1fx)", advice->matmul_speedup);
+  f.action = "train with --bf16 (autocast: products in bfloat16, weights, gradients and the optimizer in fp32); "
+             "compare the loss curve with this run's";
+  f.predicted = "up to " + fmt("%.2fx", advice->predicted_speedup) +
+                " faster steps (all of forward and backward at the bf16 rate, the rest unchanged)";
+  f.saving = 1 - 1 / advice->predicted_speedup;
+  return f;
+}
+
+// How much of the machine the run uses: the model FLOPs it achieves over the measured matmul rate
+// at its shapes, and why bf16 is not advised where it is no faster.
+std::optional<Finding> utilisation(const Evidence& e) {
+  const RunSummary& many = e.many;
+  if (many.mfu() <= 0) return std::nullopt;
+  Finding f;
+  f.kind = "utilisation";
+  f.recommendation = false;
+  const double while_computing = many.compute() > 0 ? many.mfu() * step_of(many) / many.compute() : 0;
+  f.problem = "the run reaches " + pct(many.mfu()) + " of this machine's " + (many.bf16 ? "bf16" : "fp32") +
+              " matmul rate at the model's shapes (" + fmt("%.0f of %.0f GFLOP/s per worker", many.model_flops_per_worker() / 1e9,
+                                                          many.matmul_rate() / 1e9) +
+              "), " + pct(while_computing) + " while in forward and backward";
+  f.action = "forward and backward also run element-wise work that model FLOPs do not count: activations, norms, "
+             "softmax, casts; the rest of the step is in the breakdown above";
+  if (!many.bf16 && many.matmul_bf16 > 0 && many.matmul_bf16 < 1.2 * many.matmul_fp32)
+    f.action += "; bf16 multiplies no faster here (" + fmt("%.0f GFLOP/s", many.matmul_bf16 / 1e9) +
+                ": no bf16 units on this CPU), so --bf16 would cost precision for nothing: keep fp32";
+  return f;
+}
+
 using Rule = std::optional<Finding> (*)(const Evidence&);
 constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  straggler_named, slow_link, data_wait,
                            larger_batch,       link_bound,              comm_competes_for_cores,
-                           compress_gradients, shard_the_optimizer,     compute_slowed};
+                           compress_gradients, shard_the_optimizer,     compute_slowed,
+                           bf16_matmuls,       utilisation};
 
 }  // namespace
 

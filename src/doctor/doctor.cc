@@ -147,6 +147,7 @@ Session open_session(const DoctorOptions& o) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!knobs::is_set(knobs::kOmpNumThreads))
     s.env[knobs::kOmpNumThreads.name] = std::to_string(std::max(1, cores / o.nproc));
+  s.env[knobs::kProbeMatmul.name] = "1";  // the machine's matmul rate at the model's shapes, for utilisation
   return s;
 }
 

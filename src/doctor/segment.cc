@@ -51,6 +51,10 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("peak_rss_bytes", s.peak_rss_bytes);
   visit("straggler_rank", s.straggler_rank);
   visit("straggler", s.straggler);
+  visit("bf16", s.bf16);
+  visit("model_flops_per_sample", s.model_flops_per_sample);
+  visit("matmul_fp32_flops_per_second", s.matmul_fp32);
+  visit("matmul_bf16_flops_per_second", s.matmul_bf16);
 }
 
 nlohmann::json RunSummary::to_json() const {
@@ -105,6 +109,10 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.blas_own_core = b.blas_own_core;
   s.zero_stage = b.zero_stage;
   s.optimizer_state_bytes = static_cast<double>(b.worker_optimizer_state_bytes);
+  s.bf16 = b.bf16;
+  s.model_flops_per_sample = b.model_flops_per_sample.value_or(0);
+  s.matmul_fp32 = b.matmul_fp32_flops_per_second.value_or(0);
+  s.matmul_bf16 = b.matmul_bf16_flops_per_second.value_or(0);
 }
 
 // The rank the Trainer named in at least half of the windows after the first, if one was.

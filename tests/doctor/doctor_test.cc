@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -45,6 +48,12 @@ Evidence evidence(const RunSummary& one, const RunSummary& many, double bench_gb
   e.bench_gbps = bench_gbps;
   e.blas_speedup = blas_speedup;
   return e;
+}
+
+std::string fmt_speedup(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", x);
+  return buf;
 }
 
 bool has(const std::vector<Finding>& f, const std::string& kind) {
@@ -219,6 +228,37 @@ TEST(DoctorAnalysis, TheReportSaysWhoChoseTheKernels) {
   e = evidence(one, many, 0);
   EXPECT_NE(format_report(e, {}).find("OpenBLAS's SkylakeX kernels, set by OPENBLAS_CORETYPE"),
             std::string::npos);
+}
+
+TEST(DoctorAnalysis, Fp32OnACpuWithBf16UnitsIsToldTheMeasuredRatesAndThePredictedStep) {
+  RunSummary one = healthy(1), many = healthy(2);
+  many.model_flops_per_sample = 3.2e6;  // 2 x 64 samples per 44.5 ms step: 9.2 GFLOP/s per worker
+  many.matmul_fp32 = 40e9, many.matmul_bf16 = 160e9;
+  auto f = diagnose(evidence(one, many, 2.0));
+  ASSERT_TRUE(has(f, "precision"));
+  EXPECT_EQ(f.front().kind, "precision");
+  EXPECT_NE(f.front().problem.find("(4.0x)"), std::string::npos) << f.front().problem;
+  EXPECT_NE(f.front().action.find("--bf16"), std::string::npos) << f.front().action;
+  // 40 of the 44.5 ms are forward and backward: at 4x, 30 ms saved.
+  EXPECT_NE(f.front().predicted.find(fmt_speedup(many.step / (many.step - 0.030))), std::string::npos)
+      << f.front().predicted;
+  const auto note = std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.kind == "utilisation"; });
+  ASSERT_NE(note, f.end());
+  EXPECT_FALSE(note->recommendation);
+  EXPECT_NE(note->problem.find(std::to_string(static_cast<int>(std::lround(100 * many.mfu()))) + "%"),
+            std::string::npos)
+      << note->problem;
+  // Where bf16 is no faster (no bf16 units), fp32 is kept, and the note says why.
+  many.matmul_bf16 = 30e9;
+  f = diagnose(evidence(one, many, 2.0));
+  EXPECT_FALSE(has(f, "precision"));
+  const auto keep = std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.kind == "utilisation"; });
+  ASSERT_NE(keep, f.end());
+  EXPECT_NE(keep->action.find("keep fp32"), std::string::npos) << keep->action;
+  // A run in bf16 already: utilisation against the bf16 rate, nothing to advise.
+  many.bf16 = true, many.matmul_bf16 = 160e9;
+  EXPECT_FALSE(has(diagnose(evidence(one, many, 2.0)), "precision"));
+  EXPECT_DOUBLE_EQ(many.mfu(), many.model_flops_per_worker() / 160e9);
 }
 
 // ----- the command, on real runs of the Fashion-MNIST example ---------------------------------

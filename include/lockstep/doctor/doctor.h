@@ -36,6 +36,13 @@ struct RunSummary {
   // none), and the Trainer's words for the last of them.
   int straggler_rank = -1;
   std::string straggler;
+  // The run's precision, its model FLOPs, and the matmul rates each worker measured at the model's
+  // shapes (train_core/matmuls.h); 0 where unknown or not measured.
+  bool bf16 = false;
+  double model_flops_per_sample = 0, matmul_fp32 = 0, matmul_bf16 = 0;
+  double model_flops_per_worker() const { return world > 0 ? model_flops_per_sample * samples_per_second / world : 0; }
+  double matmul_rate() const { return bf16 ? matmul_bf16 : matmul_fp32; }  // at the run's precision
+  double mfu() const { return matmul_rate() > 0 ? model_flops_per_worker() / matmul_rate() : 0; }
   double network_gbps() const { return network_seconds > 0 ? network_bytes / network_seconds / 1e9 : 0; }
   double other() const;
   double compute() const { return forward + backward; }
