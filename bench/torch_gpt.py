@@ -243,6 +243,16 @@ def train_batches(dataset, batch, rank, world, seed):
         epoch += 1
 
 
+def profile_steps(train_step, steps, rank):
+    """`steps` more steps under the autograd profiler; rank 0 prints where their time went, by
+    operator (self time: each op's own, its children's not counted), to stderr."""
+    with torch.autograd.profiler.profile() as prof:
+        for _ in range(steps):
+            train_step()
+    if rank == 0:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+
+
 def autocast(bf16):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
@@ -363,6 +373,8 @@ def main():
     ap.add_argument("--checkpoint-mode", choices=["reentrant", "non-reentrant"], default="reentrant",
                     help="torch.utils.checkpoint's variant under --gradient-checkpointing")
     ap.add_argument("--bf16", action="store_true", help="autocast forward and loss to bfloat16")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after the timed steps, N more under the autograd profiler: rank 0 prints a table by operator")
     ap.add_argument("--fsdp2", action="store_true", help="torch 2.x: fully_shard each block and the root (ZeRO-3)")
     ap.add_argument("--save-steps", type=int, default=0, help="a DCP checkpoint every N steps (0: none)")
     ap.add_argument("--save-dir", help="where the DCP checkpoints go: DIR/step-N")
@@ -466,6 +478,8 @@ def main():
             timed_steps += 1
     if checkpoints:
         checkpoints.wait()
+    if args.profile_steps:
+        profile_steps(train_step, args.profile_steps, rank)
     if world > 1:
         dist.barrier()
     elapsed = time.perf_counter() - start

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lockstep/ddp/gradient_checkpoint.h"
+#include "lockstep/models/dropout.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
@@ -88,12 +89,10 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : n_head_(c.n_head) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : n_head_(c.n_head), dropout_(c.dropout) {
   const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
   c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, 0.02));
   c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, residual_std));
-  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.dropout));
-  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -103,19 +102,19 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
   att = att.masked_fill(causal_mask(t, x.device()), -std::numeric_limits<float>::infinity());
-  att = attn_dropout(torch::softmax(att, -1));
+  att = fast_dropout(torch::softmax(att, -1), dropout_, is_training());
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
-  return resid_dropout(c_proj(y));
+  return fast_dropout(c_proj(y), dropout_, is_training());
 }
 
-MlpImpl::MlpImpl(const GptConfig& c) : approximate_(c.activation == "gelu_new" ? "tanh" : "none") {
+MlpImpl::MlpImpl(const GptConfig& c)
+    : approximate_(c.activation == "gelu_new" ? "tanh" : "none"), dropout_(c.dropout) {
   c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, 0.02));
   c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, 0.02 / std::sqrt(2.0 * c.n_layer)));
-  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(torch::gelu(c_fc(x), approximate_)));
+  return fast_dropout(c_proj(torch::gelu(c_fc(x), approximate_)), dropout_, is_training());
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
@@ -136,7 +135,6 @@ GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
   wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   normal_init(wte->weight, 0.02);
   normal_init(wpe->weight, 0.02);
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
   for (int i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(layer_norm(c)));
@@ -148,7 +146,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
     throw ConfigError("a sequence of " + std::to_string(t) + " tokens is longer than the model's context (block_size " +
                       std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = drop(wte(tokens) + wpe(positions));
+  auto x = fast_dropout(wte(tokens) + wpe(positions), config_.dropout, is_training());
   for (std::size_t i = 0; i < h->size(); ++i) {
     auto block = h[i]->as<BlockImpl>();
     const UnitForward unit = [this, i, block](const torch::Tensor& in) {

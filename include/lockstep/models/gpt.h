@@ -16,7 +16,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -57,10 +56,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
-  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
 
  private:
   int n_head_;
+  double dropout_;  // on the attention probabilities and the output (models/dropout.h)
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -70,10 +69,10 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
-  torch::nn::Dropout dropout{nullptr};
 
  private:
   std::string approximate_;  // torch::gelu's: "none" or "tanh"
+  double dropout_;
 };
 TORCH_MODULE(Mlp);
 
@@ -104,7 +103,6 @@ class GptModelImpl : public torch::nn::Module {
   std::vector<train::Matmul> forward_matmuls(std::int64_t samples) const;
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
-  torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 
