@@ -3,7 +3,7 @@
 
 Both sides train the same byte-level GPT on the same fortune blocks with the same initialisation,
 AdamW, schedule and clipping (examples/gpt.cc against bench/torch_gpt.py), per-worker batch 16
-blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three parts:
+blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Four parts:
 
   throughput  tokens/s of lockstep 1 process, lockstep DDP 2 workers, PyTorch 1 process and
               PyTorch DDP (gloo) 2 workers, for PyTorch 1.13 (Debian's) and 2.x (the venv's python,
@@ -15,10 +15,13 @@ blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Three p
               tokens/s, the growth of tensor memory within a step (lockstep: its counting
               allocator; PyTorch: one step under the autograd profiler's memory tracking), and
               the resident-memory high-water mark of rank 0.
+  precision   2 workers, the 4x model, fp32 and --bf16 (autocast) on every side: tokens/s, and the
+              model FLOPs utilisation against the matmul rates lockstep's workers measured at the
+              model's shapes (LOCKSTEP_PROBE_MATMUL=1), PyTorch's from the same FLOPs and rates.
   loss        2 workers, default model, --loss-steps steps on both sides, then the validation
               loss over the whole validation split: lockstep's against PyTorch's.
 
-    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,loss]
+    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,precision,loss]
         [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x]
         [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 
@@ -75,7 +78,10 @@ def lockstep_result(out_dir, world):
             "step_tensor_bytes": max(e.get("step_tensor_bytes", 0) for e in logs),
             "peak_rss_bytes": logs[-1].get("peak_rss_bytes"), "eval_loss": final["eval_loss"],
             "intra_op_threads": begin["intra_op_threads"], "blas_core": begin.get("blas_core"),
-            "params": begin.get("parameters")}
+            "params": begin.get("parameters"), "flops_per_sample": begin.get("model_flops_per_sample"),
+            "matmul_fp32": begin.get("matmul_fp32_flops_per_second"),
+            "matmul_bf16": begin.get("matmul_bf16_flops_per_second"),
+            "mfu": statistics.mean(e["mfu"] for e in logs) if all("mfu" in e for e in logs) else None}
 
 
 def run_lockstep(build, world, flags, env):
@@ -168,6 +174,41 @@ def memory(args, env):
     return {f"{s} {'on' if c else 'off'}": v for (s, c), v in got.items()}
 
 
+def precision(args, env):
+    """fp32 and bf16 autocast on both sides, the 4x model on 2 workers, and lockstep's model FLOPs
+    utilisation against the matmul rates its workers measured at the model's shapes
+    (LOCKSTEP_PROBE_MATMUL=1); PyTorch's utilisation from the same FLOPs per token and rates."""
+    flags = ["--max-steps", str(args.steps), "--eval-limit", "32"] + MODELS["4x"]
+    probe = dict(env, LOCKSTEP_PROBE_MATMUL="1")
+    sides = ["lockstep"] + list(PYTHONS)
+    got = {(side, bf16): [] for side in sides for bf16 in (False, True)}
+    for _ in range(args.repeat):
+        for side, bf16 in got:
+            extra = ["--bf16"] if bf16 else []
+            got[side, bf16].append(run_side(side, args.build, 2, flags + extra, probe if side == "lockstep" else env))
+    ours = got["lockstep", False] + got["lockstep", True]
+    per_token = ours[0]["flops_per_sample"] / 128
+    rate = {False: statistics.median(r["matmul_fp32"] for r in ours),
+            True: statistics.median(r["matmul_bf16"] for r in ours)}
+    print(f"\n### Precision: the 4x model, 2 workers, median of {args.repeat} interleaved runs\n")
+    print(f"Model FLOPs {per_token / 1e6:.1f} M per token (3x the forward's products). Matmul rate at the model's "
+          f"shapes, per worker, measured by lockstep's workers: fp32 {rate[False] / 1e9:.0f} GFLOP/s, bf16 "
+          f"{rate[True] / 1e9:.0f} GFLOP/s.\n")
+    print("| side | precision | tokens/s (range) | model GFLOP/s per worker | utilisation of the matmul rate | "
+          "vs PyTorch 1.13 same precision | vs PyTorch 2.x same precision |")
+    print("|---|---|---|---|---|---|---|")
+    med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in got.items()}
+    for side in sides:
+        for bf16 in (False, True):
+            tps = [r["tokens_per_s"] for r in got[side, bf16]]
+            achieved = med[side, bf16] * per_token / 2
+            versus = lambda peer: f"{med[side, bf16] / med[peer, bf16]:.2f}x" if (peer, bf16) in med else ""
+            print(f"| {SIDE_NAMES[side]} | {'bf16' if bf16 else 'fp32'} | {med[side, bf16]:.0f} ({min(tps):.0f}-"
+                  f"{max(tps):.0f}) | {achieved / 1e9:.0f} | {achieved / rate[bf16]:.0%} | {versus('pytorch')} | "
+                  f"{versus('pytorch2')} |")
+    return {f"{s} {'bf16' if b else 'fp32'}": v for (s, b), v in got.items()}
+
+
 def loss(args, env):
     flags = ["--max-steps", str(args.loss_steps)]
     got = {side: run_side(side, args.build, 2, flags, env) for side in ["lockstep"] + list(PYTHONS)}
@@ -213,7 +254,7 @@ def main():
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
     results = {}
     for part in args.parts.split(","):
-        results[part] = {"throughput": throughput, "memory": memory, "loss": loss}[part](args, env)
+        results[part] = {"throughput": throughput, "memory": memory, "precision": precision, "loss": loss}[part](args, env)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
