@@ -35,7 +35,7 @@
 #include <csignal>
 #include <sstream>
 
-#include "evaluate.h"
+#include "dataset_loader.h"
 #include "lockstep/base/clock.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"

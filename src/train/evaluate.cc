@@ -10,6 +10,8 @@
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/metrics.h"
+#include "cpu_autocast.h"
+#include "dataset_loader.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {

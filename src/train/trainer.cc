@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "dataset_loader.h"
 #include "evaluate.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"

@@ -4,7 +4,7 @@
 // the learning rate of this step, and the optimiser.
 #include <torch/torch.h>
 
-#include "evaluate.h"
+#include "cpu_autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"
