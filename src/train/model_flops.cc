@@ -19,10 +19,12 @@ bool holds_own_parameters(const torch::nn::Module& m) {
 }
 
 // Seconds per product of shape p, at dtype, timed over at least `min_seconds` after one warm-up.
+// Constant operands: a product's time does not depend on the values, and drawing random ones
+// would move the run's generator, so that a probed run trained differently from one that was not.
 double seconds_per_product(const Matmul& p, torch::Dtype dtype, double min_seconds) {
   const auto options = torch::TensorOptions().dtype(dtype);
-  const auto a = torch::randn({p.batch, p.m, p.k}).to(options);
-  const auto b = torch::randn({p.batch, p.k, p.n}).to(options);
+  const auto a = torch::full({p.batch, p.m, p.k}, 0.5, options);
+  const auto b = torch::full({p.batch, p.k, p.n}, 0.25, options);
   torch::NoGradGuard no_grad;
   auto out = torch::bmm(a, b);  // warm-up: packing buffers, kernel selection
   using Clock = std::chrono::steady_clock;

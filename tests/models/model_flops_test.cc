@@ -51,11 +51,16 @@ TEST(ModelFlops, LinearLayersAreFoundInAnyTreeAndOtherWeightsLeaveTheCountUnknow
   EXPECT_FALSE(train::model_matmuls(*cnn, 10)) << "a convolution's products depend on its input: not counted";
 }
 
-TEST(ModelFlops, TheMeasuredRateIsAPositiveFiniteFlopRate) {
+TEST(ModelFlops, TheMeasuredRateIsAPositiveFiniteFlopRateAndLeavesTheGeneratorAlone) {
   const std::vector<Matmul> products = {{1, 64, 128, 256}, {4, 16, 32, 16}};
+  torch::manual_seed(11);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(11);
   for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
     const double rate = train::measure_matmul_rate(products, dtype, 0.002);
     EXPECT_GT(rate, 1e6) << dtype;  // a product of these shapes takes far less than a second
     EXPECT_TRUE(std::isfinite(rate)) << dtype;
   }
+  // A probed run trains on the same random draws as one that was not probed.
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
 }
