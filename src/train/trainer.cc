@@ -219,6 +219,15 @@ void Trainer::Impl::announce() {
   log_modes();
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
+  if (flops.fp32_rate > 0)
+    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops.fp32_rate / 1e9
+                              << " GFLOP/s, bf16 " << flops.bf16_rate / 1e9 << " GFLOP/s";
+  outputs->record(train_begin_record(blas).to_json());
+}
+
+// What the doctor and report read of this start: the configuration, the memory each worker
+// holds, the BLAS kernels and the model's FLOPs.
+metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) const {
   metrics::TrainBegin begin;
   begin.world_size = world();
   begin.per_device_train_batch_size = args.per_device_train_batch_size;
@@ -258,10 +267,8 @@ void Trainer::Impl::announce() {
   if (flops.fp32_rate > 0) {
     begin.matmul_fp32_flops_per_second = flops.fp32_rate;
     begin.matmul_bf16_flops_per_second = flops.bf16_rate;
-    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops.fp32_rate / 1e9
-                              << " GFLOP/s, bf16 " << flops.bf16_rate / 1e9 << " GFLOP/s";
   }
-  outputs->record(begin.to_json());
+  return begin;
 }
 
 void Trainer::Impl::show_progress(double loss, const std::string& rate, double exposed_fraction,

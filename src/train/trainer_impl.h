@@ -25,6 +25,8 @@
 #include "lockstep/ddp/local_sgd.h"
 #include "lockstep/ddp/zero.h"
 #include "lockstep/train/trainer.h"
+#include "lockstep/train_core/blas.h"
+#include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
 #include "lockstep/train_core/step_metrics.h"
@@ -135,6 +137,7 @@ struct Trainer::Impl {
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
   torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
   void announce();
+  metrics::TrainBegin train_begin_record(const BlasInfo& blas) const;
   // Collective in effect (every rank measures at once, sharing the cores as training will).
   RunFlops count_flops() const;
   void log_modes() const;
