@@ -14,6 +14,13 @@ may differ by an ulp (and so may a loss that is itself averaged over the ranks, 
 (measured in three runs of each: single steps apart by 0.06% to 30% while the model learns its
 task, the mean of the last 10 losses by 3e-5 to 1.3%), so the end is compared as the mean of the
 last 10 losses, within 10%. The seconds per step of each are printed, not asserted.
+
+That training happened is checked as the mean of the last 10 losses below 0.95x the mean of the
+first 10: a model that does not learn stays at chance (at lr 0 the ratio was 1.001),
+while one that learns ends, over three tokenizers here, at 0.55-0.62 (Trainer, 2 workers),
+0.33-0.38 (4), 0.66-0.71 (Accelerate, 2) and 0.30-0.34 (4). How far it falls depends on the
+host's kernels and the tokenizer's tie-breaks: one CI host ended a 2-worker Trainer run at lr 2e-3
+(since lowered to 1e-3, whose curves spike less) at 0.88.
 """
 import json
 import os
@@ -53,7 +60,7 @@ class HuggingFace(harness.TestCase):
         record = records[0]
         self.assertEqual(record["group"], backend)  # Hugging Face ran on the group the script made
         losses = record["losses"]
-        self.assertLess(sum(losses[-10:]) / 10, 0.85 * sum(losses[:10]) / 10, f"the loss did not fall: {losses}")
+        self.assertLess(sum(losses[-10:]) / 10, 0.95 * sum(losses[:10]) / 10, f"the loss did not fall: {losses}")
         print(f"{name} on {backend}, {world} workers: {record['seconds_per_step'] * 1000:.1f} ms a step, "
               f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
         return losses

@@ -48,6 +48,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--tokenizer", required=True, help="a directory fortune_data.py saved")
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args()
 
     dist.init_process_group(args.backend)  # before transformers: it then uses this group
@@ -59,7 +60,7 @@ def main():
     data = fortune_data.Encoded(rows, tokenizer)
     model = fortune_data.small_bert(len(tokenizer))
     training = TrainingArguments(output_dir=args.out_dir, per_device_train_batch_size=16, max_steps=args.steps,
-                                 learning_rate=2e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=1, seed=0,
+                                 learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=1, seed=0,
                                  report_to=[], save_strategy="no", use_cpu=True, dataloader_num_workers=0,
                                  disable_tqdm=True)
     clock = StepClock()
