@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/base/gpus.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/main.h"
 #include "lockstep/comm/backends.h"
@@ -68,7 +69,7 @@ struct RunCommand : Command {
         parent.add_subcommand("run", "Start and supervise the workers of a job (torchrun-compatible flags)");
     app->prefix_command();
     app->add_option("--nproc-per-node", nproc,
-                    "workers on this machine: a number, or auto (one per CPU core)")
+                    "workers on this machine: a number, or auto (one per visible GPU, else one per CPU core)")
         ->capture_default_str();
     app->add_option("--nnodes", nnodes,
                     "machines in the job, one `lockstep run` on each; MIN:MAX for an elastic job, which starts "
@@ -152,7 +153,7 @@ struct RunCommand : Command {
   }
 
   int parse_nproc() const {
-    if (nproc == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (nproc == "auto") return auto_nproc_per_node(visible_gpus(), std::thread::hardware_concurrency());
     try {
       std::size_t used = 0;
       int n = std::stoi(nproc, &used);

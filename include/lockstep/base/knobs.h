@@ -62,7 +62,7 @@ inline constexpr Knob kToken{"LOCKSTEP_TOKEN", "", "the run's secret: every stor
 inline constexpr Knob kRunId{"LOCKSTEP_RUN_ID", "default", "names the run's keys on the store", Group::comm};
 inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so far (set by lockstep run); the Trainer resumes from its newest checkpoint when above 0", Group::comm};
 inline constexpr Knob kElastic{"LOCKSTEP_ELASTIC", nullptr, "MIN:MAX machines, set by lockstep run --nnodes MIN:MAX: the worker joins an elastic membership (the Trainer does; a plain rendezvous refuses) instead of a fixed RANK and WORLD_SIZE", Group::comm};
-inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, hier, mpi or auto (shm when every rank is on one machine; gloo when each machine holds one rank; else hier, unequal machines included)", Group::comm};
+inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, hier, mpi, nccl (GPU memory; host buffers staged) or auto (shm when every rank is on one machine; gloo when each machine holds one rank; else hier, unequal machines included)", Group::comm};
 inline constexpr Knob kHierAcross{"LOCKSTEP_HIER_ACROSS", "gloo", "the hier backend's engine between machines: gloo, or mpi (under mpirun, in a lockstep built with MPI; MASTER_ADDR/MASTER_PORT still give the store the machines' shared memory needs)", Group::comm};
 inline constexpr Knob kGlooRing{"LOCKSTEP_GLOO_RING", "mailbox", "the gloo backend's all-reduces above 512 KiB gathered: a ring over lockstep's own connections (mailbox), or Gloo's ring (gloo); every rank must name the same, else Gloo's is used", Group::comm};
 inline constexpr Knob kTimeout{"LOCKSTEP_TIMEOUT", "300", "seconds any collective or store call may take", Group::comm};
@@ -82,6 +82,7 @@ inline constexpr Knob kOpenblasOwnCore{"LOCKSTEP_OPENBLAS_OWN_CORE", nullptr, "s
 inline constexpr Knob kOmpNumThreads{"OMP_NUM_THREADS", nullptr, "intra-op threads per process; lockstep run and lockstep doctor set cores / workers when it is unset", Group::libraries};
 inline constexpr Knob kOpenblasCoretype{"OPENBLAS_CORETYPE", nullptr, "OpenBLAS's kernels (e.g. SkylakeX, Haswell), read when it loads; when unset and OpenBLAS would pick kernels below the CPU's, lockstep run sets the CPU's best for its workers (and says so), and the Trainer warns in programs started otherwise", Group::libraries};
 inline constexpr Knob kGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr, "PyTorch's name for the interface Gloo binds (the first of a comma-separated list); lockstep honours it when LOCKSTEP_GLOO_IFACE is unset", Group::libraries};
+inline constexpr Knob kCudaVisibleDevices{"CUDA_VISIBLE_DEVICES", nullptr, "CUDA's list of the GPUs a process may use (indices or UUIDs, comma-separated); lockstep run --nproc-per-node auto counts the GPUs it leaves, as CUDA would", Group::libraries};
 inline constexpr Knob kGlibcTunables{"GLIBC_TUNABLES", nullptr, "glibc's tunables; when unset, lockstep run gives workers malloc tunables that keep freed memory for reuse", Group::libraries};
 // clang-format on
 
@@ -128,6 +129,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kProbeMatmul,
                                        &kOmpNumThreads,
                                        &kOpenblasCoretype,
+                                       &kCudaVisibleDevices,
                                        &kGlibcTunables};
 
 // The variable's value when set and not empty, else its default, else nullopt.

@@ -31,7 +31,7 @@
 namespace lockstep::launch {
 
 struct LaunchOptions {
-  int nproc_per_node = 1;  // resolved: "auto" is the number of CPU cores
+  int nproc_per_node = 1;  // resolved: "auto" is the visible GPUs, else the CPU cores (base/gpus.h)
   int nnodes = 1;
   int node_rank = 0;
   int min_nodes = 0;          // > 0: an elastic job of min_nodes..nnodes machines (--nnodes MIN:MAX)
