@@ -253,8 +253,17 @@ def profile_steps(train_step, steps, rank):
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
 
 
+DEVICE = torch.device("cpu")  # --device: cuda is the GPU of this process's LOCAL_RANK
+
+
 def autocast(bf16):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    return torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def synchronize():
+    """Before a clock is read: a GPU's queued work done."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 @torch.no_grad()
@@ -263,8 +272,9 @@ def evaluate(model, dataset, batch, rank, world, bf16):
     world-th block (no padding, so no block counts twice) and the sums are all-reduced."""
     model.eval()
     mine = torch.utils.data.Subset(dataset, range(rank, len(dataset), world))
-    total = torch.zeros(2, dtype=torch.float64)  # [sum of losses, number of targets]
+    total = torch.zeros(2, dtype=torch.float64, device=DEVICE)  # [sum of losses, number of targets]
     for block in torch.utils.data.DataLoader(mine, batch_size=batch):
+        block = block.to(DEVICE)
         x, y = block[:, :-1], block[:, 1:]
         with autocast(bf16):
             logits = model(x)
@@ -373,6 +383,8 @@ def main():
     ap.add_argument("--checkpoint-mode", choices=["reentrant", "non-reentrant"], default="reentrant",
                     help="torch.utils.checkpoint's variant under --gradient-checkpointing")
     ap.add_argument("--bf16", action="store_true", help="autocast forward and loss to bfloat16")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the GPU of LOCAL_RANK (DDP then over nccl), as lockstep's --device cuda")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after the timed steps, N more under the autograd profiler: rank 0 prints a table by operator")
     ap.add_argument("--fsdp2", action="store_true", help="torch 2.x: fully_shard each block and the root (ZeRO-3)")
@@ -393,9 +405,14 @@ def main():
         sys.exit("--save-steps needs --save-dir")
 
     torch.set_num_threads(args.threads)
+    global DEVICE
+    if args.device == "cuda":
+        if args.fsdp2:
+            sys.exit("--device cuda with --fsdp2 is not measured here: drop one")
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     rank, world = 0, 1
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
 
     entries, train_stream, valid_stream = load_corpus(args.corpus_dir)
@@ -425,14 +442,15 @@ def main():
         model.to_empty(device="cpu")
         model.init_weights()
     else:
-        model = GptLmHeadModel(config, checkpoint_mode)
+        model = GptLmHeadModel(config, checkpoint_mode).to(DEVICE)
     params = sum(p.numel() for p in model.parameters())
     net = model
     if world > 1 and not args.fsdp2:
         # Plain DDP (find_unused_parameters=False, no static_graph) is enough for both checkpoint
         # variants in 1.13: every parameter gets exactly one gradient per step, the reentrant one's
         # from its nested backward, and the all-reduced gradients equal those without checkpointing.
-        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=25, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
     torch.manual_seed(args.seed + rank)  # each rank's own dropout masks
 
     # Weight decay on every parameter (one group), as the C++ Trainer.
@@ -450,7 +468,7 @@ def main():
     model.train()
     batches = train_batches(train_set, args.batch, rank, world, args.seed)
     def train_step():
-        block = next(batches)
+        block = next(batches).to(DEVICE)
         x, y = block[:, :-1], block[:, 1:]
         with autocast(args.bf16):
             logits = net(x)
@@ -465,6 +483,7 @@ def main():
     timed_steps, start, plain_steps = 0, None, []
     for step in range(args.max_steps):
         if step == min(args.warmup, args.max_steps - 1) and start is None:  # always time at least one step
+            synchronize()
             if world > 1:
                 dist.barrier()
             start = time.perf_counter()
@@ -480,6 +499,7 @@ def main():
         checkpoints.wait()
     if args.profile_steps:
         profile_steps(train_step, args.profile_steps, rank)
+    synchronize()
     if world > 1:
         dist.barrier()
     elapsed = time.perf_counter() - start
@@ -489,7 +509,7 @@ def main():
     # After the evaluation, so the loss above is after exactly --max-steps steps, and after the
     # RSS reading, which the profiler's own bookkeeping would raise.
     step_bytes = step_tensor_bytes(train_step) if args.measure_memory else None
-    rss_max = torch.tensor([rss], dtype=torch.int64)
+    rss_max = torch.tensor([rss], dtype=torch.int64, device=DEVICE)  # nccl reduces device tensors only
     if world > 1:
         dist.all_reduce(rss_max, op=dist.ReduceOp.MAX)
     if rank == 0:
@@ -501,7 +521,7 @@ def main():
             "eval_loss": eval_loss, "eval_blocks": len(eval_set), "last_train_loss": loss.item(),
             "peak_rss_bytes": rss, "peak_rss_bytes_max": int(rss_max.item()), "step_tensor_bytes": step_bytes,
             "gradient_checkpointing": args.gradient_checkpointing, "bf16": args.bf16,
-            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2,
+            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2, "device": str(DEVICE),
             "plain_step_s_median": sorted(plain_steps)[len(plain_steps) // 2] if plain_steps else None,
             "saves": checkpoints.saves if checkpoints else [], "load_s": load_s,
             "torch": torch.__version__}), flush=True)

@@ -25,31 +25,42 @@ class RngReplay {
   torch::Tensor resume_;
 };
 
+// Autocast's state on the devices a forward may run on.
+constexpr at::DeviceType kAutocastDevices[] = {at::kCPU, at::kCUDA};
+
 struct AutocastState {
-  bool enabled = torch_compat::cpu_autocast_enabled();
-  at::ScalarType dtype = torch_compat::cpu_autocast_dtype();
+  bool enabled[2];
+  at::ScalarType dtype[2];
+  AutocastState() {
+    for (int i = 0; i < 2; ++i) {
+      enabled[i] = torch_compat::autocast_enabled(kAutocastDevices[i]);
+      dtype[i] = torch_compat::autocast_dtype(kAutocastDevices[i]);
+    }
+  }
+  void apply() const {
+    for (int i = 0; i < 2; ++i) {
+      torch_compat::set_autocast_enabled(kAutocastDevices[i], enabled[i]);
+      torch_compat::set_autocast_dtype(kAutocastDevices[i], dtype[i]);
+    }
+  }
 };
 
-// The forward's CPU autocast state, again, for the recomputation.
+// The forward's autocast state (CPU and CUDA), again, for the recomputation.
 class AutocastReplay {
  public:
-  explicit AutocastReplay(const AutocastState& s)
-      : previous_enabled_(torch_compat::cpu_autocast_enabled()), previous_dtype_(torch_compat::cpu_autocast_dtype()) {
-    torch_compat::set_cpu_autocast_enabled(s.enabled);
-    torch_compat::set_cpu_autocast_dtype(s.dtype);
+  explicit AutocastReplay(const AutocastState& s) {
+    s.apply();
     at::autocast::increment_nesting();
   }
   ~AutocastReplay() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    torch_compat::set_cpu_autocast_enabled(previous_enabled_);
-    torch_compat::set_cpu_autocast_dtype(previous_dtype_);
+    previous_.apply();
   }
   AutocastReplay(const AutocastReplay&) = delete;
   AutocastReplay& operator=(const AutocastReplay&) = delete;
 
  private:
-  bool previous_enabled_;
-  at::ScalarType previous_dtype_;
+  AutocastState previous_;  // captured before the constructor's body applies the forward's
 };
 
 // The backward of one checkpointed call: recompute, then backpropagate through the new graph.

@@ -1,5 +1,5 @@
-// bfloat16 autocast on the CPU for a scope: the Trainer's --bf16 around forward and the loss, in
-// training and evaluation alike.
+// bfloat16 autocast for a scope on the device the model trains on (CPU or CUDA): the Trainer's
+// --bf16 around forward and the loss, in training and evaluation alike.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -8,27 +8,31 @@
 
 namespace lockstep::train {
 
-// Autocast to bfloat16 on the CPU for the scope, as torch.autocast("cpu") does; off: nothing.
-class CpuAutocast {
+// Autocast to bfloat16 on `device` for the scope, as torch.autocast(device) does; off: nothing.
+class Autocast {
  public:
-  explicit CpuAutocast(bool on) : on_(on) {
+  Autocast(bool on, c10::DeviceType device) : on_(on), device_(device) {
     if (!on_) return;
-    previous_ = torch_compat::cpu_autocast_enabled();
-    torch_compat::set_cpu_autocast_enabled(true);
-    torch_compat::set_cpu_autocast_dtype(at::kBFloat16);
+    previous_ = torch_compat::autocast_enabled(device_);
+    previous_dtype_ = torch_compat::autocast_dtype(device_);
+    torch_compat::set_autocast_enabled(device_, true);
+    torch_compat::set_autocast_dtype(device_, at::kBFloat16);
     at::autocast::increment_nesting();
   }
-  ~CpuAutocast() {
+  ~Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    torch_compat::set_cpu_autocast_enabled(previous_);
+    torch_compat::set_autocast_enabled(device_, previous_);
+    torch_compat::set_autocast_dtype(device_, previous_dtype_);
   }
-  CpuAutocast(const CpuAutocast&) = delete;
-  CpuAutocast& operator=(const CpuAutocast&) = delete;
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool on_;
+  c10::DeviceType device_;
   bool previous_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
 }  // namespace lockstep::train

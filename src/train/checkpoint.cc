@@ -119,11 +119,18 @@ void save_module(const torch::nn::Module& module, const std::string& path) {
   write_file_durably(path, archive_bytes("model", [&](auto& a) { module.save(a); }));
 }
 
+// Where an optimizer's parameters, and so its state, live.
+static torch::Device state_device(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) return p.device();
+  return torch::kCPU;
+}
+
 void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& path) {
   if (!fs::exists(path)) throw DataError("no optimizer state at " + path + ": the checkpoint is incomplete");
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    archive.load_from(path, state_device(optimizer));  // saved on either device, loaded to the parameters'
     optimizer.load(archive);
   } catch (const c10::Error& e) {
     throw DataError("cannot load the optimizer state " + path + " (" +
@@ -147,7 +154,7 @@ void load_module(torch::nn::Module& module, const std::string& path) {
     throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    archive.load_from(path, torch::Device(torch::kCPU));  // saved on either device; copied to the module's below
   } catch (const c10::Error& e) {
     throw ConfigError("cannot read " + path + " as a torch archive (" +
                       std::string(e.what_without_backtrace()).substr(0, 200) + ")");

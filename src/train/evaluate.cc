@@ -10,7 +10,7 @@
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/metrics.h"
-#include "cpu_autocast.h"
+#include "autocast.h"
 #include "dataset_loader.h"
 #include "trainer_impl.h"
 
@@ -25,7 +25,7 @@ void broadcast_buffers(torch::nn::Module& module, comm::Communicator& comm) {
     if (!b.defined() || b.numel() == 0) continue;
     const auto dt = comm_dtype_of(b.scalar_type());
     if (!dt) throw ConfigError("cannot broadcast a buffer of type " + dtype_name(b.scalar_type()));
-    auto c = b.contiguous();
+    auto c = b.is_cpu() ? b.contiguous() : b.to(torch::kCPU).contiguous();  // a device's through host memory
     comm.broadcast(c.data_ptr(), static_cast<std::size_t>(c.numel()), *dt, 0)->wait();
     if (!c.is_same(b)) b.copy_(c);
   }
@@ -52,19 +52,19 @@ data::EvalTotals evaluate_totals(
     if (real.empty() && !setup.before_forward) continue;
     if (setup.before_forward) setup.before_forward();
     if (real.empty()) {  // only so the others' gathers have a partner; nothing counted
-      CpuAutocast autocast(setup.bf16);
-      model.forward(batch->input);
+      Autocast autocast(setup.bf16, setup.device.type());
+      model.forward(batch->input.to(setup.device));
       continue;
     }
-    torch::Tensor x = batch->input, y = batch->target;
+    torch::Tensor x = batch->input.to(setup.device), y = batch->target.to(setup.device);
     if (static_cast<std::int64_t>(real.size()) != n) {
-      auto keep = torch::tensor(real, torch::kLong);
+      auto keep = torch::tensor(real, torch::kLong).to(setup.device);
       x = x.index_select(0, keep);
       y = y.index_select(0, keep);
     }
     torch::Tensor out;
     {
-      CpuAutocast autocast(setup.bf16);
+      Autocast autocast(setup.bf16, setup.device.type());
       out = model.forward(x);
     }
     out = out.to(torch::kFloat);
@@ -93,7 +93,7 @@ nlohmann::json Trainer::Impl::evaluate() {
   const data::EvalTotals total =
       evaluate_totals(model, *eval_set, *comm,
                       {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16,
-                       stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr},
+                       stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr, device},
                       loss_fn);
   metrics::EvalLog m;
   m.step = state.global_step;

@@ -20,6 +20,7 @@ struct EvalSetup {
   // ZeRO stage 3: runs before each forward, and every rank forwards every batch (its forward
   // gathers parameters with the others), also a batch that is all padding for this rank.
   std::function<void()> before_forward = nullptr;
+  torch::Device device = torch::kCPU;  // where the model is: each batch moves there
 };
 
 // Collective: loss and correct predictions over the whole dataset, split over ranks by a

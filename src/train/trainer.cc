@@ -18,9 +18,11 @@
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
+#include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/device.h"
 #include "lockstep/train/model_flops.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/memory_usage.h"
@@ -192,7 +194,8 @@ RunFlops Trainer::Impl::count_flops() const {
   const auto per_sample = model_matmuls(*model.module, 1);
   if (!per_sample) return counted;
   counted.per_sample = training_flops(*per_sample);
-  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1") return counted;
+  // The probe times the CPU's products: against a GPU's run it would say nothing.
+  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1" || !device.is_cpu()) return counted;
   const auto shapes = *model_matmuls(*model.module, args.per_device_train_batch_size);
   counted.fp32_rate = measure_matmul_rate(shapes, torch::kFloat);
   counted.bf16_rate = measure_matmul_rate(shapes, torch::kBFloat16);
@@ -535,6 +538,17 @@ TrainResult Trainer::Impl::train() {
   return result(run);
 }
 
+// The model onto --device, before DDP or an optimizer sees its parameters.
+void Trainer::Impl::place_model() {
+  device = training_device(args.device, comm::rendezvous_info_from_env().local_rank);
+  if (device.is_cpu()) return;
+  if (args.zero_stage > 0)
+    throw ConfigError("--zero-stage " + std::to_string(args.zero_stage) + " with --device " + args.device +
+                      ": ZeRO keeps its shards in host memory; use DDP (--zero-stage 0) on the GPU, or --device cpu");
+  model.module->to(device);
+  if (rank() == 0) LOCKSTEP_LOG(info, train) << "training on " << device.str() << " (worker 0)";
+}
+
 Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
                  std::shared_ptr<const Dataset> eval_dataset, TrainingArguments args,
                  std::vector<std::shared_ptr<TrainerCallback>> callbacks, comm::Communicator* comm)
@@ -571,6 +585,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   }
   if (impl_->args.eval_strategy != "no" && !impl_->eval_set)
     throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
+  impl_->place_model();
   impl_->loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
     // Over the last dimension: [B, C] logits for [B] labels, or [B, T, V] for [B, T] tokens.
     return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));

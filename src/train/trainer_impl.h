@@ -93,6 +93,7 @@ struct Trainer::Impl {
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;
   LossFn loss_fn;
+  torch::Device device = torch::kCPU;  // --device: where the model, its batches and its optimizer live
 
   std::unique_ptr<Reducer> reducer;                     // several workers
   std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, or DDP
@@ -132,6 +133,7 @@ struct Trainer::Impl {
   // Local SGD: the machines meet if they trained apart since they last did (collective). Called
   // before anything reads the model: evaluation, a checkpoint, the end of training.
   void meet_machines();
+  void place_model();
   // An optimizer of the configured kind (--optim and its settings) over `params`.
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params) const;
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.

@@ -4,7 +4,7 @@
 // the learning rate of this step, and the optimiser.
 #include <torch/torch.h>
 
-#include "cpu_autocast.h"
+#include "autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"
@@ -37,10 +37,10 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
   const auto synced = Clock::now();
   torch::Tensor loss;
   {
-    CpuAutocast autocast(trainer.args.bf16);
-    torch::Tensor out = trainer.model.forward(batch->input);
+    Autocast autocast(trainer.args.bf16, trainer.device.type());
+    torch::Tensor out = trainer.model.forward(batch->input.to(trainer.device));
     if (trainer.reducer) trainer.reducer->after_forward(&out);
-    loss = trainer.loss_fn(out.to(torch::kFloat), batch->target);
+    loss = trainer.loss_fn(out.to(torch::kFloat), batch->target.to(trainer.device));
   }
   if (!micro.placeholder) window.add_loss(loss.item<double>(), targets);
   // The mean over this micro-batch, weighted to make the mean over the whole step once the

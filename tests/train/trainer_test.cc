@@ -20,6 +20,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
+#include "lockstep/train/device.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -51,7 +52,7 @@ Tiny seeded_tiny(int hidden = 16) {
 
 std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (const auto& p : m.parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
   return out;
 }
 
@@ -114,6 +115,39 @@ TEST(Trainer, AccumulationMatchesALargerBatchAndMoreWorkers) {
   EXPECT_LT(max_difference(accumulated, big_batch), 1e-5);
   EXPECT_LT(max_difference(accumulated, one_worker), 1e-5);
   EXPECT_GT(max_difference(accumulated, start), 1e-3);  // it trained at all
+}
+
+// --device: where there is no GPU, cuda is an error that says why and auto trains on the CPU
+// (bitwise as --device cpu); where there is one (scripts/gpu-check), 2 workers on it train the
+// weights 2 workers on the CPU do, up to float rounding in the GPU's kernels.
+TEST(Trainer, DeviceCudaTrainsWhereThereIsAGpuAndIsAClearErrorWhereThereIsNone) {
+  lockstep::testing::TempDir out_dir("device");
+  auto args = quiet_args(out_dir.path());
+  args.optim = "sgd";
+  args.learning_rate = 0.05;
+  args.max_steps = 4;
+  args.per_device_train_batch_size = 12;
+  const auto on_cpu = train_threads(2, args);
+  EXPECT_EQ(training_device("cpu", 0), torch::Device(torch::kCPU));
+  if (!torch::cuda::is_available()) {
+    try {
+      training_device("cuda", 0);
+      ADD_FAILURE() << "--device cuda without a GPU was no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--device cuda: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+    }
+    args.device = "cuda";
+    EXPECT_THROW(train_threads(1, args), ConfigError);
+    args.device = "auto";
+    EXPECT_EQ(max_difference(train_threads(2, args), on_cpu), 0.0);
+    return;
+  }
+  EXPECT_EQ(training_device("cuda", 0), torch::Device(torch::kCUDA, 0));
+  args.device = "cuda";
+  const auto on_gpu = train_threads(2, args);  // both workers on GPU 0: buckets staged through host memory
+  EXPECT_LT(max_difference(on_gpu, on_cpu), 1e-4);
+  EXPECT_GT(max_difference(on_gpu, snapshot(*seeded_tiny())), 1e-3);  // it trained at all
 }
 
 TEST(Trainer, ClippingBoundsTheGlobalNormOfTheUpdate) {

@@ -8,9 +8,10 @@
 //     (2.x): NodePtr, make_node<N>().
 //   - c10::Allocator::allocate() is const (1.x) or not, and copy_data() is to be given (2.x):
 //     an allocator derives from torch_compat::Allocator and defines allocate_bytes().
-//   - CPU autocast's switches are per-device functions from 2.3 on (the CPU-named ones are
-//     deprecated there, an error under -Werror) and CPU-named ones before: cpu_autocast_enabled()
-//     and friends. Overloads cannot tell these apart, so here the version decides.
+//   - Autocast's switches are per-device functions from 2.3 on (the device-named ones are
+//     deprecated there, an error under -Werror) and CPU- or GPU-named ones before:
+//     autocast_enabled(device type) and friends. Overloads cannot tell these apart, so here the
+//     version decides.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -92,16 +93,37 @@ class AllocatorOf<false, Base> : public Base {
 using Allocator = AllocatorOf<std::is_same_v<decltype(&c10::Allocator::allocate),
                                              c10::DataPtr (c10::Allocator::*)(std::size_t) const>>;
 
+// Autocast's switches for one device type, CPU or CUDA.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-inline bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
-inline void set_cpu_autocast_enabled(bool on) { at::autocast::set_autocast_enabled(at::kCPU, on); }
-inline at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
-inline void set_cpu_autocast_dtype(at::ScalarType t) { at::autocast::set_autocast_dtype(at::kCPU, t); }
+inline bool autocast_enabled(at::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+inline void set_autocast_enabled(at::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+inline at::ScalarType autocast_dtype(at::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+inline void set_autocast_dtype(at::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
 #else
-inline bool cpu_autocast_enabled() { return at::autocast::is_cpu_enabled(); }
-inline void set_cpu_autocast_enabled(bool on) { at::autocast::set_cpu_enabled(on); }
-inline at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
-inline void set_cpu_autocast_dtype(at::ScalarType t) { at::autocast::set_autocast_cpu_dtype(t); }
+inline bool autocast_enabled(at::DeviceType d) {
+  return d == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+inline void set_autocast_enabled(at::DeviceType d, bool on) {
+  if (d == at::kCUDA) {
+    at::autocast::set_enabled(on);
+  } else {
+    at::autocast::set_cpu_enabled(on);
+  }
+}
+inline at::ScalarType autocast_dtype(at::DeviceType d) {
+  return d == at::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+}
+inline void set_autocast_dtype(at::DeviceType d, at::ScalarType t) {
+  if (d == at::kCUDA) {
+    at::autocast::set_autocast_gpu_dtype(t);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(t);
+  }
+}
 #endif
+inline bool cpu_autocast_enabled() { return autocast_enabled(at::kCPU); }
+inline void set_cpu_autocast_enabled(bool on) { set_autocast_enabled(at::kCPU, on); }
+inline at::ScalarType cpu_autocast_dtype() { return autocast_dtype(at::kCPU); }
+inline void set_cpu_autocast_dtype(at::ScalarType t) { set_autocast_dtype(at::kCPU, t); }
 
 }  // namespace lockstep::torch_compat

@@ -85,7 +85,10 @@ inline std::vector<std::string> comm_hook_names() {
   X(double, adam_epsilon, 1e-8, "adamw", above(0))                                                    \
   X(double, sgd_momentum, 0.9, "sgd", below_one())                                                             \
   X(double, max_grad_norm, 1.0, "clip the global gradient norm to this; 0: no clipping", at_least(0))          \
-  X(bool, bf16, false, "bfloat16 autocast (CPU) for matmuls and convolutions", any())                          \
+  X(std::string, device, "cpu",                                                                               \
+    "where the model trains: cpu, cuda (the GPU of this worker's LOCAL_RANK) or auto (cuda when there is one)", \
+    one_of({"cpu", "cuda", "auto"}))                                                                           \
+  X(bool, bf16, false, "bfloat16 autocast (on the training device) for matmuls and convolutions", any())       \
   X(bool, gradient_checkpointing, false, "recompute each block's activations in backward (less memory, more time)", any()) \
   /* logging, evaluation, checkpoints */                                                                       \
   X(int, logging_steps, 50, "log (and write metrics.jsonl) every N steps", at_least(1))                       \
