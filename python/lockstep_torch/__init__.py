@@ -10,7 +10,7 @@ PYTHONPATH=<build>/python, it is registered as soon as a program imports torch.d
 The group rendezvous through what init_process_group was given (env:// with torchrun's RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT, tcp://, file://, or a store) and, under `lockstep run`,
 through the launcher's store. LOCKSTEP_BACKEND picks lockstep's transport
-(auto, shm, gloo, hier, mpi); see docs/python.md for what is supported.
+(auto, shm, gloo, hier, mpi, nccl); see docs/python.md for what is supported.
 """
 from ._backend import BACKEND_NAME, ProcessGroupLockstep, available_backends, group_backend, register
 

@@ -25,7 +25,7 @@ namespace lockstep::torch_backend {
 
 // What the environment says about every group of this process (read once per group).
 struct Settings {
-  std::string backend = "auto";         // LOCKSTEP_BACKEND: auto | shm | gloo | hier | mpi
+  std::string backend = "auto";         // LOCKSTEP_BACKEND: auto | shm | gloo | hier | mpi | nccl
   std::optional<comm::Seconds> timeout;  // LOCKSTEP_TIMEOUT when set; else torch's timeout rules
   comm::Seconds peer_check{5};           // LOCKSTEP_PEER_CHECK
   std::string launcher_host;             // LOCKSTEP_STORE_ADDR's host; empty: not under lockstep run

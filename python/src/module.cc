@@ -80,7 +80,7 @@ PYBIND11_MODULE(_C, m) {
       "A torch.distributed process group on lockstep's Communicator. Created by "
       "torch.distributed.init_process_group('lockstep') and new_group(); not constructed directly.")
       .def_property_readonly("comm_backend", &ProcessGroupLockstep::comm_backend,
-                             "The lockstep backend the group runs on: shm, gloo, hier or mpi.")
+                             "The lockstep backend the group runs on: shm, gloo, hier, mpi or nccl.")
       .def_property_readonly("group_id", &ProcessGroupLockstep::group_id, "torch's name for the group.");
   m.def("create_process_group", &lockstep::torch_backend::create_process_group, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("group_id"), py::arg("global_ranks"),

@@ -3,7 +3,6 @@
 // A Backend runs one collective at a time, synchronously, on the communicator's progress
 // thread. It throws lockstep errors (PeerError, TimeoutError, MismatchError) and may assume
 // that it is never called again after it threw: the communicator latches the first error.
-// A CUDA build would add an "nccl" backend behind this same interface.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +65,8 @@ class Backend {
   // collective's timeout. Must return within about peer_check.
   virtual void on_stall(const Collective& /*c*/, Seconds /*running*/) {}
   virtual bool shares_memory() const { return false; }
+  // Whether buffers may be GPU memory (nccl): the caller need not stage them through the host.
+  virtual bool takes_device_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
   // One block per machine that every rank of the machine maps (Communicator::
   // allocate_machine_memory), or nullptr on every rank. Caller's thread, like allocate_shared;
@@ -111,6 +112,7 @@ std::unique_ptr<LocalBackend> make_local_shm_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_gloo_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);  // when built with gloo
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);   // when built with MPI
+std::unique_ptr<Backend> make_nccl_backend(const BackendContext& ctx);  // when built with NCCL's headers
 // Collective over MPI_COMM_WORLD (every rank calls it at once): a backend over the ranks that
 // passed the same color >= 0, ordered by ctx.rank; nullptr for color -1. When built with MPI.
 std::unique_ptr<Backend> make_mpi_group_backend(const BackendContext& ctx, int color);

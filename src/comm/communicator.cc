@@ -200,6 +200,10 @@ const std::string& Communicator::backend_name() const {
   return backend_->name();
 }
 
+bool Communicator::takes_device_memory() const {
+  return backend_->takes_device_memory();
+}
+
 NetworkStats Communicator::network_stats() const {
   return backend_->network_stats();
 }
@@ -377,6 +381,9 @@ std::vector<std::string> available_backends() {
 #ifdef LOCKSTEP_HAVE_MPI
   names.push_back("mpi");
 #endif
+#ifdef LOCKSTEP_HAVE_NCCL
+  names.push_back("nccl");
+#endif
   return names;
 }
 
@@ -454,6 +461,13 @@ std::unique_ptr<Backend> make_backend(const std::string& backend, const BackendC
 #else
   if (backend == "mpi")
     throw ConfigError("this lockstep was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+#ifdef LOCKSTEP_HAVE_NCCL
+  if (backend == "nccl") return make_nccl_backend(ctx);
+#else
+  if (backend == "nccl")
+    throw ConfigError("this lockstep was built without NCCL's headers (nccl.h, cuda.h: the CUDA toolkit), which "
+                      "'nccl' needs; install it and rebuild");
 #endif
   throw ConfigError("unknown backend '" + backend + "': use " + backend_choices(", "));
 }

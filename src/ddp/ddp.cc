@@ -541,8 +541,12 @@ void Reducer::Impl::launch(int b) {
   auto& send = bucket.wire.defined() ? bucket.wire : bucket.flat;
   if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
   bucket.queued = Clock::now();
-  if (!send.is_cpu()) {
-    // A device bucket goes through host memory; a device backend (NCCL) would take it as is.
+  if (!send.is_cpu() && comm.takes_device_memory()) {
+    // nccl reads the GPU's memory on a stream of its own: backward's kernels must be done first.
+    torch::cuda::synchronize(send.device().index());
+    bucket.work = reduce(send, bucket.codec);
+  } else if (!send.is_cpu()) {
+    // A device bucket goes through host memory to the host backends.
     auto host = send.to(torch::kCPU);
     reduce(host, bucket.codec)->wait();
     send.copy_(host);

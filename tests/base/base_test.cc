@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "lockstep/base/cpu_kernels.h"
+#include "lockstep/base/gpus.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
@@ -116,9 +117,9 @@ TEST(Knobs, NoSourceReadsTheEnvironmentBehindTheTablesBack) {
 
 // Help texts and docs that list the backends list them all (comm::kBackendNames is the one list):
 // a line naming three or more backends in a row ("shm | gloo | mpi", "shm, gloo or mpi") must name
-// every one of shm, gloo, hier and mpi.
+// every one of shm, gloo, hier, mpi and nccl.
 TEST(Backends, EveryListOfBackendsInTheDocsAndHelpTextsIsWhole) {
-  const std::regex listing(R"((shm|gloo|hier|mpi|auto)(\s*(\||,|,? or)\s*(shm|gloo|hier|mpi|auto)){2,})");
+  const std::regex listing(R"((shm|gloo|hier|mpi|nccl|auto)(\s*(\||,|,? or)\s*(shm|gloo|hier|mpi|nccl|auto)){2,})");
   std::vector<std::string> offenders;
   for (const char* dir : {"src", "tools", "examples", "include", "docs", "python", "README.md"}) {
     const fs::path root = fs::path(LOCKSTEP_SOURCE_DIR) / dir;
@@ -137,7 +138,7 @@ TEST(Backends, EveryListOfBackendsInTheDocsAndHelpTextsIsWhole) {
         std::smatch m;
         if (!std::regex_search(line, m, listing)) continue;
         const std::string list = m.str();
-        for (const char* b : {"shm", "gloo", "hier", "mpi"})
+        for (const char* b : {"shm", "gloo", "hier", "mpi", "nccl"})
           if (!std::regex_search(list, std::regex(std::string("\\b") + b + "\\b")))
             offenders.push_back(fs::relative(file, LOCKSTEP_SOURCE_DIR).string() + ":" + std::to_string(line_no) +
                                 " lists backends without " + b + ": " + list);
@@ -234,4 +235,46 @@ TEST(CpuKernels, OpenblasOwnPickIsAskedOfAChildWithoutTheOverride) {
     GTEST_SKIP() << "libblas.so.3 is not OpenBLAS here";
   }
   EXPECT_EQ(own, corename());
+}
+
+// The driver's GPU list is a directory per GPU; a test builds one of its own, so the count holds on
+// any host, with a GPU or without.
+TEST(Gpus, TheDriversDirectoriesAreTheGpusAndCudaVisibleDevicesNarrowsThem) {
+  lockstep::testing::TempDir dir("gpus");
+  const std::string gpus = dir / "gpus";
+  const char* saved = std::getenv(knobs::kCudaVisibleDevices.name);
+  const std::optional<std::string> restore = saved ? std::optional<std::string>(saved) : std::nullopt;
+  ::unsetenv(knobs::kCudaVisibleDevices.name);
+  EXPECT_EQ(visible_gpus(gpus), 0);  // no driver loaded: no such directory
+  fs::create_directories(gpus);
+  for (const char* bus : {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"}) fs::create_directory(fs::path(gpus) / bus);
+  std::ofstream(fs::path(gpus) / "README") << "not a GPU";
+  EXPECT_EQ(visible_gpus(gpus), 3);
+  ::setenv(knobs::kCudaVisibleDevices.name, "2,0", 1);
+  EXPECT_EQ(visible_gpus(gpus), 2);
+  ::setenv(knobs::kCudaVisibleDevices.name, "", 1);  // set and empty: none, as in CUDA
+  EXPECT_EQ(visible_gpus(gpus), 0);
+  if (restore)
+    ::setenv(knobs::kCudaVisibleDevices.name, restore->c_str(), 1);
+  else
+    ::unsetenv(knobs::kCudaVisibleDevices.name);
+}
+
+TEST(Gpus, CudaVisibleDevicesIsReadAsCudaReadsIt) {
+  EXPECT_EQ(visible_gpus(4, std::nullopt), 4);
+  EXPECT_EQ(visible_gpus(4, "1,3"), 2);
+  EXPECT_EQ(visible_gpus(4, " 1 , 3 "), 2);
+  EXPECT_EQ(visible_gpus(4, "1,1"), 1);       // named twice, one GPU
+  EXPECT_EQ(visible_gpus(4, "1,7,2"), 1);     // the list ends at the first index the driver lacks
+  EXPECT_EQ(visible_gpus(4, "-1"), 0);        // the usual way to hide them all
+  EXPECT_EQ(visible_gpus(4, "0,x,1"), 1);     // and at the first entry that is no index or UUID
+  EXPECT_EQ(visible_gpus(2, "GPU-8f3c2e1a-0000-0000-0000-000000000000,1"), 2);
+  EXPECT_EQ(visible_gpus(0, "0,1"), 0);       // no driver, nothing to see whatever is named
+  EXPECT_EQ(visible_gpus(1, "MIG-1,MIG-2"), 1);  // never more than the driver drives
+}
+
+TEST(Gpus, AutoStartsOneWorkerPerGpuElseOnePerCore) {
+  EXPECT_EQ(auto_nproc_per_node(2, 16), 2);
+  EXPECT_EQ(auto_nproc_per_node(0, 16), 16);
+  EXPECT_EQ(auto_nproc_per_node(0, 0), 1);  // hardware_concurrency() may not know
 }

@@ -8,8 +8,9 @@
 namespace lockstep::comm {
 
 // "auto" picks shm when every rank is on one machine, hier when several machines hold the same
-// number of ranks (more than one each), and gloo otherwise.
-inline constexpr const char* kBackendNames[] = {"auto", "shm", "gloo", "hier", "mpi"};
+// number of ranks (more than one each), and gloo otherwise; never nccl, which is asked for by
+// name (GPU memory: comm/communicator.h).
+inline constexpr const char* kBackendNames[] = {"auto", "shm", "gloo", "hier", "mpi", "nccl"};
 
 inline bool is_backend_name(std::string_view name) {
   for (const char* b : kBackendNames)
@@ -17,7 +18,7 @@ inline bool is_backend_name(std::string_view name) {
   return false;
 }
 
-// "auto | shm | gloo | hier | mpi", for help texts.
+// "auto | shm | gloo | hier | mpi | nccl", for help texts.
 inline std::string backend_choices(const char* separator = " | ") {
   std::string out;
   for (const char* b : kBackendNames) out += (out.empty() ? "" : separator) + std::string(b);

@@ -81,6 +81,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& backend_name() const;
+  // Whether the buffers of collectives may be GPU memory (the nccl backend; host memory works
+  // there too). Elsewhere a GPU tensor's bytes must be copied to the host first.
+  bool takes_device_memory() const;
 
   WorkPtr allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   WorkPtr allreduce(void* buffer, std::size_t count, DType dtype, ReduceOp op) {

@@ -14,7 +14,7 @@
 namespace lockstep::comm {
 
 struct CommOptions {
-  std::string backend = "auto";  // shm | gloo | hier | mpi | auto (see communicator.h)
+  std::string backend = "auto";  // shm | gloo | hier | mpi | nccl | auto (see communicator.h)
   std::string name = "default";  // keeps several communicators of one job apart
   Seconds timeout{300};          // longest any one collective may take
   Seconds peer_check{5};         // a dead peer is reported within this

@@ -29,7 +29,7 @@
   X(int, dataloader_num_workers, "batch-building threads per worker")                                  \
   X(int, intra_op_threads, "libtorch intra-op threads per worker")                                      \
   X(int, cores, "CPU cores the machine reports")                                                        \
-  X(std::string, backend, "communication backend in use (shm, gloo, hier, mpi)")                        \
+  X(std::string, backend, "communication backend in use (shm, gloo, hier, mpi, nccl)")                        \
   X(int, machines, "machines the workers run on (found by probing shared memory)")                     \
   X(double, ddp_bucket_cap_mb, "gradient bucket size in effect, MB (ZeRO-2 lowers it to 4)")            \
   X(double, ddp_bucket_cap_mb_asked, "gradient bucket size --ddp-bucket-cap-mb asked for, MB")           \

@@ -1,0 +1,107 @@
+// The nccl backend: its mapping of lockstep's types, reductions and errors to NCCL's (pure, run
+// everywhere), and a communicator on it: on a machine without a GPU (or its driver) a ConfigError
+// that says why and names the backends to use instead; with one (scripts/gpu-check), a world of
+// one all-reduces GPU memory and host memory (staged) alike.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/error.h"
+#include "nccl/cuda_libraries.h"
+#include "nccl/nccl_types.h"
+#include "testing.h"
+
+using namespace lockstep;
+using namespace lockstep::comm;
+
+namespace {
+
+// Whether this machine can run NCCL at all (driver, GPU, library), and if not why.
+std::string why_no_nccl() {
+  try {
+    nccl::cuda_driver();
+    nccl::nccl_library();
+    return "";
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+TEST(NcclTypes, EveryElementTypeHasItsOwnNcclType) {
+  std::set<int> seen;
+  for (DType t : kAllDTypes) seen.insert(static_cast<int>(nccl::nccl_type(t)));
+  EXPECT_EQ(seen.size(), std::size(kAllDTypes));
+  EXPECT_EQ(nccl::nccl_type(DType::bf16), ncclBfloat16);
+  EXPECT_EQ(nccl::nccl_type(DType::i64), ncclInt64);
+}
+
+TEST(NcclTypes, AvgOnIntegersIsASumDividedAfterAndBitwiseReductionsAreRefused) {
+  EXPECT_EQ(nccl::nccl_reduction(ReduceOp::avg, DType::f32).op, ncclAvg);
+  EXPECT_FALSE(nccl::nccl_reduction(ReduceOp::avg, DType::bf16).divide_after);
+  const auto integer_avg = nccl::nccl_reduction(ReduceOp::avg, DType::i32);
+  EXPECT_EQ(integer_avg.op, ncclSum);
+  EXPECT_TRUE(integer_avg.divide_after);
+  EXPECT_EQ(nccl::nccl_reduction(ReduceOp::product, DType::f64).op, ncclProd);
+  for (ReduceOp op : {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor}) {
+    try {
+      nccl::nccl_reduction(op, DType::i64);
+      ADD_FAILURE() << reduce_op_name(op) << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(reduce_op_name(op)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("gloo"), std::string::npos) << e.what();  // what to use instead
+    }
+  }
+}
+
+TEST(NcclTypes, APeersFailureIsAPeerErrorAndMisuseAConfigError) {
+  EXPECT_THROW(std::rethrow_exception(nccl::nccl_error(ncclRemoteError, "x")), PeerError);
+  EXPECT_THROW(std::rethrow_exception(nccl::nccl_error(ncclSystemError, "x")), PeerError);
+  EXPECT_THROW(std::rethrow_exception(nccl::nccl_error(ncclInvalidUsage, "x")), ConfigError);
+  EXPECT_THROW(std::rethrow_exception(nccl::nccl_error(ncclInvalidArgument, "x")), ConfigError);
+  EXPECT_THROW(std::rethrow_exception(nccl::nccl_error(ncclUnhandledCudaError, "x")), SystemError);
+  try {
+    std::rethrow_exception(nccl::nccl_error(ncclRemoteError, "nccl: allreduce #3 failed"));
+  } catch (const PeerError& e) {
+    EXPECT_STREQ(e.what(), "nccl: allreduce #3 failed");
+  }
+}
+
+TEST(Nccl, AWorldOfOneReducesGpuAndHostMemoryOrSaysWhyNot) {
+  CommOptions options;
+  options.backend = "nccl";
+  const std::string why = why_no_nccl();
+  if (!why.empty()) {
+    // No driver, GPU or NCCL here: creating the communicator says so, on every rank, at once.
+    try {
+      lockstep::testing::run_ranks_as_threads(1, options, [](Communicator&) {});
+      ADD_FAILURE() << "a communicator on nccl was created without " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), why);
+      EXPECT_NE(why.find("shm, gloo or hier"), std::string::npos) << why;
+    }
+    return;
+  }
+  lockstep::testing::run_ranks_as_threads(1, options, [](Communicator& comm) {
+    EXPECT_TRUE(comm.takes_device_memory());
+    std::vector<float> host{1.5f, -2.0f, 3.25f};
+    comm.allreduce(host.data(), host.size(), DType::f32, ReduceOp::sum)->wait();  // staged through the GPU
+    EXPECT_EQ(host, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+    std::vector<std::int64_t> ints{7, -7};
+    comm.allreduce(ints.data(), ints.size(), DType::i64, ReduceOp::avg)->wait();
+    EXPECT_EQ(ints, (std::vector<std::int64_t>{7, -7}));
+    const auto& cuda = nccl::cuda_driver();
+    CUdeviceptr device = 0;
+    ASSERT_EQ(cuda.mem_alloc(&device, sizeof(float) * host.size()), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.memcpy_htod(device, host.data(), sizeof(float) * host.size()), CUDA_SUCCESS);
+    comm.allreduce(reinterpret_cast<void*>(device), host.size(), DType::f32, ReduceOp::avg)->wait();
+    std::vector<float> back(host.size());
+    ASSERT_EQ(cuda.memcpy_dtoh(back.data(), device, sizeof(float) * back.size()), CUDA_SUCCESS);
+    EXPECT_EQ(back, host);
+    comm.barrier()->wait();
+    cuda.mem_free(device);
+  });
+}
