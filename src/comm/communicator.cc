@@ -27,6 +27,9 @@
 #include "locality.h"
 #include "p2p/mailbox.h"
 #include "watchdog.h"
+#ifdef LOCKSTEP_HAVE_NCCL
+#include "nccl/cuda_libraries.h"
+#endif
 #include "lockstep/base/log.h"
 #include "lockstep/comm/backends.h"
 #include "lockstep/comm/net_address.h"
@@ -208,13 +211,44 @@ NetworkStats Communicator::network_stats() const {
   return backend_->network_stats();
 }
 
+namespace {
+// GPU memory where only host memory will do is a ConfigError, not a crash in a copy loop.
+void require_host_memory(const void* p, const char* what, const char* operation, const std::string& reader,
+                         const char* instead) {
+#ifdef LOCKSTEP_HAVE_NCCL
+  if (nccl::is_gpu_memory(p))
+    throw ConfigError(std::string(operation) + ": the " + what + " is GPU memory, which " + reader +
+                      " cannot read: copy it to the host first" + instead);
+#else
+  (void)p, (void)what, (void)operation, (void)reader, (void)instead;
+#endif
+}
+
+void require_buffer(const Backend& backend, const void* p, std::size_t count, const char* what,
+                    const char* collective) {
+  if (p == nullptr && count > 0)
+    throw ConfigError(std::string(collective) + ": " + what + " is null but count is " +
+                      std::to_string(count));
+  if (!backend.takes_device_memory())
+    require_host_memory(p, what, collective, "the " + backend.name() + " backend", ", or use the nccl backend");
+}
+
+void require_reduction(ReduceOp op, DType dtype, const char* collective) {
+  if (!is_valid_reduction(op, dtype))
+    throw ConfigError(std::string(collective) + ": " + reduce_op_name(op) + " is bitwise and applies to i32 and i64, not " +
+                      dtype_name(dtype));
+}
+}  // namespace
+
 WorkPtr Communicator::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag) {
   if (!mailbox_) throw ConfigError("send: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  require_host_memory(buffer, "buffer", "send", "point-to-point (TCP from host memory)", "");
   return mailbox_->send(buffer, count, dtype, dst, tag);
 }
 
 WorkPtr Communicator::recv(void* buffer, std::size_t count, DType dtype, int src, int tag) {
   if (!mailbox_) throw ConfigError("recv: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  require_host_memory(buffer, "buffer", "recv", "point-to-point (TCP into host memory)", "");
   return mailbox_->recv(buffer, count, dtype, src, tag);
 }
 
@@ -237,23 +271,10 @@ WorkPtr Communicator::enqueue(Collective c) {
   return std::make_shared<Work>(w);
 }
 
-namespace {
-void require_buffer(const void* p, std::size_t count, const char* what, const char* collective) {
-  if (p == nullptr && count > 0)
-    throw ConfigError(std::string(collective) + ": " + what + " is null but count is " +
-                      std::to_string(count));
-}
-
-void require_reduction(ReduceOp op, DType dtype, const char* collective) {
-  if (!is_valid_reduction(op, dtype))
-    throw ConfigError(std::string(collective) + ": " + reduce_op_name(op) + " is bitwise and applies to i32 and i64, not " +
-                      dtype_name(dtype));
-}
-}  // namespace
 
 WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  require_buffer(send, count, "send buffer", "allreduce");
-  require_buffer(recv, count, "recv buffer", "allreduce");
+  require_buffer(*backend_, send, count, "send buffer", "allreduce");
+  require_buffer(*backend_, recv, count, "recv buffer", "allreduce");
   require_reduction(op, dtype, "allreduce");
   Collective c;
   c.kind = CollectiveKind::allreduce;
@@ -266,7 +287,7 @@ WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count,
 }
 
 WorkPtr Communicator::allreduce(float* buffer, std::size_t count, ReduceOp op, Codec codec) {
-  require_buffer(buffer, count, "buffer", "allreduce");
+  require_buffer(*backend_, buffer, count, "buffer", "allreduce");
   if (op != ReduceOp::sum && op != ReduceOp::avg)
     throw ConfigError(std::string("allreduce with a codec: ") + reduce_op_name(op) +
                       " is not one a codec can estimate; use sum or avg");
@@ -283,7 +304,7 @@ WorkPtr Communicator::allreduce(float* buffer, std::size_t count, ReduceOp op, C
 }
 
 WorkPtr Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
-  require_buffer(buffer, count, "buffer", "broadcast");
+  require_buffer(*backend_, buffer, count, "buffer", "broadcast");
   if (root < 0 || root >= size_)
     throw ConfigError("broadcast: root " + std::to_string(root) + " is not a rank of this " +
                       std::to_string(size_) + "-rank communicator");
@@ -298,8 +319,8 @@ WorkPtr Communicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 }
 
 WorkPtr Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
-  require_buffer(send, count, "send buffer", "allgather");
-  require_buffer(recv, count, "recv buffer", "allgather");
+  require_buffer(*backend_, send, count, "send buffer", "allgather");
+  require_buffer(*backend_, recv, count, "recv buffer", "allgather");
   Collective c;
   c.kind = CollectiveKind::allgather;
   c.send = send;
@@ -310,8 +331,8 @@ WorkPtr Communicator::allgather(const void* send, void* recv, std::size_t count,
 }
 
 WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_t count, DType dtype) {
-  require_buffer(send, count, "send buffer", "allgather_machine");
-  require_buffer(recv, count, "recv buffer", "allgather_machine");
+  require_buffer(*backend_, send, count, "send buffer", "allgather_machine");
+  require_buffer(*backend_, recv, count, "recv buffer", "allgather_machine");
   Collective c;
   c.kind = CollectiveKind::allgather;
   c.send = send;
@@ -324,8 +345,8 @@ WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_
 
 WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                      ReduceOp op) {
-  require_buffer(send, count, "send buffer", "reduce_scatter");
-  require_buffer(recv, count, "recv buffer", "reduce_scatter");
+  require_buffer(*backend_, send, count, "send buffer", "reduce_scatter");
+  require_buffer(*backend_, recv, count, "recv buffer", "reduce_scatter");
   require_reduction(op, dtype, "reduce_scatter");
   Collective c;
   c.kind = CollectiveKind::reduce_scatter;

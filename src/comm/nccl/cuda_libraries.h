@@ -52,6 +52,10 @@ struct NcclLibrary {
 const CudaDriver& cuda_driver();
 const NcclLibrary& nccl_library();
 
+// Whether `p` is GPU memory: false in a process that has not loaded the NVIDIA driver (which
+// then holds none), so asking costs a CPU-only program nothing but a lookup.
+bool is_gpu_memory(const void* p);
+
 // "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a driver result.
 std::string cuda_error_text(CUresult result);
 

@@ -28,7 +28,7 @@ Reduction nccl_reduction(ReduceOp op, DType dtype) {
     case ReduceOp::bxor: break;
   }
   throw ConfigError(std::string("nccl: NCCL has no ") + reduce_op_name(op) +
-                    " reduction; reduce on the host with shm, gloo or hier");
+                    " reduction; reduce on the host with another backend");
 }
 
 std::exception_ptr nccl_error(ncclResult_t result, const std::string& message) {
