@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <exception>
@@ -18,6 +19,7 @@
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
+#include "lockstep/comm/elastic.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/error.h"
@@ -538,9 +540,17 @@ TrainResult Trainer::Impl::train() {
   return result(run);
 }
 
+// This worker's index on its machine (LOCAL_RANK, or a scheduler's), which picks its GPU.
+static int local_rank_in_job() {
+  if (!comm::started_elastic()) return comm::rendezvous_info_from_env().local_rank;
+  const std::string local = knobs::get(knobs::kLocalRank).value_or("0");  // an elastic launcher's
+  return std::all_of(local.begin(), local.end(), ::isdigit) && local.size() < 6 ? std::stoi(local) : 0;
+}
+
 // The model onto --device, before DDP or an optimizer sees its parameters.
 void Trainer::Impl::place_model() {
-  device = training_device(args.device, comm::rendezvous_info_from_env().local_rank);
+  if (args.device == "cpu") return;
+  device = training_device(args.device, local_rank_in_job());
   if (device.is_cpu()) return;
   if (args.zero_stage > 0)
     throw ConfigError("--zero-stage " + std::to_string(args.zero_stage) + " with --device " + args.device +
