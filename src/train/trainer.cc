@@ -544,7 +544,8 @@ TrainResult Trainer::Impl::train() {
 static int local_rank_in_job() {
   if (!comm::started_elastic()) return comm::rendezvous_info_from_env().local_rank;
   const std::string local = knobs::get(knobs::kLocalRank).value_or("0");  // an elastic launcher's
-  return std::all_of(local.begin(), local.end(), ::isdigit) && local.size() < 6 ? std::stoi(local) : 0;
+  const bool number = !local.empty() && local.size() < 6 && std::all_of(local.begin(), local.end(), ::isdigit);
+  return number ? std::stoi(local) : 0;
 }
 
 // The model onto --device, before DDP or an optimizer sees its parameters.

@@ -37,6 +37,8 @@ CudaDriver load_cuda_driver() {
   resolve(h, kSoname, "cuDeviceGet", d.device_get);
   resolve(h, kSoname, "cuCtxGetCurrent", d.ctx_get_current);
   resolve(h, kSoname, "cuCtxSetCurrent", d.ctx_set_current);
+  resolve(h, kSoname, "cuCtxPushCurrent_v2", d.ctx_push_current);
+  resolve(h, kSoname, "cuCtxPopCurrent_v2", d.ctx_pop_current);
   resolve(h, kSoname, "cuCtxGetDevice", d.ctx_get_device);
   resolve(h, kSoname, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain);
   resolve(h, kSoname, "cuDevicePrimaryCtxRelease_v2", d.primary_ctx_release);
@@ -47,6 +49,8 @@ CudaDriver load_cuda_driver() {
   resolve(h, kSoname, "cuMemFree_v2", d.mem_free);
   resolve(h, kSoname, "cuMemcpyHtoD_v2", d.memcpy_htod);
   resolve(h, kSoname, "cuMemcpyDtoH_v2", d.memcpy_dtoh);
+  resolve(h, kSoname, "cuMemcpyHtoDAsync_v2", d.memcpy_htod_async);
+  resolve(h, kSoname, "cuMemcpyDtoHAsync_v2", d.memcpy_dtoh_async);
   resolve(h, kSoname, "cuPointerGetAttribute", d.pointer_get_attribute);
   if (CUresult r = d.init(0); r != CUDA_SUCCESS)
     throw ConfigError("nccl: the NVIDIA driver does not start (cuInit: " + std::to_string(static_cast<int>(r)) +
@@ -135,12 +139,15 @@ bool driver_loaded() {
 
 bool is_gpu_memory(const void* p) {
   if (!p || !driver_loaded()) return false;
-  const CudaDriver* driver = nullptr;
-  try {
-    driver = &cuda_driver();
-  } catch (const ConfigError&) {
-    return false;  // loaded, but it starts no GPU: nothing can be GPU memory
-  }
+  // Loaded, but starting no GPU: nothing can be GPU memory. Found out once.
+  static const CudaDriver* const driver = []() -> const CudaDriver* {
+    try {
+      return &cuda_driver();
+    } catch (const ConfigError&) {
+      return nullptr;
+    }
+  }();
+  if (!driver) return false;
   unsigned type = 0;
   return driver->pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) ==
              CUDA_SUCCESS &&

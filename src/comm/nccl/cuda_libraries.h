@@ -19,6 +19,8 @@ struct CudaDriver {
   decltype(&::cuDeviceGet) device_get;
   decltype(&::cuCtxGetCurrent) ctx_get_current;
   decltype(&::cuCtxSetCurrent) ctx_set_current;
+  decltype(&::cuCtxPushCurrent_v2) ctx_push_current;
+  decltype(&::cuCtxPopCurrent_v2) ctx_pop_current;
   decltype(&::cuCtxGetDevice) ctx_get_device;
   decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain;
   decltype(&::cuDevicePrimaryCtxRelease_v2) primary_ctx_release;
@@ -29,6 +31,8 @@ struct CudaDriver {
   decltype(&::cuMemFree_v2) mem_free;
   decltype(&::cuMemcpyHtoD_v2) memcpy_htod;
   decltype(&::cuMemcpyDtoH_v2) memcpy_dtoh;
+  decltype(&::cuMemcpyHtoDAsync_v2) memcpy_htod_async;
+  decltype(&::cuMemcpyDtoHAsync_v2) memcpy_dtoh_async;
   decltype(&::cuPointerGetAttribute) pointer_get_attribute;
 };
 

@@ -92,6 +92,21 @@ void unhex(const std::string& text, void* data, std::size_t n) {
     static_cast<unsigned char*>(data)[i] = static_cast<unsigned char>(digit(text[2 * i]) * 16 + digit(text[2 * i + 1]));
 }
 
+// The backend's GPU context current on this thread for the scope, and the thread's own after.
+class OnDevice {
+ public:
+  OnDevice(const CudaDriver& driver, CUcontext context) : driver_(driver) { driver_.ctx_push_current(context); }
+  ~OnDevice() {
+    CUcontext popped = nullptr;
+    driver_.ctx_pop_current(&popped);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  const CudaDriver& driver_;
+};
+
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(const BackendContext& ctx)
@@ -104,36 +119,34 @@ class NcclBackend final : public Backend {
         options_(ctx.options),
         checks_(ctx.options.check_every) {
     if (!store_) throw ConfigError("nccl: the backend exchanges NCCL's unique id through the store: give it one");
-    enter_device(choose_device(ctx));
-    check(driver_.stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating its stream");
-    send_scratch_.emplace(driver_);
-    recv_scratch_.emplace(driver_);
-    join(exchange_id());
-    store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
+    open_device(choose_device(ctx));
+    try {
+      OnDevice on(driver_, context_);
+      check(driver_.stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating its stream");
+      send_scratch_.emplace(driver_);
+      recv_scratch_.emplace(driver_);
+      join(exchange_id());
+      store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
+    } catch (...) {
+      failed_ = true;
+      release();  // no destructor runs for a constructor that threw
+      throw;
+    }
     LOCKSTEP_LOG(debug, comm) << "nccl: rank " << rank_ << " of " << size_ << " on GPU " << device_;
   }
 
-  ~NcclBackend() override {
-    driver_.ctx_set_current(context_);
-    if (comm_ && failed_) {
-      nccl_.comm_abort(comm_);
-    } else if (comm_) {
-      nccl_.comm_destroy(comm_);
-    }
-    send_scratch_.reset();  // while the context is there
-    recv_scratch_.reset();
-    if (stream_) driver_.stream_destroy(stream_);
-    driver_.primary_ctx_release(device_);
-  }
+  ~NcclBackend() override { release(); }
 
   const std::string& name() const override {
     static const std::string kName = "nccl";
     return kName;
   }
   bool takes_device_memory() const override { return true; }
-  void on_thread_start() override { driver_.ctx_set_current(context_); }
 
+  // On the progress thread, or on a caller's thread that runs the collective itself (Work::wait):
+  // either way with the backend's context current for the call only.
   void run(const Collective& c) override {
+    OnDevice on(driver_, context_);
     checks_.before(c, size_, rank_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t words) {
       Collective gather;
       gather.kind = CollectiveKind::allgather;
@@ -151,14 +164,9 @@ class NcclBackend final : public Backend {
   // becomes the verdict the progress thread aborts with.
   void on_stall(const Collective& c, Seconds running) override {
     if (verdict()) return;
-    std::string dead;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_ && !store_->try_get(prefix_ + "alive/" + std::to_string(r), options_.peer_check))
-        dead += (dead.empty() ? "rank " : ", ") + std::to_string(r);
-    if (!dead.empty())
-      return set_verdict(std::make_exception_ptr(PeerError("nccl: " + dead + " died while rank " +
-                                                           std::to_string(rank_) + " was in " + c.describe() +
-                                                           "; the job cannot continue")));
+    if (std::string dead = dead_peers(); !dead.empty())
+      return set_verdict(std::make_exception_ptr(PeerError("nccl: " + dead + " while rank " + std::to_string(rank_) +
+                                                           " was in " + c.describe() + "; the job cannot continue")));
     if (running >= options_.timeout)
       set_verdict(std::make_exception_ptr(TimeoutError("nccl: " + c.describe() + " timed out after " +
                                                        log::seconds_text(options_.timeout.count()) + " on rank " +
@@ -166,6 +174,21 @@ class NcclBackend final : public Backend {
   }
 
  private:
+  // "rank 2, 3 died", or "" when every peer's liveness key is there (or the store cannot say:
+  // the timeout still applies).
+  std::string dead_peers() {
+    std::string dead;
+    try {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && !store_->try_get(prefix_ + "alive/" + std::to_string(r), options_.peer_check))
+          dead += (dead.empty() ? "rank " : ", ") + std::to_string(r);
+    } catch (const Error&) {
+      return "";
+    }
+    return dead.empty() ? "" : dead + " died";
+  }
+
+  // The GPU current on the creating thread, else the rank's index on its machine (LOCAL_RANK's).
   int choose_device(const BackendContext& ctx) {
     CUcontext current = nullptr;
     if (driver_.ctx_get_current(&current) == CUDA_SUCCESS && current) {
@@ -179,10 +202,29 @@ class NcclBackend final : public Backend {
     return local % count;
   }
 
-  void enter_device(int ordinal) {
+  void open_device(int ordinal) {
     check(driver_.device_get(&device_, ordinal), "opening GPU " + std::to_string(ordinal));
     check(driver_.primary_ctx_retain(&context_, device_), "opening GPU " + std::to_string(ordinal));
-    check(driver_.ctx_set_current(context_), "opening GPU " + std::to_string(ordinal));
+  }
+
+  // What the destructor (or a failed constructor) gives back, in order: the NCCL communicator
+  // (aborted after a failure: a peer may never reach the end), the staging memory, the stream, the
+  // context.
+  void release() {
+    {
+      OnDevice on(driver_, context_);
+      if (comm_ && failed_) {
+        nccl_.comm_abort(comm_);
+      } else if (comm_) {
+        nccl_.comm_destroy(comm_);
+      }
+      comm_ = nullptr;
+      send_scratch_.reset();
+      recv_scratch_.reset();
+      if (stream_) driver_.stream_destroy(stream_);
+      stream_ = nullptr;
+    }
+    driver_.primary_ctx_release(device_);
   }
 
   ncclUniqueId exchange_id() {
@@ -204,37 +246,45 @@ class NcclBackend final : public Backend {
     ncclResult_t r = nccl_.comm_init_rank_config(&comm_, size_, id, rank_, &config);
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (r == ncclInProgress) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        failed_ = true;
+      if (std::chrono::steady_clock::now() > deadline)
         throw TimeoutError("nccl: rank " + std::to_string(rank_) + " waited " +
                            log::seconds_text(options_.timeout.count()) + " for all " + std::to_string(size_) +
                            " ranks to join the NCCL communicator");
-      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       nccl_.comm_get_async_error(comm_, &r);
     }
     ok(r, "joining the communicator");
   }
 
-  bool on_device(const void* p) const {
+  // Whether `p` is GPU memory; GPU memory of another GPU than this backend's is a ConfigError.
+  bool on_device(const void* p, const Collective& c) const {
     if (!p) return false;
     unsigned type = 0;
-    return driver_.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                         reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
-           type == CU_MEMORYTYPE_DEVICE;
+    const auto address = reinterpret_cast<CUdeviceptr>(p);
+    if (driver_.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE)
+      return false;
+    int ordinal = -1;
+    if (driver_.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) == CUDA_SUCCESS &&
+        ordinal != device_)
+      throw ConfigError("nccl: " + c.describe() + " on rank " + std::to_string(rank_) + " got memory of GPU " +
+                        std::to_string(ordinal) + ", but its communicator runs on GPU " + std::to_string(device_) +
+                        ": make the worker's GPU current (or set LOCAL_RANK) before creating the communicator");
+    return true;
   }
 
-  // One collective: host buffers staged in, NCCL on the stream, polled to the end, staged out.
+  // One collective, all on the backend's stream: host buffers staged in, NCCL, staged out; then
+  // polled to the end.
   void execute(const Collective& c) {
     const Extent bytes = extent_of(c, size_);
     const Reduction reduction = nccl_reduction(c.op, c.dtype);
-    const bool host_send = bytes.send && !on_device(c.send), host_recv = bytes.recv && !on_device(c.recv);
+    const bool host_send = bytes.send && !on_device(c.send, c), host_recv = bytes.recv && !on_device(c.recv, c);
     const void* send = c.send;
     void* recv = c.recv;
     if (host_recv) recv = reinterpret_cast<void*>(recv_scratch_->at_least(bytes.recv));
     if (c.kind == CollectiveKind::broadcast && host_recv) copy_in(recv, c.recv, bytes.recv, c);
     if (c.kind == CollectiveKind::barrier) recv = reinterpret_cast<void*>(recv_scratch_->at_least(8));
-    if (host_send && c.send == c.recv) {
+    if (host_send && c.send == c.recv && bytes.send == bytes.recv) {  // an in-place allreduce
       send = recv;
       copy_in(recv, c.send, bytes.send, c);
     } else if (host_send) {
@@ -242,8 +292,8 @@ class NcclBackend final : public Backend {
       copy_in(const_cast<void*>(send), c.send, bytes.send, c);
     }
     enqueue(c, send, recv, reduction);
-    wait_for(c);
     if (host_recv) copy_out(c.recv, recv, bytes.recv, c);
+    wait_for(c);
     if (reduction.divide_after) divide_on_host(c, host_recv ? c.recv : recv);
   }
 
@@ -263,24 +313,26 @@ class NcclBackend final : public Backend {
     if (r != ncclSuccess && r != ncclInProgress) fail(r, c);
   }
 
-  // Polls the stream to the end, aborting on NCCL's asynchronous error or the watchdog's verdict.
+  // Polls until NCCL has put the collective on the stream (a non-blocking communicator may still
+  // be connecting: ncclInProgress) and the stream has run it, aborting on NCCL's asynchronous
+  // error, a failed stream or the watchdog's verdict.
   void wait_for(const Collective& c) {
     for (;;) {
-      const CUresult q = driver_.stream_query(stream_);
-      if (q == CUDA_SUCCESS) return;
-      if (q != CUDA_ERROR_NOT_READY) {
-        failed_ = true;
-        throw SystemError("nccl: " + c.describe() + " failed on GPU " + std::to_string(device_) + ": " +
-                          cuda_error_text(q));
-      }
       ncclResult_t async = ncclSuccess;
       nccl_.comm_get_async_error(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) fail(async, c);
       if (auto v = verdict()) {
-        failed_ = true;
-        nccl_.comm_abort(comm_);
-        comm_ = nullptr;
+        abort_communicator();
         std::rethrow_exception(v);
+      }
+      if (async == ncclSuccess) {
+        const CUresult q = driver_.stream_query(stream_);
+        if (q == CUDA_SUCCESS) return;
+        if (q != CUDA_ERROR_NOT_READY) {
+          abort_communicator();
+          throw SystemError("nccl: " + c.describe() + " failed on GPU " + std::to_string(device_) + ": " +
+                            cuda_error_text(q));
+        }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -289,27 +341,42 @@ class NcclBackend final : public Backend {
   // avg on integers: summed by NCCL, divided here (truncating, as the other backends do).
   void divide_on_host(const Collective& c, void* result) {
     const std::size_t bytes = extent_of(c, size_).recv;
-    if (!on_device(result)) return divide_elements(c.dtype, result, c.count, size_);
+    if (!on_device(result, c)) return divide_elements(c.dtype, result, c.count, size_);
     std::vector<char> host(bytes);
     copy_out(host.data(), result, bytes, c);
+    wait_for(c);
     divide_elements(c.dtype, host.data(), c.count, size_);
     copy_in(result, host.data(), bytes, c);
+    wait_for(c);
   }
 
+  // Copies on the backend's stream, so that they are ordered with the collective (the caller's
+  // host memory is read or written by the time wait_for returns).
   void copy_in(void* device, const void* host, std::size_t bytes, const Collective& c) {
-    if (CUresult r = driver_.memcpy_htod(reinterpret_cast<CUdeviceptr>(device), host, bytes); r != CUDA_SUCCESS)
+    if (CUresult r = driver_.memcpy_htod_async(reinterpret_cast<CUdeviceptr>(device), host, bytes, stream_);
+        r != CUDA_SUCCESS)
       throw SystemError("nccl: staging " + c.describe() + " onto the GPU: " + cuda_error_text(r));
   }
   void copy_out(void* host, const void* device, std::size_t bytes, const Collective& c) {
-    if (CUresult r = driver_.memcpy_dtoh(host, reinterpret_cast<CUdeviceptr>(device), bytes); r != CUDA_SUCCESS)
+    if (CUresult r = driver_.memcpy_dtoh_async(host, reinterpret_cast<CUdeviceptr>(device), bytes, stream_);
+        r != CUDA_SUCCESS)
       throw SystemError("nccl: staging " + c.describe() + " back from the GPU: " + cuda_error_text(r));
   }
 
-  [[noreturn]] void fail(ncclResult_t r, const Collective& c) {
+  // After a failure the NCCL communicator is aborted at once: its kernels would otherwise spin on
+  // the GPU, and a device-wide synchronise (DDP's) would wait for them forever.
+  void abort_communicator() {
     failed_ = true;
+    if (comm_) nccl_.comm_abort(comm_);
+    comm_ = nullptr;
+  }
+
+  [[noreturn]] void fail(ncclResult_t r, const Collective& c) {
     const char* last = comm_ ? nccl_.get_last_error(comm_) : nullptr;
-    std::rethrow_exception(nccl_error(r, "nccl: " + c.describe() + " failed on rank " + std::to_string(rank_) +
-                                             ": " + nccl_.get_error_string(r) + (last && *last ? std::string(" (") + last + ")" : "")));
+    const std::string message = "nccl: " + c.describe() + " failed on rank " + std::to_string(rank_) + ": " +
+                                nccl_.get_error_string(r) + (last && *last ? std::string(" (") + last + ")" : "");
+    abort_communicator();
+    std::rethrow_exception(nccl_error(r, message));
   }
   void ok(ncclResult_t r, const std::string& what) {
     if (r == ncclSuccess) return;
