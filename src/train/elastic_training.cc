@@ -34,6 +34,7 @@
 #include <cmath>
 #include <csignal>
 #include <sstream>
+#include <thread>
 
 #include "dataset_loader.h"
 #include "lockstep/base/clock.h"
@@ -228,9 +229,24 @@ void Trainer::Impl::run_elastic(data::ElasticSampler& sampler, RunProgress& run)
       next_check = state.global_step + std::clamp<std::int64_t>(
                                             static_cast<std::int64_t>(check_seconds / std::max(step_seconds, 1e-6)), 1,
                                             100000);
-      if (elastic->joiners_waiting()) change_membership(sampler, run, "");
+      if (elastic->joiners_waiting() || await_joiner_for_tests()) change_membership(sampler, run, "");
     }
   }
+}
+
+bool Trainer::Impl::await_joiner_for_tests() {
+  if (!knobs::get(knobs::kFaultInject)) return false;  // the same in every member's environment
+  double asked = rank() == 0 && fault("await-joiner", static_cast<std::int64_t>(elastic->epoch())) ? 1 : 0;
+  comm->allreduce(&asked, 1, comm::DType::f64, comm::ReduceOp::max)->wait();  // rank 0's view, for all
+  if (asked == 0) return false;
+  if (rank() == 0)
+    LOCKSTEP_LOG(info, train) << "holding membership " << elastic->epoch() << " for a joiner (LOCKSTEP_FAULT_INJECT)";
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a poll interval: each call is collective
+    if (elastic->joiners_waiting()) return true;
+  }
+  return false;
 }
 
 // Under ZeRO: each rank's slices are mirrored by the rank in the same place on the next machine

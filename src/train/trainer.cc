@@ -414,7 +414,8 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
 bool Trainer::Impl::fault(const char* kind, std::int64_t at) const {
   if (!fault_requested(kind, at, rank())) return false;
   if (!elastic) return true;
-  const std::uint64_t membership = std::string(kind) == "kill-in-state-transfer" ? std::uint64_t(at) : 0;
+  const bool per_membership = std::string(kind) == "kill-in-state-transfer" || std::string(kind) == "await-joiner";
+  const std::uint64_t membership = per_membership ? std::uint64_t(at) : 0;
   return elastic->epoch() == membership;
 }
 

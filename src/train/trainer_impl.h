@@ -117,7 +117,7 @@ struct Trainer::Impl {
   double learning_rate_at(std::int64_t step) const { return args.learning_rate * schedule.multiplier(step); }
   TraceWriter* trace() const { return outputs ? outputs->trace() : nullptr; }
   // Whether the tests asked for `kind` here (LOCKSTEP_FAULT_INJECT). `at` is a step, or for
-  // kill-in-state-transfer a membership. In an elastic job a fault fires in its first membership
+  // kill-in-state-transfer and await-joiner a membership. In an elastic job a fault fires in its first membership
   // only (kill-in-state-transfer: while entering the one named), so the member that takes over
   // the dead one's work does not die the same way.
   bool fault(const char* kind, std::int64_t at) const;
@@ -183,6 +183,9 @@ struct Trainer::Impl {
   void prepare_elastic(data::ElasticSampler& sampler);
   void plan_elastic(const data::ElasticSampler& sampler);
   void run_elastic(data::ElasticSampler& sampler, RunProgress& run);
+  // Collective: whether a joiner waits, after holding for one (at most 60 s) where the tests ask it
+  // of this membership (await-joiner), so that their join comes however slowly the joiner starts.
+  bool await_joiner_for_tests();
   void elastic_step(data::ElasticSampler& sampler, RunProgress& run);
   // After a failure (`failure` is its error) or to admit joiners (empty): the new membership, the
   // state brought to the newest step, the reducer rebuilt, a membership_change record.

@@ -229,11 +229,11 @@ TEST(ElasticSave, TheFinalCheckpointIsWrittenWhenItsWriterDiesInIt) {
 }
 
 // Two losses: a worker after step 12, then, as its replacement joins (in the change that follows
-// the loss, or in a later one, as the timing falls), the member sending it the state. The change
-// starts over and the run keeps every promise (plain DDP: no shard is lost).
+// the loss, or in the next one, the survivors holding for it: await-joiner), the member sending it
+// the state. The change starts over and the run keeps every promise (plain DDP: no shard is lost).
 TEST(ElasticSave, AJoinWhoseSourceDiesStartsOver) {
   const Outcome o =
-      run_trial(Trial{2, false, 0, false, "kill-after-step:12:1,kill-in-state-transfer:1:0,kill-in-state-transfer:2:0", 0});
+      run_trial(Trial{2, false, 0, false, "kill-after-step:12:1,await-joiner:1,kill-in-state-transfer:1:0,kill-in-state-transfer:2:0", 0});
   EXPECT_EQ(o.wrong, "");
   EXPECT_EQ(o.kills, 2u) << "the worker after step 12, and the source of the joiner's state";
   EXPECT_GE(o.changes, 2u) << "one change for each loss at least";
