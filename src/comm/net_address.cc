@@ -13,6 +13,7 @@
 
 #include "lockstep/base/knobs.h"
 #include "lockstep/error.h"
+#include "net/socket.h"
 
 namespace lockstep::comm {
 namespace {
@@ -156,6 +157,10 @@ BindAddress choose_bind_address_without_master() {
   }
   ::freeifaddrs(list);
   return b;
+}
+
+int free_tcp_port() {
+  return net::free_port();
 }
 
 }  // namespace lockstep::comm

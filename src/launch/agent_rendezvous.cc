@@ -2,10 +2,6 @@
 // claims its node rank, announces its host and worker count, and waits for the others; ranks
 // are numbered node by node. Each agent holds an ephemeral "alive" key: when it dies its
 // connection closes and the key vanishes, which the others notice.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "agent.h"
@@ -20,21 +16,6 @@ namespace {
 
 using comm::Seconds;
 using nlohmann::json;
-
-// A port no one listens on right now (the kernel's pick); for MASTER_PORT, which the workers'
-// own program (e.g. PyTorch's TCPStore on rank 0) binds.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw SystemError("cannot find a free TCP port");
-  return ntohs(addr.sin_port);
-}
 
 }  // namespace
 
@@ -157,7 +138,7 @@ void Agent::leave() {
 
 int Agent::agree_on_master_port() {
   if (options_.node_rank == 0) {
-    const int port = free_port();
+    const int port = comm::free_tcp_port();
     store_->set(attempt_key("master_port"), std::to_string(port));
     return port;
   }

@@ -32,4 +32,8 @@ BindAddress choose_bind_address_without_master();
 std::string interface_address(const std::string& iface, int family);
 std::string interface_names();  // "lo, eth0"
 
+// A TCP port no one listens on right now (the kernel's pick), for a program that binds it itself
+// (MASTER_PORT for PyTorch's TCPStore, say). SystemError when there is none.
+int free_tcp_port();
+
 }  // namespace lockstep::comm

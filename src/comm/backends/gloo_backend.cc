@@ -24,9 +24,10 @@
 // Every error is a PeerError, MismatchError or TimeoutError naming the rank(s), never a signal:
 // SIGPIPE is ignored unless the program handles it.
 //
-// All-reduces go through a lockstep Mailbox (p2p/mailbox.h) of the backend's own, not Gloo:
-// small ones (at most kGatherAllreduceBytes, 512 KiB, gathered) as an all-gather and a sum in
-// rank order, larger ones as a ring (LOCKSTEP_GLOO_RING=gloo keeps Gloo's for those). Gloo's
+// All-reduces go through a lockstep Mailbox (p2p/mailbox.h) of the backend's own, not Gloo, with
+// its algorithms (p2p/mailbox_allreduce.h): small ones (at most kGatherAllreduceBytes, 512 KiB,
+// gathered) as an all-gather and a sum in rank order, larger ones as a ring (LOCKSTEP_GLOO_RING=gloo
+// keeps Gloo's for those). Gloo's
 // event loop re-polls, level-triggered, a socket whose message arrived before its recv was
 // posted, and on shared cores that spinning thread took ~2 ms of CPU per step of a 2 x 2
 // PowerSGD job; the mailbox's reader drains every socket and sleeps. Its waits fail with the
@@ -64,8 +65,9 @@
 #include <vector>
 
 #include "backend.h"
+#include "net/socket.h"
 #include "p2p/mailbox.h"
-#include "keepalive.h"
+#include "p2p/mailbox_allreduce.h"
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/flight_recorder.h"
@@ -188,14 +190,14 @@ std::string peer_address(int fd) {
   return host;
 }
 
-// Keepalive on the sockets that lead to peers (keepalive.h): a silent peer then fails every
+// Keepalive on the sockets that lead to peers (net/socket.h): a silent peer then fails every
 // pending read and write. Returns those sockets.
 std::vector<int> watch_connections(const std::set<int>& fds, const std::set<std::string>& peers,
                                    Seconds peer_check) {
   std::vector<int> watched;
   for (int fd : fds)
     if (peers.count(peer_address(fd))) {
-      keep_alive(fd, static_cast<int>(peer_check.count()));
+      net::keep_alive(fd, static_cast<int>(peer_check.count()));
       watched.push_back(fd);
     }
   return watched;
@@ -216,9 +218,9 @@ class GlooBackend final : public Backend {
     store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
     bind_ = choose_bind_address(store_->options().host);
     store_->set(prefix_ + "addr/" + std::to_string(rank_), bind_.address);
-    open_small_path();
+    open_mailbox_path();
     connect();
-    agree_on_small_path();
+    agree_on_mailbox_path();
   }
 
   const std::string& name() const override {
@@ -284,7 +286,7 @@ class GlooBackend final : public Backend {
     LOCKSTEP_LOG(debug, gloo) << "aborting: " << what;
     mark_failed(std::is_same_v<Verdict, MismatchError> ? "mismatch" : "error", what);
     for (int fd : peer_sockets_) ::shutdown(fd, SHUT_RDWR);
-    if (small_) small_->cancel_recvs(what);
+    if (mailbox_) mailbox_->cancel_recvs(what);
   }
 
   std::exception_ptr abort_verdict() {
@@ -370,39 +372,43 @@ class GlooBackend final : public Backend {
     peer_sockets_ = watch_connections(added, peer_addresses(), options_.peer_check);
   }
 
-  // The mailbox for small all-reduces, its address on the store before Gloo's rendezvous (so
+  // The mailbox for the all-reduces, its address on the store before Gloo's rendezvous (so
   // every peer's is there by the first send). Without a port it stays closed, and...
-  void open_small_path() {
+  void open_mailbox_path() {
     if (size_ < 2) return;
     CommOptions backstop = options_;  // as Gloo's own: the watchdog's verdict comes first
     backstop.timeout = options_.timeout + 2 * options_.peer_check;
     try {
-      small_ = std::make_unique<Mailbox>(rank_, size_, bind_.address, backstop);
+      mailbox_ = std::make_unique<Mailbox>(rank_, size_, bind_.address, backstop);
     } catch (const ConfigError& e) {
-      LOCKSTEP_LOG(debug, gloo) << "small all-reduces through Gloo: " << e.what();
+      LOCKSTEP_LOG(debug, gloo) << "all-reduces through Gloo: " << e.what();
       return;
     }
-    store_->set(prefix_ + "small/" + std::to_string(rank_), small_->address());
-    small_->set_lookup([store = store_, prefix = prefix_, timeout = options_.timeout](int r) {
+    store_->set(prefix_ + "small/" + std::to_string(rank_), mailbox_->address());
+    mailbox_->set_lookup([store = store_, prefix = prefix_, timeout = options_.timeout](int r) {
       return store->get(prefix + "small/" + std::to_string(r), timeout);
     });
   }
 
   // ... then every rank leaves it closed: all take the same path for every collective. Large
-  // all-reduces go through it too (ring_through_mailbox) if every rank asks for that.
-  void agree_on_small_path() {
+  // all-reduces go through it too (MailboxAllreduce::ring) if every rank asks for that.
+  void agree_on_mailbox_path() {
     if (size_ < 2) return;
     const std::string& ring = options_.gloo_ring;
     if (ring != "mailbox" && ring != "gloo")
       throw ConfigError("gloo ring '" + ring + "' (" + knobs::kGlooRing.name + "): use mailbox or gloo");
-    std::uint64_t mine = (small_ ? 1 : 0) | (ring == "mailbox" ? 2 : 0);
+    std::uint64_t mine = (mailbox_ ? 1 : 0) | (ring == "mailbox" ? 2 : 0);
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     gather_words(&mine, all.data(), 1, std::numeric_limits<std::uint32_t>::max());
     ring_ = true;
     for (std::uint64_t word : all) {
-      if (!(word & 1)) small_.reset();
+      if (!(word & 1)) mailbox_.reset();
       ring_ = ring_ && (word & 2);
     }
+    if (!mailbox_) return;
+    MailboxAllreduce::Hooks hooks{[this] { throw_if_aborted(); },
+                                  [this](MailboxAllreduce::Exchange& e, std::size_t count) { await(e, count); }};
+    mailbox_allreduce_ = std::make_unique<MailboxAllreduce>(*mailbox_, rank_, size_, std::move(hooks));
   }
 
   std::set<std::string> peer_addresses() {
@@ -669,63 +675,6 @@ class GlooBackend final : public Backend {
   // gloo's ~20 ms.
   static constexpr std::size_t kGatherAllreduceBytes = 512 * 1024;
 
-  // Every peer's `count` elements into block r of `all`, sent to each peer under tag t.
-  void gather_through_mailbox(const void* mine, void* all, std::size_t count, DType dtype, std::uint32_t t) {
-    throw_if_aborted();
-    const std::size_t width = dtype_size(dtype);
-    MailboxExchange exchange;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      exchange.emplace_back(r, small_->send(mine, count, as_words(dtype), r, mailbox_tag(t)));
-      exchange.emplace_back(r, small_->recv(static_cast<char*>(all) + static_cast<std::size_t>(r) * count * width,
-                                            count, as_words(dtype), r, mailbox_tag(t)));
-    }
-    await(exchange, count);
-  }
-
-  // Larger all-reduces through the mailbox as a ring: n - 1 steps of reduce-scatter, then n - 1
-  // of all-gather, each sending one of n chunks to the next rank and receiving one from the
-  // previous (2 (n - 1) / n of the bytes, like Gloo's ring). Each chunk is reduced along the
-  // ring once and then copied from its owner: every rank ends with the same bits.
-  template <typename T>
-  void ring_through_mailbox(const void* send, T* out, std::size_t count, DType dtype,
-                            const gloo::AllreduceOptions::Func& fn, std::uint32_t t) {
-    const std::size_t n = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
-    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-    auto lo = [&](std::size_t c) { return c * count / n; };
-    auto length = [&](std::size_t c) { return lo(c + 1) - lo(c); };
-    if (send != out) std::memcpy(out, send, count * sizeof(T));
-    const std::size_t largest = (count + n - 1) / n;  // chunk lengths differ by at most one
-    if (gathered_.size() < largest * sizeof(T)) gathered_.resize(largest * sizeof(T));
-    T* arrived = reinterpret_cast<T*>(gathered_.data());
-    for (std::size_t step = 0; step + 1 < n; ++step) {  // reduce-scatter: this rank ends owning chunk me + 1
-      const std::size_t give = (me + n - step) % n, take = (me + 2 * n - step - 1) % n;
-      pass_along(next, out + lo(give), length(give), prev, arrived, length(take), dtype, t);
-      fn(out + lo(take), out + lo(take), arrived, length(take));
-    }
-    for (std::size_t step = 0; step + 1 < n; ++step) {  // all-gather: pass the owned chunks on
-      const std::size_t give = (me + 1 + n - step) % n, take = (me + n - step) % n;
-      pass_along(next, out + lo(give), length(give), prev, out + lo(take), length(take), dtype, t);
-    }
-  }
-
-  // One ring step: `give` elements to rank `next` while `take` arrive from rank `prev`.
-  void pass_along(int next, const void* from, std::size_t give, int prev, void* into, std::size_t take,
-                  DType dtype, std::uint32_t t) {
-    throw_if_aborted();
-    MailboxExchange exchange;
-    exchange.emplace_back(prev, small_->recv(into, take, as_words(dtype), prev, mailbox_tag(t)));
-    exchange.emplace_back(next, small_->send(from, give, as_words(dtype), next, mailbox_tag(t)));
-    await(exchange, take);
-  }
-
-  // As with Gloo only the size must match: a dtype mismatch of the same width is left to the
-  // signature checks, which name both collectives.
-  static DType as_words(DType dtype) {
-    const std::size_t width = dtype_size(dtype);
-    return width == 8 ? DType::i64 : width == 4 ? DType::i32 : DType::f16;
-  }
-  static int mailbox_tag(std::uint32_t t) { return static_cast<int>(t & 0x7fffffffu); }
   void throw_if_aborted() {
     if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
   }
@@ -734,13 +683,12 @@ class GlooBackend final : public Backend {
   // MismatchError naming both ranks, and so is a peer that left having found one; any other
   // failure is a PeerError. Pending recvs are cancelled first (none may write into the caller's
   // buffers later), and the watchdog's verdict wins.
-  using MailboxExchange = std::vector<std::pair<int, WorkPtr>>;
-  void await(MailboxExchange& exchange, std::size_t count) {
+  void await(MailboxAllreduce::Exchange& exchange, std::size_t count) {
     for (auto& [r, work] : exchange) {
       try {
         work->wait();
       } catch (const MismatchError&) {
-        small_->cancel_recvs("the all-reduce failed");
+        mailbox_->cancel_recvs("the all-reduce failed");
         if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
         const std::string what = "gloo: rank " + std::to_string(global(r)) + " sent a different number of " +
                                  "elements than rank " + std::to_string(global(rank_)) + " expects (" +
@@ -749,7 +697,7 @@ class GlooBackend final : public Backend {
         mark_failed("mismatch", what);
         throw MismatchError(what);
       } catch (const Error& e) {
-        small_->cancel_recvs("the all-reduce failed");
+        mailbox_->cancel_recvs("the all-reduce failed");
         if (std::exception_ptr verdict = abort_verdict()) std::rethrow_exception(verdict);
         // A peer that found the ranks' collectives differ leaves at once: its verdict is ours.
         if (std::string found = peer_found_mismatch(); !found.empty()) throw MismatchError(found);
@@ -762,22 +710,18 @@ class GlooBackend final : public Backend {
     }
   }
 
+  // Through Gloo's all-gather where the mailbox could not open.
   template <typename T>
-  void allreduce_by_gathering(const void* send, T* out, std::size_t count, DType dtype,
-                              const gloo::AllreduceOptions::Func& fn, std::uint32_t t) {
+  void allreduce_by_gathering(const void* send, T* out, std::size_t count, const gloo::AllreduceOptions::Func& fn,
+                              std::uint32_t t) {
     const std::size_t n = static_cast<std::size_t>(size_);
     if (gathered_.size() < count * n * sizeof(T)) gathered_.resize(count * n * sizeof(T));
     T* all = reinterpret_cast<T*>(gathered_.data());  // new[]'s alignment suits every T
-    if (small_) {
-      std::memcpy(all + static_cast<std::size_t>(rank_) * count, send, count * sizeof(T));
-      gather_through_mailbox(send, all, count, dtype, t);
-    } else {
-      gloo::AllgatherOptions opts(context_);
-      opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
-      opts.setOutput(all, count * n);
-      opts.setTag(t);
-      gloo::allgather(opts);
-    }
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
+    opts.setOutput(all, count * n);
+    opts.setTag(t);
+    gloo::allgather(opts);
     std::memcpy(out, all, count * sizeof(T));
     for (std::size_t r = 1; r < n; ++r) fn(out, out, all + r * count, count);
   }
@@ -786,10 +730,11 @@ class GlooBackend final : public Backend {
   void allreduce_typed(const void* send, void* recv, std::size_t count, DType dtype,
                        gloo::AllreduceOptions::Func fn, std::uint32_t t) {
     T* out = static_cast<T*>(recv);
-    if (count * sizeof(T) * static_cast<std::size_t>(size_) <= kGatherAllreduceBytes)
-      return allreduce_by_gathering(send, out, count, dtype, fn, t);
-    if (small_ && ring_ && count >= static_cast<std::size_t>(size_))
-      return ring_through_mailbox(send, out, count, dtype, fn, t);
+    const bool small = count * sizeof(T) * static_cast<std::size_t>(size_) <= kGatherAllreduceBytes;
+    if (small && mailbox_allreduce_) return mailbox_allreduce_->gather_sum(send, out, count, dtype, fn, t);
+    if (small) return allreduce_by_gathering(send, out, count, fn, t);
+    if (mailbox_allreduce_ && ring_ && count >= static_cast<std::size_t>(size_))
+      return mailbox_allreduce_->ring(send, out, count, dtype, fn, t);
     gloo::AllreduceOptions opts(context_);
     // Out of place, Gloo copies each segment of the input just before it goes out (in cache,
     // overlapped with the transfers); a whole copy first cost 1.5x the time at 1 MiB.
@@ -816,8 +761,9 @@ class GlooBackend final : public Backend {
   std::atomic<std::uint64_t> sent_bytes_{0}, sent_nanoseconds_{0};
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  std::unique_ptr<Mailbox> small_;         // all-reduces (large ones if ring_); null: through Gloo
-  std::vector<std::byte> gathered_;        // every rank's part of a small one, a ring's arriving chunk
+  std::unique_ptr<Mailbox> mailbox_;       // all-reduces (large ones if ring_); null: through Gloo
+  std::unique_ptr<MailboxAllreduce> mailbox_allreduce_;  // its algorithms
+  std::vector<std::byte> gathered_;        // every rank's part of a small one, through Gloo
   bool ring_ = false;                      // larger all-reduces on the mailbox too (LOCKSTEP_GLOO_RING)
   const Collective* running_ = nullptr;  // run()'s collective, for the mailbox path's errors
 };

@@ -2,12 +2,8 @@
 #include "mailbox.h"
 
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +13,7 @@
 #include <sstream>
 #include <vector>
 
-#include "../keepalive.h"
+#include "../net/socket.h"
 #include "../store/wire.h"
 #include "../work_queue.h"
 #include "lockstep/base/log.h"
@@ -43,60 +39,6 @@ struct Header {
   std::uint32_t dtype;
   std::uint32_t unused;
 };
-
-bool write_all(int fd, const void* p, std::size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    c += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-// The header and the payload in one call, so that a small message is one segment and wakes the
-// receiver once.
-bool write_message(int fd, const void* header, std::size_t header_bytes, const void* payload, std::size_t n) {
-  iovec parts[2] = {{const_cast<void*>(header), header_bytes}, {const_cast<void*>(payload), n}};
-  msghdr msg{};
-  msg.msg_iov = parts;
-  msg.msg_iovlen = n > 0 ? 2 : 1;
-  ssize_t k;
-  do {
-    k = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-  } while (k < 0 && errno == EINTR);
-  if (k < 0) return false;
-  const auto sent = static_cast<std::size_t>(k);
-  if (sent < header_bytes)
-    return write_all(fd, static_cast<const char*>(header) + sent, header_bytes - sent) && write_all(fd, payload, n);
-  return write_all(fd, static_cast<const char*>(payload) + (sent - header_bytes), n - (sent - header_bytes));
-}
-
-// false on an error or an end of stream before n bytes; `clean_eof` tells an end of stream
-// before the first byte (a peer that closed between messages).
-bool read_all(int fd, void* p, std::size_t n, bool* clean_eof = nullptr) {
-  char* c = static_cast<char*>(p);
-  const std::size_t want = n;
-  if (clean_eof) *clean_eof = false;
-  while (n > 0) {
-    const ssize_t k = ::recv(fd, c, n, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k == 0 && clean_eof && n == want) *clean_eof = true;
-    if (k <= 0) return false;
-    c += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-void set_timeouts(int fd, Seconds timeout) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(std::max(1.0, timeout.count()));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
 
 std::string what_of(const char* dtype, std::size_t count) {
   return std::string(dtype) + " x " + std::to_string(count);
@@ -143,7 +85,7 @@ struct Mailbox::State {
   Communicator::Queue sync;  // its mutex guards everything below that is not thread-local
   std::string address;
   std::uint64_t token = 0;
-  int listener = -1;
+  net::Socket listener;
   int wake[2] = {-1, -1};
   Lookup lookup;
 
@@ -282,7 +224,7 @@ int Mailbox::State::poll_timeout_ms() {
 
 void Mailbox::State::read_loop() {
   for (;;) {
-    std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {listener, POLLIN, 0}};
+    std::vector<pollfd> fds{{wake[0], POLLIN, 0}, {listener.fd(), POLLIN, 0}};
     for (const auto& in : inbound) fds.push_back({in.fd, POLLIN, 0});
     std::vector<int> watched;  // outbound connections: readable means the peer closed
     {
@@ -336,7 +278,7 @@ void Mailbox::State::read_loop() {
 
 void Mailbox::State::accept_waiting() {
   for (;;) {
-    pollfd p{listener, POLLIN, 0};
+    pollfd p{listener.fd(), POLLIN, 0};
     if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) return;
     accept_peer();
   }
@@ -347,20 +289,19 @@ bool Mailbox::State::inbound_from(int peer) const {
 }
 
 void Mailbox::State::accept_peer() {
-  const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  set_timeouts(fd, std::min(options.timeout, Seconds(10)));
+  net::Socket peer = net::accept_from(listener, /*non_blocking=*/false);
+  if (!peer) return;
+  peer.set_blocking_timeouts(std::min(options.timeout, Seconds(10)));
   Hello hello{};
-  if (!read_all(fd, &hello, sizeof hello) || hello.magic != kHelloMagic || hello.token != token ||
-      hello.src < 0 || hello.src >= size) {
+  if (net::recv_all(peer.fd(), &hello, sizeof hello) != net::Io::done || hello.magic != kHelloMagic ||
+      hello.token != token || hello.src < 0 || hello.src >= size) {
     LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " refused a connection that did not say it came "
                              << "from a rank of this communicator";
-    ::close(fd);
     return;
   }
-  set_timeouts(fd, options.timeout);
-  keep_alive(fd, static_cast<int>(options.peer_check.count()));
-  inbound.push_back({fd, hello.src});
+  peer.set_blocking_timeouts(options.timeout);
+  peer.keep_alive(static_cast<int>(options.peer_check.count()));
+  inbound.push_back({peer.release(), hello.src});
 }
 
 // false when the connection ended (cleanly between messages, or not).
@@ -368,14 +309,14 @@ bool Mailbox::State::read_message(Inbound& in) {
   Header h{};
   bool clean_eof = false;
   std::string why;
-  if (!read_all(in.fd, &h, sizeof h, &clean_eof)) {
+  if (net::recv_all(in.fd, &h, sizeof h, &clean_eof) != net::Io::done) {
     why = clean_eof ? "rank " + std::to_string(in.src) + " closed its connection (it exited or died)"
                     : "rank " + std::to_string(in.src) + "'s connection failed: " + std::strerror(errno);
   } else if (h.dtype > static_cast<std::uint32_t>(DType::i64) ||
              h.count * dtype_size(static_cast<DType>(h.dtype)) > kMaxMessageBytes) {
     why = "rank " + std::to_string(in.src) + " sent a malformed message header";
   } else if (deliver(in.src, h, [&](void* into) {
-               return read_all(in.fd, into, h.count * dtype_size(static_cast<DType>(h.dtype)));
+               return net::recv_all(in.fd, into, h.count * dtype_size(static_cast<DType>(h.dtype))) == net::Io::done;
              })) {
     return true;
   } else {
@@ -397,28 +338,26 @@ int Mailbox::State::connect_to(int dst, std::string& error) {
   std::string host, port;
   std::uint64_t peer_token = 0;
   in >> host >> port >> std::hex >> peer_token;
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+  const Seconds wait = std::min(options.timeout, Seconds(1e6));  // a deadline the clock can hold
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(wait);
+  net::Connected c = net::connect_to(host, port, deadline, std::chrono::ceil<std::chrono::milliseconds>(wait),
+                                     /*numeric=*/true);
+  if (c.unresolved) {
     error = "rank " + std::to_string(dst) + " published an unusable address '" + where + "'";
     return -1;
   }
-  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  set_timeouts(fd, options.timeout);
-  const bool connected = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-  ::freeaddrinfo(res);
   const Hello hello{kHelloMagic, peer_token, rank, 0};
-  if (!connected || !write_all(fd, &hello, sizeof hello)) {
-    error = "cannot connect to rank " + std::to_string(dst) + " at " + host + ":" + port + ": " + std::strerror(errno) +
-            " (it exited or died, or a firewall is in the way)";
-    if (fd >= 0) ::close(fd);
+  if (c.socket) {
+    c.socket.set_non_blocking(false);
+    c.socket.set_blocking_timeouts(options.timeout);
+  }
+  if (!c.socket || net::send_all(c.socket.fd(), &hello, sizeof hello) != net::Io::done) {
+    error = "cannot connect to rank " + std::to_string(dst) + " at " + host + ":" + port + ": " +
+            (c.socket ? std::strerror(errno) : c.error) + " (it exited or died, or a firewall is in the way)";
     return -1;
   }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  keep_alive(fd, static_cast<int>(options.peer_check.count()));
-  return fd;
+  c.socket.keep_alive(static_cast<int>(options.peer_check.count()));
+  return c.socket.release();
 }
 
 int Mailbox::State::connection(int dst) {
@@ -453,7 +392,7 @@ void Mailbox::State::send_one(const SendJob& job) {
     return;
   }
   const int fd = connection(job.dst);
-  const bool sent = fd >= 0 && write_message(fd, &h, sizeof h, job.buffer, bytes);
+  const bool sent = fd >= 0 && net::send_two(fd, &h, sizeof h, job.buffer, bytes) == net::Io::done;
   std::lock_guard<std::mutex> lock(sync.mu);
   const auto d = static_cast<std::size_t>(job.dst);
   if (!sent && send_error[d].empty())
@@ -497,24 +436,12 @@ Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const Comm
   const std::string r = wire::random_bytes(sizeof s.token);
   std::memcpy(&s.token, r.data(), sizeof s.token);
 
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
-  if (::getaddrinfo(bind_address.c_str(), "0", &hints, &res) != 0 || res == nullptr)
-    throw ConfigError("point-to-point: cannot use address '" + bind_address + "' to listen on");
-  s.listener = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool ok = s.listener >= 0 && ::bind(s.listener, res->ai_addr, res->ai_addrlen) == 0 &&
-                  ::listen(s.listener, 256) == 0;
-  ::freeaddrinfo(res);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  if (!ok || ::getsockname(s.listener, reinterpret_cast<sockaddr*>(&bound), &len) != 0 || ::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-    const std::string why = std::strerror(errno);
-    if (s.listener >= 0) ::close(s.listener);
-    throw ConfigError("point-to-point: cannot listen on " + bind_address + ": " + why);
-  }
-  const int port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                     : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::string gai_error;
+  s.listener = net::listen_on(AF_UNSPEC, bind_address.c_str(), 0, net::ListenOptions{}, gai_error);
+  if (!gai_error.empty()) throw ConfigError("point-to-point: cannot use address '" + bind_address + "' to listen on");
+  const int port = s.listener ? s.listener.local_port() : -1;
+  if (port <= 0 || ::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw ConfigError("point-to-point: cannot listen on " + bind_address + ": " + std::strerror(errno));
   std::ostringstream address;
   address << bind_address << " " << port << " " << std::hex << s.token;
   s.address = address.str();
@@ -551,7 +478,6 @@ Mailbox::~Mailbox() {
   for (const auto& in : s.inbound) ::close(in.fd);
   for (int fd : s.outbound)
     if (fd >= 0) ::close(fd);
-  ::close(s.listener);
   ::close(s.wake[0]);
   ::close(s.wake[1]);
 }

@@ -1,8 +1,3 @@
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,10 +6,10 @@
 #include <sstream>
 #include <thread>
 
-#include "keepalive.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
+#include "net/socket.h"
 #include "store/wire.h"
 
 namespace lockstep::comm {
@@ -28,44 +23,21 @@ struct Transient {
   bool request_sent;
 };
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 1 << 30));
-}
-
 void send_all(int fd, const std::string& data, Clock::time_point deadline) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, remaining_ms(deadline)) == 0) throw TimeoutError("store: send timed out");
-      continue;
-    }
-    throw Transient{std::string("send failed: ") + std::strerror(errno), done > 0};
+  std::size_t sent = 0;
+  switch (net::send_all(fd, data.data(), data.size(), deadline, &sent)) {
+    case net::Io::done: return;
+    case net::Io::timed_out: throw TimeoutError("store: send timed out");
+    default: throw Transient{std::string("send failed: ") + std::strerror(errno), sent > 0};
   }
 }
 
 void recv_exact(int fd, char* out, std::size_t n, Clock::time_point deadline) {
-  std::size_t done = 0;
-  while (done < n) {
-    pollfd p{fd, POLLIN, 0};
-    int ready = ::poll(&p, 1, remaining_ms(deadline));
-    if (ready == 0) throw TimeoutError("store: no reply before the deadline");
-    if (ready < 0 && errno == EINTR) continue;
-    ssize_t got = ::recv(fd, out + done, n - done, 0);
-    if (got > 0) {
-      done += static_cast<std::size_t>(got);
-      continue;
-    }
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    throw Transient{
-        got == 0 ? "the store closed the connection" : std::string("recv failed: ") + std::strerror(errno),
-        true};
+  switch (net::recv_all(fd, out, n, deadline)) {
+    case net::Io::done: return;
+    case net::Io::timed_out: throw TimeoutError("store: no reply before the deadline");
+    case net::Io::closed: throw Transient{"the store closed the connection", true};
+    default: throw Transient{std::string("recv failed: ") + std::strerror(errno), true};
   }
 }
 
@@ -109,44 +81,16 @@ namespace {
 // A TCP connection to host:port (IPv4 or IPv6, each address getaddrinfo gives in turn), or -1
 // with `error` set. ConfigError when the name does not resolve at all.
 int tcp_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0)
-    throw ConfigError("store: cannot resolve host '" + host + "': " + gai_strerror(rc) +
+  net::Connected c = net::connect_to(host, std::to_string(port), deadline, std::chrono::milliseconds(2000));
+  if (c.unresolved)
+    throw ConfigError("store: cannot resolve host '" + host + "': " + c.error +
                       " (check MASTER_ADDR / LOCKSTEP_STORE_ADDR; an IP address always works)");
-  int connected = -1;
-  for (addrinfo* ai = res; ai != nullptr && connected < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) continue;
-    int c = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (c != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, std::min(remaining_ms(deadline), 2000)) == 1) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        c = err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        errno = ETIMEDOUT;
-      }
-    }
-    if (c == 0) {
-      connected = fd;
-    } else {
-      error = std::strerror(errno);
-      ::close(fd);
-    }
+  if (!c.socket) {
+    error = c.error;
+    return -1;
   }
-  ::freeaddrinfo(res);
-  if (connected >= 0) {
-    int one = 1;
-    ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    keep_alive(connected, kStoreKeepAliveSeconds);
-  }
-  return connected;
+  c.socket.keep_alive(net::kStoreKeepAliveSeconds);
+  return c.socket.release();
 }
 
 // The handshake of docs/store-protocol.md: each side proves it holds the token (HMAC over

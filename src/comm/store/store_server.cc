@@ -29,10 +29,10 @@
 #include <set>
 #include <unordered_map>
 
-#include "keepalive.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/error.h"
+#include "net/socket.h"
 #include "store/wire.h"
 
 namespace lockstep::comm {
@@ -61,67 +61,29 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// "1.2.3.4:5" or "[::1]:5".
-std::string address_text(const sockaddr* addr, socklen_t len) {
-  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
-  ::getnameinfo(addr, len, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
-  const std::string h = host;
-  return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + port;
-}
-
-int local_port(int fd) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
-int adopt_listener(int fd) {
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+net::Socket adopt_listener(int fd) {
+  net::Socket s(fd);
+  s.set_non_blocking(true);
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return fd;
-}
-
-// A listening socket for the first address getaddrinfo gives for (host, port), or -1 with errno.
-// `dual_stack`: an IPv6 socket that takes IPv4 connections too.
-int try_listen(int family, const char* host, int port, bool dual_stack, std::string& gai_error) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = family;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
-  if (int rc = ::getaddrinfo(host, std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    gai_error = gai_strerror(rc);
-    errno = EINVAL;
-    return -1;
-  }
-  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1, zero = 0;
-  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd >= 0 && dual_stack) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-  if (fd >= 0 && (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 1024) != 0)) {
-    const int err = errno;
-    ::close(fd);
-    fd = -1;
-    errno = err;
-  }
-  ::freeaddrinfo(res);
-  return fd;
+  return s;
 }
 
 // Binds and listens on host:port. host "*" is every address, IPv6 and IPv4 (one dual-stack
 // socket), or every IPv4 address where the kernel has no IPv6; otherwise a numeric address of
 // either family.
-int open_listener(const StoreServerOptions& o) {
+net::Socket open_listener(const StoreServerOptions& o) {
   std::string gai_error;
-  int fd = -1;
+  net::ListenOptions listen{/*non_blocking=*/true, /*reuse_address=*/true, /*dual_stack=*/false, /*backlog=*/1024};
+  net::Socket s;
   if (o.host == "*") {
-    fd = try_listen(AF_INET6, nullptr, o.port, /*dual_stack=*/true, gai_error);
-    if (fd < 0 && errno != EADDRINUSE) fd = try_listen(AF_INET, nullptr, o.port, false, gai_error);
+    listen.dual_stack = true;
+    s = net::listen_on(AF_INET6, nullptr, o.port, listen, gai_error);
+    listen.dual_stack = false;
+    if (!s && errno != EADDRINUSE) s = net::listen_on(AF_INET, nullptr, o.port, listen, gai_error);
   } else {
-    fd = try_listen(AF_UNSPEC, o.host.c_str(), o.port, false, gai_error);
+    s = net::listen_on(AF_UNSPEC, o.host.c_str(), o.port, listen, gai_error);
   }
-  if (fd >= 0) return fd;
+  if (s) return s;
   const int err = errno;
   if (!gai_error.empty())
     throw ConfigError("store: cannot bind to '" + o.host + "': not a numeric address (" + gai_error +
@@ -137,11 +99,11 @@ int open_listener(const StoreServerOptions& o) {
 class StoreServer::Impl {
  public:
   explicit Impl(StoreServerOptions options) : options_(std::move(options)) {
-    listen_fd_ = options_.listen_fd >= 0 ? adopt_listener(options_.listen_fd) : open_listener(options_);
-    port_ = local_port(listen_fd_);
+    listener_ = options_.listen_fd >= 0 ? adopt_listener(options_.listen_fd) : open_listener(options_);
+    port_ = listener_.local_port();
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    add_fd(listen_fd_, kListenId, EPOLLIN);
+    add_fd(listener_.fd(), kListenId, EPOLLIN);
     add_fd(stop_fd_, kStopId, EPOLLIN);
     thread_ = std::thread([this] { loop(); });
   }
@@ -149,7 +111,6 @@ class StoreServer::Impl {
   ~Impl() {
     stop();
     for (auto& [id, c] : conns_) ::close(c.fd);
-    ::close(listen_fd_);
     ::close(stop_fd_);
     ::close(epoll_fd_);
   }
@@ -213,17 +174,16 @@ class StoreServer::Impl {
 
   void accept_all() {
     for (;;) {
-      sockaddr_storage addr{};
-      socklen_t len = sizeof addr;
-      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or a transient error: the next event retries
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      keep_alive(fd, kStoreKeepAliveSeconds);  // a partitioned client's ephemeral keys go too
+      std::string peer;
+      net::Socket accepted = net::accept_from(listener_, /*non_blocking=*/true, &peer);
+      if (!accepted) return;  // EAGAIN, or a transient error: the next event retries
+      accepted.set_no_delay();
+      accepted.keep_alive(net::kStoreKeepAliveSeconds);  // a partitioned client's ephemeral keys go too
       std::uint64_t id = next_id_++;
+      const int fd = accepted.release();
       Conn c;
       c.fd = fd;
-      c.peer = address_text(reinterpret_cast<sockaddr*>(&addr), len);
+      c.peer = peer;
       c.server_nonce = wire::random_bytes(wire::kNonceBytes);
       c.out = wire::Writer(Type::kHello)
                   .bytes(std::string_view(wire::kMagic, 4))
@@ -516,7 +476,8 @@ class StoreServer::Impl {
 
   StoreServerOptions options_;
   const std::string instance_ = wire::random_bytes(wire::kInstanceBytes);
-  int listen_fd_ = -1, epoll_fd_ = -1, stop_fd_ = -1, port_ = 0;
+  net::Socket listener_;
+  int epoll_fd_ = -1, stop_fd_ = -1, port_ = 0;
   std::thread thread_;
   std::atomic<std::uint64_t> refused_{0};
   std::mutex parked_mu_;
