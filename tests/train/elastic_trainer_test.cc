@@ -21,10 +21,13 @@ namespace lockstep::testing {
 namespace {
 
 // A worker is SIGKILLed after step 15 of 100; the two others go on, a new worker joins, and the
-// run ends with every sample trained once per epoch and every replica equal.
+// run ends with every sample trained once per epoch and every replica equal. (In these tests
+// await-joiner:1 makes the survivors hold for the replacement, so that it joins before the job
+// ends however slowly it starts on a loaded host.)
 TEST(ElasticTrainer, AKilledWorkerIsReplacedAndEverySampleIsTrainedOncePerEpoch) {
   TempDir dir("elastic-kill");
-  auto run = elastic_run(dir.path(), 3, 32, 100, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:15:1"}});
+  auto run =
+      elastic_run(dir.path(), 3, 32, 100, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:15:1,await-joiner:1"}});
   ASSERT_EQ(run->wait(300), 0) << run->output();
   const std::string& out = run->output();
   EXPECT_NE(out.find("was killed by SIGKILL; the others go on without it, and a new worker takes its place"),
@@ -61,7 +64,7 @@ TEST(ElasticTrainer, ALossAndARejoinEndWhereAnUninterruptedRunEnds) {
   ASSERT_EQ(a->wait(300), 0) << a->output();
   auto b = elastic_run(two.path(), 2, 48, 60);
   ASSERT_EQ(b->wait(300), 0) << b->output();
-  auto c = elastic_run(killed.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:10:1"}});
+  auto c = elastic_run(killed.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:10:1,await-joiner:1"}});
   ASSERT_EQ(c->wait(300), 0) << c->output();
   ASSERT_GE(changes(killed.path()).size(), 1u) << c->output();
   const auto reference = final_parameters(three.path());
@@ -87,13 +90,13 @@ TEST(ElasticTrainer, ZeroShardsSurviveALostWorkerThroughTheirMirrors) {
   ASSERT_EQ(a->wait(300), 0) << a->output();
   auto b = elastic_run(two.path(), 2, 48, 60);
   ASSERT_EQ(b->wait(300), 0) << b->output();
-  auto z1 = elastic_run(stage1.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:10:1"}},
+  auto z1 = elastic_run(stage1.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-after-step:10:1,await-joiner:1"}},
                         {"--zero-stage", "1"});
   ASSERT_EQ(z1->wait(300), 0) << z1->output();
-  auto z1b = elastic_run(before.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-before-update:12:2"}},
-                         {"--zero-stage", "1"});
+  auto z1b = elastic_run(before.path(), 3, 32, 60,
+                         {{"LOCKSTEP_FAULT_INJECT", "kill-before-update:12:2,await-joiner:1"}}, {"--zero-stage", "1"});
   ASSERT_EQ(z1b->wait(300), 0) << z1b->output();
-  auto z2 = elastic_run(stage2.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-in-update:12:2"}},
+  auto z2 = elastic_run(stage2.path(), 3, 32, 60, {{"LOCKSTEP_FAULT_INJECT", "kill-in-update:12:2,await-joiner:1"}},
                         {"--zero-stage", "2"});
   ASSERT_EQ(z2->wait(300), 0) << z2->output();
 
