@@ -29,6 +29,8 @@ std::map<std::int64_t, std::multiset<std::size_t>> trained_samples(const std::st
       words >> kind;
       if (kind == "get") {
         for (std::size_t i; words >> i;) pending.push_back(i);
+      } else if (kind == "begin") {  // the step before this worker's first one: a failure in
+        words >> last_step >> word >> last_membership;  // that first step knows which it was
       } else if (kind == "change") {
         unfinished();
         words >> last_step >> word >> last_membership;

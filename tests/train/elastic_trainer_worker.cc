@@ -8,10 +8,12 @@
 // mid-run still finds steps to join.
 // Writes DIR/<pid>.samples, one line per event, flushed as it goes (a killed worker's file is
 // complete up to its death):
+//   begin S membership M   it starts training after step S (0, or the step it joined at) in M
 //   get I J K ...          the dataset indices of one batch it loaded
 //   step S membership M    it completed optimiser step S in membership M
 //   change S membership M  the membership changed to M, training going on after step S: the
-//                          batches loaded since the last step were not trained on
+//                          batches loaded since its last step count for the step after that one
+//                          only if the others completed it (then S is that step)
 // and, on rank 0 at the end, the final parameters to DIR/final.pt. With --eval-limit N it evaluates
 // on the first N test images (for --eval-strategy) and at the end writes OUTPUT_DIR/eval_results.json.
 #include <torch/torch.h>
@@ -74,6 +76,9 @@ class RecordingDataset : public Dataset {
 class RecordSteps : public TrainerCallback {
  public:
   explicit RecordSteps(std::shared_ptr<Record> record) : record_(std::move(record)) {}
+  void on_train_begin(const TrainerState& s) override {
+    record_->line("begin " + std::to_string(s.global_step) + " membership " + std::to_string(s.membership));
+  }
   void on_step_end(const TrainerState& s, TrainerControl&) override {
     record_->line("step " + std::to_string(s.global_step) + " membership " + std::to_string(s.membership));
   }
