@@ -53,9 +53,6 @@ class Backend {
   // tied to a thread's lifetime (the shm liveness lock) is taken and released here.
   virtual void on_thread_start() {}
   virtual void on_thread_stop() {}
-  // Memory this rank's peers can map (Communicator::allocate_shared), or nullptr. Called on
-  // the caller's thread, concurrently with run(). Backends without shared memory keep the
-  // default, on every rank alike.
   // Backends that use the network count what they sent (thread-safe: read while running).
   virtual NetworkStats network_stats() const { return {}; }
   // Called on the communicator's watchdog thread while run(c) has been going on for `running`
@@ -64,14 +61,20 @@ class Backend {
   // here, and aborts run(c) with the error when it finds one, or when `running` passed the
   // collective's timeout. Must return within about peer_check.
   virtual void on_stall(const Collective& /*c*/, Seconds /*running*/) {}
-  virtual bool shares_memory() const { return false; }
   // Whether buffers may be GPU memory (nccl): the caller need not stage them through the host.
   virtual bool takes_device_memory() const { return false; }
+
+  // Memory, in two kinds, each with its capability (the same on every rank; a backend without
+  // one keeps the defaults). Allocation runs on the caller's thread, concurrently with run().
+  // Shared: memory this rank's peers can map (Communicator::allocate_shared), or nullptr.
+  virtual bool shares_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
-  // One block per machine that every rank of the machine maps (Communicator::
-  // allocate_machine_memory), or nullptr on every rank. Caller's thread, like allocate_shared;
-  // throws SystemError when /dev/shm cannot hold it.
+  // Machine memory: one block per machine that every rank of the machine maps (Communicator::
+  // allocate_machine_memory); throws SystemError when /dev/shm cannot hold it. Once every rank
+  // holds the block, machine_memory_mapped(block) lets the backend drop what named it.
+  virtual bool has_machine_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_machine_memory(std::size_t /*bytes*/) { return nullptr; }
+  virtual void machine_memory_mapped(const void* /*block*/) {}
 };
 
 // The shm backend as the hier backend uses it inside a machine: besides the collectives, the

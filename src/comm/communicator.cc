@@ -37,7 +37,7 @@
 
 namespace lockstep::comm {
 
-void Communicator::Queue::run(std::unique_lock<std::mutex>& lock, WorkState& w) {
+void WorkQueue::run(std::unique_lock<std::mutex>& lock, WorkState& w) {
   std::exception_ptr error = broken;
   const auto start = Clock::now();
   in_flight = w.collective;
@@ -135,11 +135,11 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
       size_(size),
       options_(std::move(options)),
       backend_(std::move(backend)),
-      queue_(std::make_unique<Queue>()) {
+      queue_(std::make_unique<WorkQueue>()) {
   queue_->backend = backend_.get();
   queue_->collective_timeout = options_.timeout;
   queue_->thread = std::thread([this] {
-    Queue& q = *queue_;
+    WorkQueue& q = *queue_;
     backend_->on_thread_start();
     std::unique_lock<std::mutex> lock(q.mu);
     for (;;) {
@@ -158,7 +158,7 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
 }
 
 void Communicator::start_watchdog(std::shared_ptr<StoreClient> store) {
-  Queue& q = *queue_;
+  WorkQueue& q = *queue_;
   Watchdog::Hooks hooks;
   hooks.look = [&q] {
     std::lock_guard<std::mutex> lock(q.mu);
@@ -379,7 +379,13 @@ std::shared_ptr<void> Communicator::allocate_machine_memory(std::size_t bytes) {
     throw SystemError(failure.empty() ? "machine memory of " + std::to_string(bytes) +
                                             " bytes could not be made on another rank (see its message)"
                                       : failure);
-  return least == 2 ? memory : nullptr;
+  if (least != 2) return nullptr;
+  backend_->machine_memory_mapped(memory.get());  // every rank holds it: its name can go
+  return memory;
+}
+
+bool Communicator::has_machine_memory() const {
+  return size_ == 1 || backend_->has_machine_memory();
 }
 
 std::shared_ptr<void> Communicator::allocate_shared(std::size_t bytes) {

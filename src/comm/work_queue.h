@@ -15,14 +15,14 @@
 
 #include "backend.h"
 #include "flight_ring.h"
-#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/work.h"
 
 namespace lockstep::comm {
 
 // All work state of one communicator is guarded by its queue's mutex: completions are rare
 // enough (one per collective) that one lock is simpler than one per Work, and it lets a waiting
 // caller take over a collective the progress thread has not started (see Work::wait).
-struct Communicator::Queue {
+struct WorkQueue {
   std::mutex mu;
   std::condition_variable work_cv;  // the progress thread sleeps here
   std::condition_variable done_cv;  // callers of Work::wait sleep here
@@ -47,7 +47,7 @@ struct Communicator::Queue {
 };
 
 struct WorkState {
-  Communicator::Queue* queue;
+  WorkQueue* queue;
   bool done = false;
   std::exception_ptr error;
   double seconds = 0;

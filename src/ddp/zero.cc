@@ -11,7 +11,6 @@
 #include <map>
 #include <string>
 
-#include "lockstep/comm/machine_memory.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/ddp/optimizer_state.h"
@@ -113,6 +112,7 @@ struct ZeroOptimizer::Impl {
   std::int64_t offset_of(int owner, std::size_t b) const { return owner * slice_length(b); }
   std::int64_t my_offset(std::size_t b) const { return offset_of(rank, b); }
   void check_reducer() const;
+  void check_one_machine() const;
   void allocate_flat();
   void move_parameters_in();
   void make_mirrors(const Factory& make);
@@ -133,6 +133,7 @@ void ZeroOptimizer::Impl::check_reducer() const {
     throw ConfigError(stage3() ? "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size(), model, "
                                  "units) for stage 3"
                                : "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
+  if (one_copy()) check_one_machine();
   if (stage3() && mirrored())
     throw ConfigError("ZeRO stage 3 in elastic jobs (mirrored slices) is not built yet: use stage 2 there");
   if (!mirrored()) return;
@@ -142,6 +143,22 @@ void ZeroOptimizer::Impl::check_reducer() const {
   if (!valid(options.mirror_of) || !valid(options.mirrored_by))
     throw ConfigError("ZeRO mirrors: mirror_of " + std::to_string(options.mirror_of) + " and mirrored_by " +
                       std::to_string(options.mirrored_by) + " must be other ranks of the " + std::to_string(world));
+}
+
+// Stages 1 and 2 keep one copy for the whole job: every rank updates its slices in place, so all
+// of them must map the same block (stage 3 gathers into one block per machine instead).
+void ZeroOptimizer::Impl::check_one_machine() const {
+  const auto& machine_of = comm.machine_of();
+  const bool one_machine =
+      comm.size() == 1 || (!machine_of.empty() && std::all_of(machine_of.begin(), machine_of.end(),
+                                                              [](int m) { return m == 0; }));
+  if (!comm.has_machine_memory() || !one_machine)
+    throw ConfigError("ZeRO stage " + std::to_string(options.stage) + " with one copy of the parameters "
+                      "(--zero-shared-parameters) keeps them in memory every worker maps, which needs all " +
+                      std::to_string(comm.size()) + " workers on one machine and the shm backend (this is " +
+                      comm.backend_name() + (one_machine ? "" : " across machines") +
+                      "): use --backend shm on one machine, or --zero-stage 3 with --zero-shared-parameters "
+                      "across machines");
 }
 
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),
@@ -168,7 +185,7 @@ void ZeroOptimizer::Impl::allocate_flat() {
     at.push_back(total);
     total += (std::size_t(b.numel) * b.params.front().element_size() + 63) / 64 * 64;
   }
-  std::shared_ptr<void> block = comm::map_machine_memory(comm, total);
+  std::shared_ptr<void> block = comm.allocate_machine_memory(total);
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     auto opts = buckets[b].params.front().options().requires_grad(false);
     if (!opts.device().is_cpu()) throw ConfigError("ZeRO shared parameters live in host memory: use CPU tensors");
@@ -231,7 +248,7 @@ void ZeroOptimizer::Impl::make_units() {
   const auto& groups = reducer.sharding()->buckets;
   std::vector<int> bucket_of_unit(std::size_t(std::max(0, count)));
   for (int u = 0; u < count; ++u) bucket_of_unit[std::size_t(u)] = bucket_of_group(groups[std::size_t(count - 1 - u)]);
-  if (options.shared_parameters && !comm.allocate_machine_memory(1))
+  if (options.shared_parameters && !comm.has_machine_memory())
     throw ConfigError("ZeRO stage 3 with one copy per machine (--zero-shared-parameters) gathers each unit into "
                       "memory the ranks of a machine share, which the " + comm.backend_name() +
                       " backend does not have: use the shm backend on one machine or hier across machines (the "

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -57,6 +58,7 @@ TEST_P(MachineMemory, EveryRankReadsEveryChunkOnceItsMachineWroteThemAndMachines
     };
     for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{5000}}) {
       auto block = comm.allocate_machine_memory(std::size_t(world) * count * sizeof(float));
+      if (comm.has_machine_memory() != layout.has_machine_memory) return fail("has_machine_memory() disagrees");
       if (bool(block) != layout.has_machine_memory) return fail("machine memory " + std::string(block ? "given" : "missing"));
       std::vector<float> own(std::size_t(world) * count);
       float* all = block ? static_cast<float*>(block.get()) : own.data();
@@ -137,18 +139,28 @@ TEST(MachineMemoryErrors, PrivateMemoryIsAClearErrorOnShm) {
   EXPECT_NE(errors[0].find("not memory from allocate_machine_memory"), std::string::npos) << errors[0];
 }
 
-// Names go at the first collective that uses a block, or with the communicator for one never
-// used; the memory lives on with its pointer.
+std::size_t machine_blocks_named(const std::vector<std::string>& names) {
+  return std::size_t(std::count_if(names.begin(), names.end(),
+                                   [](const std::string& n) { return n.find("-machine-") != std::string::npos; }));
+}
+
+// A block's name goes as soon as every rank holds it (a job killed from then on leaves nothing
+// behind), whether or not a collective ever uses it; the memory lives on with its pointer.
 TEST(MachineMemoryErrors, NothingIsLeftInDevShm) {
   const auto before = shm_segments(::getpid());
   std::vector<std::shared_ptr<void>> kept(2);
+  std::vector<std::size_t> named_while_held(2, 99);
   run_ranks_as_threads(2, CommOptions{"shm"}, [&](comm::Communicator& comm) {
     auto used = comm.allocate_machine_memory(2 * 16 * sizeof(float));
     auto unused = comm.allocate_machine_memory(4096);
+    comm.barrier()->wait();  // both ranks returned from both allocations
+    named_while_held[std::size_t(comm.rank())] = machine_blocks_named(shm_segments(::getpid()));
+    comm.barrier()->wait();
     std::vector<float> mine(16, float(comm.rank()));
     comm.allgather_machine(mine.data(), used.get(), 16, DType::f32)->wait();
     kept[std::size_t(comm.rank())] = used;
   });
+  EXPECT_EQ(named_while_held, std::vector<std::size_t>(2, 0)) << "blocks still named in /dev/shm while held";
   EXPECT_EQ(shm_segments(::getpid()).size(), before.size());
   EXPECT_EQ(static_cast<float*>(kept[0].get())[16], 1.0f);
 }

@@ -289,6 +289,37 @@ TEST(ZeroStageThreeOneCopyPerMachine, IsAClearErrorWithoutMachineMemory) {
   for (const auto& e : errors) EXPECT_NE(e.find("gloo backend does not have"), std::string::npos) << e;
 }
 
+// Stages 1 and 2 keep one copy for the whole job, so every rank must map the same block: gloo
+// (no machine memory) and hier across two machines (a block per machine) are refused on every
+// rank, saying what to use instead.
+TEST(ZeroSharedParameters, AreAClearErrorUnlessEveryRankMapsOneBlock) {
+  for (const auto& [backend, machine_of] :
+       std::vector<std::pair<std::string, std::vector<int>>>{{"gloo", {}}, {"hier", {0, 1}}}) {
+    for (int stage : {1, 2}) {
+      std::mutex mu;
+      std::vector<std::string> errors;
+      comm::CommOptions options{backend};
+      options.machine_of = machine_of;
+      lockstep::testing::run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+        Net net = make_net("mlp");
+        const ZeroOptions zo{stage, true};
+        Reducer reducer(net.module, comm, DdpOptions{}, zero_bucket_sharding(zo, comm.size()));
+        try {
+          ZeroOptimizer zero(*net.module, reducer, comm, zo, adamw);
+        } catch (const ConfigError& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(e.what());
+        }
+      });
+      ASSERT_EQ(errors.size(), 2u) << backend << ", stage " << stage;
+      for (const auto& e : errors) {
+        EXPECT_NE(e.find("on one machine and the shm backend (this is " + backend), std::string::npos) << e;
+        EXPECT_NE(e.find("--zero-stage 3 with --zero-shared-parameters"), std::string::npos) << e;
+      }
+    }
+  }
+}
+
 // The one-copy mode needs no all-gather: each rank writes its slices into the one copy. Were the
 // memory not shared, a rank would never see the others' updates and would end unlike stage 1.
 TEST(ZeroSharedParameters, EndBitwiseEqualToStageOneAndHoldOneCopy) {

@@ -36,37 +36,14 @@
 #include "lockstep/comm/options.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/types.h"
+#include "lockstep/comm/work.h"
 
 namespace lockstep::comm {
 
 class Backend;
 class Mailbox;
 class Watchdog;
-struct WorkState;
-
-// One in-flight collective. A Work must not outlive its Communicator.
-class Work {
- public:
-  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
-  bool done() const;
-  // Blocks until done; rethrows the collective's error. TimeoutError when `timeout` passes
-  // first (the collective itself keeps running; wait again or exit).
-  // The default waits as long as the collective may take (it has its own deadline).
-  void wait(Seconds timeout = Seconds(1e9));
-  // Seconds the progress thread spent running this collective (0 until done).
-  double seconds() const;
-  // When the collective began and ended running (steady clock; both epoch until it has).
-  // A trace or an overlap check reads these instead of timing the caller.
-  std::chrono::steady_clock::time_point started() const;
-  std::chrono::steady_clock::time_point finished() const;
-  std::uint64_t sequence() const;  // collectives only (0 for send and recv)
-  // A recv's source once it is done (the one it matched for kAnySource); -1 before, and for others.
-  int source_rank() const;
-
- private:
-  std::shared_ptr<WorkState> state_;
-};
-using WorkPtr = std::shared_ptr<Work>;
+struct WorkQueue;
 
 class Communicator {
  public:
@@ -109,7 +86,7 @@ class Communicator {
   // (Work::source_rank says whose). count and dtype must match the send's, else MismatchError.
   // A peer that exits or dies fails the recvs waiting for it with PeerError; a recv that gets
   // nothing within options.timeout is a TimeoutError naming the source and tag.
-  static constexpr int kAnySource = -1;
+  static constexpr int kAnySource = comm::kAnySource;
   WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag = 0);
   WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag = 0);
 
@@ -122,13 +99,15 @@ class Communicator {
   std::shared_ptr<void> allocate_shared(std::size_t bytes);
 
   // Machine memory: one block per machine that every rank on it maps (the same bytes for all of
-  // them), so that data every rank of a machine reads (ZeRO-3's gathered parameters) is held
+  // them), so that data every rank of a machine reads (ZeRO's parameters in one-copy mode) is held
   // once per machine. Collective: all ranks call it in the same order with the same size; every
   // rank gets a block, or every rank nullptr when the backend has none (gloo and mpi, which do not
   // know who shares a machine; hier when the machines hold unequal numbers of ranks). SystemError,
   // on every rank, when /dev/shm cannot hold it. Zeros at first; stays mapped while the pointer
-  // (or a copy) lives.
+  // (or a copy) lives, and leaves no name in /dev/shm once it has returned.
   std::shared_ptr<void> allocate_machine_memory(std::size_t bytes);
+  // Whether allocate_machine_memory gives blocks (not collective; the same on every rank).
+  bool has_machine_memory() const;
   // allgather into machine memory: recv is the same place of a block from
   // allocate_machine_memory on every rank of a machine, and the machine's ranks fill it together
   // (on hier each rank gathers its share across machines and writes it once; on shm each writes
@@ -153,8 +132,6 @@ class Communicator {
   // Safe to call from any thread, also while collectives run.
   NetworkStats network_stats() const;
 
-  struct Queue;  // internal
-
  private:
   Communicator(int rank, int size, std::unique_ptr<Backend> backend, CommOptions options,
                std::shared_ptr<StoreClient> store);
@@ -164,7 +141,7 @@ class Communicator {
   int rank_, size_;
   CommOptions options_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Queue> queue_;
+  std::unique_ptr<WorkQueue> queue_;
   std::unique_ptr<Watchdog> watchdog_;
   std::shared_ptr<StoreClient> store_;  // kept for machine_communicator()
   std::vector<int> machine_of_;

@@ -70,4 +70,7 @@ void store_element(DType dtype, void* buffer, std::size_t i, double value);
 // exactly.
 void divide_elements(DType dtype, void* buffer, std::size_t count, int by);
 
+// A recv's source that matches a message from any rank (Communicator::kAnySource).
+inline constexpr int kAnySource = -1;
+
 }  // namespace lockstep::comm

@@ -24,8 +24,8 @@
 // gradients (1/W, plus the buckets in flight during backward). Same bytes on the wire as DDP:
 // a reduce-scatter and an all-gather are one all-reduce.
 //
-// One copy (shared_parameters, shm backend): the parameters live once per machine in memory
-// every rank maps (comm/machine_memory.h). Each rank updates its own slices in place, so no
+// One copy (shared_parameters, shm backend, one machine): the parameters live once in machine
+// memory (Communicator::allocate_machine_memory) that every rank maps. Each rank updates its own slices in place, so no
 // all-gather is needed. Safety: a barrier before the update (no rank still reads parameters in
 // backward while an owner writes them) and one after it (no rank's next forward reads a slice
 // that is still being written).

@@ -126,9 +126,11 @@ class HierBackend final : public Backend {
   }
   // Only where every machine holds the same number of ranks: allgather_machine's chunks are laid
   // out by index group.
+  bool has_machine_memory() const override { return uniform_; }
   std::shared_ptr<void> allocate_machine_memory(std::size_t bytes) override {
     return uniform_ ? local_backend_->allocate_machine_memory(bytes) : nullptr;
   }
+  void machine_memory_mapped(const void* block) override { local_backend_->machine_memory_mapped(block); }
 
   void run(const Collective& c) override {
     switch (c.kind) {

@@ -49,10 +49,10 @@ struct PostedRecv {
   void* buffer;
   std::size_t count;
   DType dtype;
-  int src;  // or Communicator::kAnySource
+  int src;  // or kAnySource
   int tag;
   Clock::time_point deadline;
-  bool takes(int from, int t) const { return tag == t && (src == Communicator::kAnySource || src == from); }
+  bool takes(int from, int t) const { return tag == t && (src == kAnySource || src == from); }
 };
 
 struct Message {
@@ -82,7 +82,7 @@ struct Inbound {
 struct Mailbox::State {
   int rank, size;
   CommOptions options;
-  Communicator::Queue sync;  // its mutex guards everything below that is not thread-local
+  WorkQueue sync;  // its mutex guards everything below that is not thread-local
   std::string address;
   std::uint64_t token = 0;
   net::Socket listener;
@@ -493,7 +493,7 @@ void Mailbox::set_lookup(Lookup lookup) {
 
 namespace {
 void check_peer(int peer, int size, bool any_allowed, const char* call) {
-  if ((any_allowed && peer == Communicator::kAnySource) || (peer >= 0 && peer < size)) return;
+  if ((any_allowed && peer == kAnySource) || (peer >= 0 && peer < size)) return;
   throw ConfigError(std::string(call) + ": rank " + std::to_string(peer) + " is outside 0.." + std::to_string(size - 1) +
                     (any_allowed ? " (or Communicator::kAnySource)" : ""));
 }
@@ -535,7 +535,7 @@ WorkPtr Mailbox::recv(void* buffer, std::size_t count, DType dtype, int src, int
   auto w = std::make_shared<WorkState>();
   w->queue = &s.sync;
   w->label = "recv of " + what_of(dtype_name(dtype), count) + " from " +
-             (src == Communicator::kAnySource ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
+             (src == kAnySource ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
              std::to_string(tag) + ")";
   w->started = Clock::now();
   PostedRecv p{w, buffer, count, dtype, src, tag, Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout)};
@@ -549,13 +549,13 @@ WorkPtr Mailbox::recv(void* buffer, std::size_t count, DType dtype, int src, int
       s.fail<MismatchError>(*w, s.mismatch(p, it->src, it->dtype, it->count));
     }
     s.unexpected.erase(it);
-  } else if (src != Communicator::kAnySource && !s.gone[static_cast<std::size_t>(src)].empty()) {
+  } else if (src != kAnySource && !s.gone[static_cast<std::size_t>(src)].empty()) {
     s.fail<PeerError>(*w, w->label + " cannot finish: " + s.gone[static_cast<std::size_t>(src)]);
   } else {
     s.posted.push_back(p);
     // Open the connection to a named source that never sent to us, so that its death shows.
     const auto d = static_cast<std::size_t>(src);
-    if (src != Communicator::kAnySource && src != s.rank && s.outbound[d] < 0 && !s.connecting[d]) {
+    if (src != kAnySource && src != s.rank && s.outbound[d] < 0 && !s.connecting[d]) {
       s.connecting[d] = true;
       s.sends.push_back({nullptr, nullptr, 0, dtype, src, tag});
       lock.unlock();

@@ -19,7 +19,9 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/options.h"
+#include "lockstep/comm/types.h"
+#include "lockstep/comm/work.h"
 
 namespace lockstep::comm {
 

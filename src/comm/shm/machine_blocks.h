@@ -5,10 +5,11 @@
 // whichever rank comes first makes it, each sizes and reserves it (the same size, so the others'
 // calls change nothing), and nobody waits for anybody. Collectives find a block by address to
 // check that the ranks of a machine name the same place of the same block. Rank 0 unlinks a
-// block's name the first time a collective uses it (every rank mapped it before issuing that
-// collective); a block dropped before any use has its name removed by each rank that drops it. A
-// worker killed in between leaves a name the launcher removes (it starts with the segment's,
-// which names rank 0's pid).
+// block's name once every rank has mapped it: the communicator says so right after allocating
+// (its all-or-none vote), and the first collective that uses the block proves it again; a block
+// dropped before either has its name removed by each rank that drops it. A worker killed in
+// between leaves a name the launcher removes (it starts with the segment's, which names rank 0's
+// pid).
 //
 // Threading: allocate() on the caller's thread, the rest on the progress thread; one mutex.
 #pragma once
@@ -38,7 +39,8 @@ class MachineBlocks {
   };
   // The block holding address p, if any.
   std::optional<Place> find(const void* p) const;
-  // Every rank has mapped block `id`: rank 0 unlinks its name (every rank calls it).
+  // Every rank has mapped block `id`: rank 0 unlinks its name (every rank calls it; again is a
+  // no-op).
   void used_by_all(std::uint64_t id);
 
  private:

@@ -211,7 +211,11 @@ class ShmBackend final : public LocalBackend {
     }
   }
   std::shared_ptr<void> allocate_shared(std::size_t bytes) override { return own_->allocate(bytes); }
+  bool has_machine_memory() const override { return true; }
   std::shared_ptr<void> allocate_machine_memory(std::size_t bytes) override { return machine_->allocate(bytes); }
+  void machine_memory_mapped(const void* block) override {
+    if (const auto place = machine_->find(block)) machine_->used_by_all(place->id);
+  }
 
   void fenced_machine_write(const Collective& c, const std::function<void()>& write) override {
     deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
