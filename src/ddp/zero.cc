@@ -585,6 +585,11 @@ void ZeroOptimizer::load_slices(const RangeReader& read, const std::vector<std::
   s.units->release_all();
 }
 
+std::string ZeroPlan::describe() const {
+  if (!sharded()) return "";
+  return "ZeRO stage " + std::to_string(stage) + (one_copy ? ", one copy per machine" : "");
+}
+
 ZeroMemory ZeroOptimizer::memory() const {
   auto& s = *impl_;
   ZeroMemory m;

@@ -59,7 +59,7 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   t.model.module->save(model_archive);
   model_archive.save_to(model_bytes);
-  if (t.optimizer && t.args.zero_stage == 0) {
+  if (t.optimizer && !t.zero_plan.sharded()) {
     t.optimizer->save(optimizer_archive);
     optimizer_archive.save_to(optimizer_bytes);
   }
@@ -97,7 +97,7 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive_of("model", model_archive);
   t.model.module->load(model_archive);
-  if (t.optimizer && t.args.zero_stage == 0) {
+  if (t.optimizer && !t.zero_plan.sharded()) {
     archive_of("optimizer", optimizer_archive);
     t.optimizer->load(optimizer_archive);
   }
@@ -179,10 +179,10 @@ void Trainer::Impl::plan_elastic(const data::ElasticSampler& sampler) {
 
 void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
   plan_elastic(sampler);
-  if (args.zero_stage == 3)
+  if (zero_plan.shards_parameters())
     throw ConfigError("--zero-stage 3 in an elastic job: its parameter slices have no mirrors yet; use --zero-stage 1 "
                       "or 2 (each shard is mirrored on another machine)");
-  if (args.zero_stage > 0 && args.zero_shared_parameters)
+  if (zero_plan.sharded() && zero_plan.one_copy)
     throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
                       "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");
   if (args.save_format == "sharded" && rank() == 0)
@@ -249,16 +249,12 @@ bool Trainer::Impl::await_joiner_for_tests() {
   return false;
 }
 
-// Under ZeRO: each rank's slices are mirrored by the rank in the same place on the next machine
-// (by one rank further when all are on one machine), so a machine's loss leaves a copy of each.
+// Under ZeRO: the slices mirrored on another machine (zero_elastic.h), and the tests' kill points
+// in the update.
 ZeroOptions Trainer::Impl::elastic_zero_options() {
-  ZeroOptions o{args.zero_stage, false};
-  const auto& members = elastic->members();
-  int first_machine = 0;
-  while (first_machine < world() && members[std::size_t(first_machine)].node == members.front().node) ++first_machine;
-  const int shift = first_machine < world() ? first_machine : 1;
-  o.mirror_of = (rank() - shift + world()) % world();
-  o.mirrored_by = (rank() + shift) % world();
+  std::vector<int> node_of_rank;
+  for (const auto& m : elastic->members()) node_of_rank.push_back(m.node);
+  ZeroOptions o = mirrored_options(zero_plan, rank(), node_of_rank);
   o.on_phase = [this](UpdatePhase phase) {
     const char* fault = phase == UpdatePhase::ready ? "kill-before-update" : "kill-in-update";
     if (this->fault(fault, state.global_step + 1)) std::raise(SIGKILL);
@@ -271,7 +267,7 @@ ZeroOptions Trainer::Impl::elastic_zero_options() {
 void Trainer::Impl::build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole) {
   zero.reset();
   optimizer.reset();
-  if (args.zero_stage == 0 || !reducer) {
+  if (!zero_plan.sharded() || !reducer) {
     optimizer = whole ? std::move(whole) : make_optimizer(model.module->parameters());
     return;
   }
@@ -311,10 +307,10 @@ void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress
   const auto state_begin = Clock::now();
   // Under ZeRO the whole state waits in `optimizer` until it is cut again: a member lost before
   // then leaves it where the next try of the change finds it (a member that holds it all).
-  if (args.zero_stage > 0) optimizer = recover_sharded(sampler, run);
+  if (zero_plan.sharded()) optimizer = recover_sharded(sampler, run);
   sync_state(sampler, run);
   build_reducer();
-  if (args.zero_stage > 0) build_elastic_optimizer(std::move(optimizer));
+  if (zero_plan.sharded()) build_elastic_optimizer(std::move(optimizer));
   const double state_seconds = seconds_since(state_begin);
   outputs->set_rank(rank());
   next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
@@ -387,11 +383,11 @@ TrainResult Trainer::Impl::train_elastic() {
   run_recovering([&] {
     if (state.membership != membership_at_start) return;  // a change brought this worker up to date
     if (joined) {  // the members run the same collectives right after admitting this one
-      if (args.zero_stage > 0) optimizer = recover_sharded(sampler, run);
+      if (zero_plan.sharded()) optimizer = recover_sharded(sampler, run);
       sync_state(sampler, run);
     }
     build_reducer();
-    if (args.zero_stage > 0) build_elastic_optimizer(joined ? std::move(optimizer) : nullptr);
+    if (zero_plan.sharded()) build_elastic_optimizer(joined ? std::move(optimizer) : nullptr);
   });
   plan_elastic(sampler);  // a joiner learnt the job's global batch
   next_membership_check = state.global_step + 1;

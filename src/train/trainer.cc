@@ -85,14 +85,13 @@ void Trainer::Impl::build_reducer() {
   if (hook == CommHook::powersgd || hook == CommHook::int8 || hook == CommHook::automatic)
     ddp.first_bucket_cap_mb = ddp.bucket_cap_mb;
   std::optional<BucketSharding> sharding;
-  const ZeroOptions zero_options{args.zero_stage, args.zero_shared_parameters};
-  if (args.zero_stage == 3) {
+  if (zero_plan.shards_parameters()) {
     if (!model.parameter_units)
       throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
                         "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
-    sharding = zero_bucket_sharding(zero_options, world(), *model.module, model.parameter_units());
-  } else if (args.zero_stage > 0) {
-    sharding = zero_bucket_sharding(zero_options, world());
+    sharding = zero_bucket_sharding(zero_plan.options(), world(), *model.module, model.parameter_units());
+  } else if (zero_plan.sharded()) {
+    sharding = zero_bucket_sharding(zero_plan.options(), world());
   }
   reducer = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
 }
@@ -113,9 +112,8 @@ void Trainer::Impl::meet_machines() {
 }
 
 void Trainer::Impl::build_optimizer() {
-  if (reducer && args.zero_stage > 0) {
-    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm,
-                                           ZeroOptions{args.zero_stage, args.zero_shared_parameters},
+  if (reducer && zero_plan.sharded()) {
+    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, zero_plan.options(),
                                            [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
     if (stage3()) {
       model.set_unit_runner(zero->unit_runner());
@@ -128,8 +126,8 @@ void Trainer::Impl::build_optimizer() {
     }
     return;
   }
-  if (args.zero_stage > 0 && rank() == 0)
-    LOCKSTEP_LOG(info, train) << "--zero-stage " << args.zero_stage << " with one worker: nothing to shard";
+  if (zero_plan.sharded() && rank() == 0)
+    LOCKSTEP_LOG(info, train) << "--zero-stage " << zero_plan.stage << " with one worker: nothing to shard";
   optimizer = make_optimizer(model.module->parameters());
 }
 
@@ -220,7 +218,7 @@ void Trainer::Impl::announce() {
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
-  LOCKSTEP_LOG(info, train) << head << (zero ? ", ZeRO stage " + std::to_string(args.zero_stage) : "");
+  LOCKSTEP_LOG(info, train) << head << (zero ? ", " + zero_plan.describe() : "");
   log_modes();
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
@@ -251,8 +249,8 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
     begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
   begin.gradient_checkpointing = args.gradient_checkpointing;
-  begin.zero_stage = zero ? args.zero_stage : 0;
-  begin.zero_shared_parameters = zero && args.zero_shared_parameters;
+  begin.zero_stage = zero ? zero_plan.stage : 0;
+  begin.zero_shared_parameters = zero && zero_plan.one_copy;
   const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
   begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
   begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;
@@ -554,8 +552,8 @@ void Trainer::Impl::place_model() {
   if (args.device == "cpu") return;
   device = training_device(args.device, local_rank_in_job());
   if (device.is_cpu()) return;
-  if (args.zero_stage > 0)
-    throw ConfigError("--zero-stage " + std::to_string(args.zero_stage) + " with --device " + args.device +
+  if (zero_plan.sharded())
+    throw ConfigError("--zero-stage " + std::to_string(zero_plan.stage) + " with --device " + args.device +
                       ": ZeRO keeps its shards in host memory; use DDP (--zero-stage 0) on the GPU, or --device cpu");
   model.module->to(device);
   if (rank() == 0) LOCKSTEP_LOG(info, train) << "training on " << device.str() << " (worker 0)";
@@ -574,6 +572,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   impl_->train_set = std::move(train_dataset);
   impl_->eval_set = std::move(eval_dataset);
   impl_->args = std::move(args);
+  impl_->zero_plan = ZeroPlan{impl_->args.zero_stage, impl_->args.zero_shared_parameters};
   impl_->callbacks = std::move(callbacks);
   if (impl_->args.early_stopping_patience > 0)
     impl_->callbacks.push_back(std::make_shared<EarlyStoppingCallback>(

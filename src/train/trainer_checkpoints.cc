@@ -209,7 +209,7 @@ void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string&
 
 bool Trainer::Impl::sharded_saves() const {
   if (elastic) return false;  // the writer's reports need one communicator for the whole save
-  return args.save_format == "sharded" || (args.save_format == "auto" && args.zero_stage > 0);
+  return args.save_format == "sharded" || (args.save_format == "auto" && zero_plan.sharded());
 }
 
 void Trainer::Impl::finish_background_save() {
@@ -268,7 +268,7 @@ std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
     save_job.extra = {{"optimizer", save_job.snapshot.optimizer},
                  {"global_step", state.global_step},
                  {"world_size", world()},
-                 {"zero_stage", zero ? args.zero_stage : 0}};
+                 {"zero_stage", zero ? zero_plan.stage : 0}};
     save_job.files = {{"trainer_state.json", trainer_state_json(*this, sampler_position, rngs).dump(2)},
                  {"scheduler.json", scheduler_json(*this).dump(2)},
                  {"training_args.json", args.to_json().dump(2)}};

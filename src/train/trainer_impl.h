@@ -89,6 +89,7 @@ struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
   TrainingArguments args;
+  ZeroPlan zero_plan;  // from args, once: what every part asks of ZeRO
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;
@@ -109,7 +110,7 @@ struct Trainer::Impl {
   std::unique_ptr<RunOutputs> outputs;
   RunFlops flops;
 
-  bool stage3() const { return zero && args.zero_stage == 3; }
+  bool stage3() const { return zero && zero_plan.shards_parameters(); }
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
   // Samples one rank takes per optimiser step.

@@ -88,6 +88,39 @@ WholeState uninterrupted() {
 // applying it (it holds its gradients: phase ready); ranks 0 and 2 apply theirs and wait in vain
 // in the all-gather. Rank 2 is then lost; ranks 0 and 1 form a new communicator and put the whole
 // state together: rank 1 must finish step 2, rank 2's slices come from rank 0's mirror of them.
+// Every layout of 1 to 4 machines with 1 to 4 ranks each: the mirrors pair up (the rank mirroring
+// r is the one r's mirror_of names back), and a rank's slices are mirrored on another machine
+// whenever there is one (else by another rank).
+TEST(ZeroElastic, EachRanksSlicesAreMirroredOnAnotherMachine) {
+  for (int machines = 1; machines <= 4; ++machines)
+    for (int per_machine = 1; per_machine <= 4; ++per_machine) {
+      const int world = machines * per_machine;
+      if (world < 2) continue;
+      std::vector<int> node_of_rank;
+      for (int r = 0; r < world; ++r) node_of_rank.push_back(10 + r / per_machine);
+      for (int r = 0; r < world; ++r) {
+        const ZeroOptions o = mirrored_options(ZeroPlan{2, false}, r, node_of_rank);
+        const std::string where = std::to_string(machines) + " machines x " + std::to_string(per_machine) + ", rank " +
+                                  std::to_string(r);
+        EXPECT_EQ(o.stage, 2) << where;
+        ASSERT_TRUE(o.mirrored_by >= 0 && o.mirrored_by < world && o.mirrored_by != r) << where;
+        EXPECT_EQ(mirrored_options(ZeroPlan{2, false}, o.mirrored_by, node_of_rank).mirror_of, r) << where;
+        if (machines > 1) {
+          EXPECT_NE(node_of_rank[std::size_t(o.mirrored_by)], node_of_rank[std::size_t(r)]) << where;
+        }
+      }
+    }
+}
+
+TEST(ZeroPlan, SaysWhatItShards) {
+  EXPECT_EQ(ZeroPlan{}.describe(), "");
+  EXPECT_FALSE(ZeroPlan{}.sharded());
+  EXPECT_EQ((ZeroPlan{2, false}.describe()), "ZeRO stage 2");
+  EXPECT_EQ((ZeroPlan{3, true}.describe()), "ZeRO stage 3, one copy per machine");
+  EXPECT_TRUE((ZeroPlan{3, true}.shards_parameters()));
+  EXPECT_FALSE((ZeroPlan{2, true}.shards_parameters()));
+}
+
 TEST(ZeroElastic, AStepHalfAppliedIsFinishedByTheSurvivorsAndEqualsAnUninterruptedOne) {
   const WholeState expected = uninterrupted();
   testing::LocalStore store;

@@ -99,6 +99,20 @@ struct ZeroOptions {
   std::function<void(UpdatePhase)> on_phase;
 };
 
+// What a job asks of ZeRO, decided once from its arguments and then asked by every part that
+// depends on it (the reducer's sharding, the optimizer, checkpoints, the elastic code) instead of
+// each testing the stage itself. Stage 0: none (plain DDP).
+struct ZeroPlan {
+  int stage = 0;
+  bool one_copy = false;  // --zero-shared-parameters: one copy per machine
+  bool sharded() const { return stage > 0; }
+  bool shards_parameters() const { return stage == 3; }
+  // ZeroOptimizer's options for a membership that never changes.
+  ZeroOptions options() const { return ZeroOptions{stage, one_copy}; }
+  // "ZeRO stage 2", "ZeRO stage 3, one copy per machine"; "" for none.
+  std::string describe() const;
+};
+
 // A range of the module's trainable parameters laid end to end (in module.parameters() order) and
 // what a rank holds of it: the parameters' values and the optimizer's state tensors, all 1-D.
 struct HeldRange {

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/ddp/zero.h"
@@ -44,6 +45,12 @@ struct RecoveredState {
   // parameters hold the values.
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
+
+// ZeroOptimizer's options on an elastic membership: each rank's slices are mirrored by the rank in
+// the same place on the next machine (one rank further when all are on one machine), so a
+// machine's loss leaves a copy of each. `node_of_rank` names each rank's machine, the ranks of a
+// machine together, the first machine first.
+ZeroOptions mirrored_options(const ZeroPlan& plan, int rank, const std::vector<int>& node_of_rank);
 
 // Collective on the new membership's communicator. comm::ElasticError when an old rank and the
 // rank mirroring it are both gone: their slices exist nowhere, and the job must go back to its
