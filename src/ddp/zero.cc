@@ -1,5 +1,5 @@
 // ZeRO stages 1, 2 and 3 and the one-copy mode over the reducer's flat buckets (see zero.h);
-// stage 3's units live in zero3_units.cc.
+// stage 3's units live in zero3_units.cc, the elastic mirrors in zero_mirrors.cc.
 #include "lockstep/ddp/zero.h"
 
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 #include "lockstep/ddp/optimizer_state.h"
 #include "tensor_alias.h"
 #include "zero3_units.h"
+#include "zero_mirrors.h"
 
 namespace lockstep {
 namespace {
@@ -93,12 +94,7 @@ struct ZeroOptimizer::Impl {
   std::vector<torch::Tensor> shards;  // this rank's slice of each: the optimizer's parameters
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Kind kind = Kind::adamw;
-  // Mirrors: rank options.mirror_of's slices (copies), their optimizer, and stage 2's gradients.
-  std::vector<torch::Tensor> mirror_shards;
-  std::unique_ptr<torch::optim::Optimizer> mirror_optimizer;
-  std::vector<torch::Tensor> mirror_gradients;
-  bool mirror_gradients_in = false;  // this step's mirror gradients are in place
-  double clip_coefficient = 1;       // this step's clipping, applied to the mirror gradients too
+  std::unique_ptr<ddp_detail::ZeroMirrors> mirrors;  // elastic jobs: rank options.mirror_of's slices
   UpdatePhase phase = UpdatePhase::idle;
   std::unique_ptr<ddp_detail::ParameterUnits> units;  // stage 3
 
@@ -116,7 +112,6 @@ struct ZeroOptimizer::Impl {
   void allocate_flat();
   void move_parameters_in();
   void make_mirrors(const Factory& make);
-  void take_mirror_gradients();
   void apply_update();
   void gather_parameters();
   ParamState shard_state(std::size_t b) const;
@@ -277,46 +272,19 @@ ParamState ZeroOptimizer::Impl::state_of(const torch::optim::Optimizer& o, const
   return it == states.end() ? ParamState{} : read_state(kind, *it->second);
 }
 
-// Copies of rank mirror_of's slices, with an optimizer of their own.
 void ZeroOptimizer::Impl::make_mirrors(const Factory& make) {
   if (!mirrored()) return;
+  std::vector<std::int64_t> offsets, lengths;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    mirror_shards.push_back(flat[b].narrow(0, offset_of(options.mirror_of, b), slice_length(b)).clone());
-    mirror_shards.back().set_requires_grad(true);
-    if (options.stage == 2) mirror_gradients.push_back(torch::zeros_like(mirror_shards.back()));
+    offsets.push_back(offset_of(options.mirror_of, b));
+    lengths.push_back(slice_length(b));
   }
-  mirror_optimizer = make(mirror_shards);
-}
-
-// The mirrored rank's averaged gradients: stage 1 has them in the all-reduced buckets; under stage
-// 2 each rank sends its slices to the rank that mirrors it.
-void ZeroOptimizer::Impl::take_mirror_gradients() {
-  if (!mirrored() || mirror_gradients_in) return;
-  constexpr int kTag = 0x5a0000;
-  std::vector<comm::WorkPtr> works;
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    if (options.stage == 1) {
-      mirror_shards[b].mutable_grad() = reducer.averaged_range(int(b), offset_of(options.mirror_of, b), slice_length(b));
-      continue;
-    }
-    const auto dtype = float_dtype_of(mirror_gradients[b]);
-    works.push_back(comm.recv(mirror_gradients[b].data_ptr(), std::size_t(slice_length(b)), dtype, options.mirror_of,
-                              kTag + int(b)));
-    const auto mine = reducer.gradient_slice(int(b));
-    works.push_back(comm.send(mine.data_ptr(), std::size_t(slice_length(b)), dtype, options.mirrored_by, kTag + int(b)));
-    mirror_shards[b].mutable_grad() = mirror_gradients[b];
-  }
-  for (auto& w : works) w->wait();
-  mirror_gradients_in = true;
+  mirrors = std::make_unique<ddp_detail::ZeroMirrors>(options, flat, offsets, lengths, make);
 }
 
 void ZeroOptimizer::Impl::apply_update() {
   optimizer->step();
-  if (mirrored()) {
-    for (std::size_t g = 0; g < optimizer->param_groups().size(); ++g)
-      mirror_optimizer->param_groups()[g].options().set_lr(optimizer->param_groups()[g].options().get_lr());
-    mirror_optimizer->step();
-  }
+  if (mirrors) mirrors->step(*optimizer);
   phase = UpdatePhase::applied;
   if (options.on_phase) options.on_phase(phase);
 }
@@ -346,7 +314,7 @@ torch::optim::Optimizer& ZeroOptimizer::shard_optimizer() {
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   auto& s = *impl_;
-  s.take_mirror_gradients();
+  if (s.mirrors) s.mirrors->take_gradients(s.reducer, s.comm);
   double squares = 0;
   for (std::size_t b = 0; b < s.shards.size(); ++b) {
     const auto g = s.reducer.gradient_slice(int(b));
@@ -358,7 +326,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   if (coef < 1) {
     torch::NoGradGuard no_grad;
     for (std::size_t b = 0; b < s.shards.size(); ++b) s.reducer.gradient_slice(int(b)).mul_(coef);
-    for (auto& m : s.mirror_shards) m.mutable_grad().mul_(coef);
+    if (s.mirrors) s.mirrors->scale_gradients(coef);
   }
   return norm;
 }
@@ -367,8 +335,8 @@ void ZeroOptimizer::step() {
   auto& s = *impl_;
   if (s.one_copy()) s.comm.barrier()->wait();  // nobody still reads parameters
   for (std::size_t b = 0; b < s.shards.size(); ++b) s.shards[b].mutable_grad() = s.reducer.gradient_slice(int(b));
-  if (s.mirrored()) {  // update only once every rank holds its gradients (see "Mirrors" in zero.h)
-    s.take_mirror_gradients();
+  if (s.mirrors) {  // update only once every rank holds its gradients (see "Mirrors" in zero.h)
+    s.mirrors->take_gradients(s.reducer, s.comm);
     s.phase = UpdatePhase::ready;
     if (s.options.on_phase) s.options.on_phase(s.phase);
     std::int32_t ready = 1;
@@ -385,12 +353,9 @@ void ZeroOptimizer::step() {
     s.comm.barrier()->wait();  // nobody reads a slice its owner still writes
   } else {
     s.gather_parameters();
-    torch::NoGradGuard no_grad;  // the mirrors take the owner's values, bit for bit
-    for (std::size_t b = 0; b < s.mirror_shards.size(); ++b)
-      s.mirror_shards[b].copy_(s.flat[b].narrow(0, s.offset_of(s.options.mirror_of, b), s.slice_length(b)));
+    if (s.mirrors) s.mirrors->copy_from(s.flat);  // the owner's values, bit for bit
   }
   s.phase = UpdatePhase::idle;
-  s.mirror_gradients_in = false;
 }
 
 void ZeroOptimizer::zero_grad() {
@@ -403,7 +368,7 @@ void ZeroOptimizer::release_communicator() {
   auto& s = *impl_;
   if (s.phase != UpdatePhase::ready) return;
   for (auto& shard : s.shards) shard.mutable_grad() = shard.grad().clone();
-  for (auto& m : s.mirror_shards) m.mutable_grad() = m.grad().clone();
+  if (s.mirrors) s.mirrors->keep_gradients();
 }
 
 UpdatePhase ZeroOptimizer::phase() const {
@@ -454,7 +419,7 @@ HeldShard ZeroOptimizer::Impl::held(int owner, const std::vector<torch::Tensor>&
 std::vector<HeldShard> ZeroOptimizer::holdings() const {
   auto& s = *impl_;
   std::vector<HeldShard> out{s.held(s.rank, s.shards, *s.optimizer)};
-  if (s.mirrored()) out.push_back(s.held(s.options.mirror_of, s.mirror_shards, *s.mirror_optimizer));
+  if (s.mirrors) out.push_back(s.held(s.mirrors->owner(), s.mirrors->slices(), s.mirrors->optimizer()));
   return out;
 }
 
@@ -507,7 +472,7 @@ void ZeroOptimizer::load_consolidated(torch::optim::Optimizer& full) {
       o.state()[key_of(slice)] = make_state(s.kind, st);
     };
     take(s.rank, s.shards[b], *s.optimizer);
-    if (s.mirrored()) take(s.options.mirror_of, s.mirror_shards[b], *s.mirror_optimizer);
+    if (s.mirrors) take(s.mirrors->owner(), s.mirrors->slices()[b], s.mirrors->optimizer());
   }
 }
 
@@ -609,7 +574,7 @@ ZeroMemory ZeroOptimizer::memory() const {
   for (auto& [key, st] : s.optimizer->state())
     for (auto& [name, t] : read_state(s.kind, *st).tensors) state += t.numel() * t.element_size();
   m.optimizer_state = state > 0 ? state : owned * states_per_element(s.kind, *s.optimizer);
-  if (s.mirrored()) m.mirrors = owned + m.optimizer_state;
+  if (s.mirrors) m.mirrors = owned + m.optimizer_state;
   return m;
 }
 
