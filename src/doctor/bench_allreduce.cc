@@ -108,93 +108,106 @@ void BenchOptions::validate() const {
     throw ConfigError("--warmup and --iters must be at least 0 (--iters 0: chosen per size)");
 }
 
+namespace {
+
+// One size of the sweep, as every rank agrees on it.
+struct SizeResult {
+  std::size_t bytes = 0, count = 0;
+  int iters = 0;
+  double seconds = 0;       // per all-reduce, the slowest rank's
+  std::uint64_t wrong = 0;  // elements off the reference, over all ranks
+  double network_gbps = 0;  // what the network transport carried meanwhile (0 on shm)
+  double algbw() const { return static_cast<double>(bytes) / seconds / 1e9; }
+  double busbw(int world) const { return algbw() * (world > 1 ? 2.0 * (world - 1) / world : 1.0); }
+};
+
+// Collective: one all-reduce checked against the reference, then `iters` timed (after the warm-up).
+SizeResult measure_size(Communicator& comm, const BenchOptions& options, DType dtype, ReduceOp op,
+                        std::vector<char>& send, std::vector<char>& recv, std::size_t bytes) {
+  SizeResult r;
+  r.bytes = bytes;
+  r.count = bytes / dtype_size(dtype);
+  fill(send.data(), dtype, r.count, comm.rank());
+  comm.allreduce(send.data(), recv.data(), r.count, dtype, op)->wait();
+  r.wrong = count_wrong(recv.data(), dtype, op, r.count, comm.size());
+  comm.allreduce(&r.wrong, 1, DType::i64, ReduceOp::sum)->wait();
+
+  r.iters = options.iters > 0 ? options.iters
+                              : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
+  auto timed_allreduce = [&] {
+    if (options.in_place)
+      comm.allreduce(recv.data(), r.count, dtype, op)->wait();
+    else
+      comm.allreduce(send.data(), recv.data(), r.count, dtype, op)->wait();
+  };
+  for (int i = 0; i < options.warmup; ++i) timed_allreduce();
+  comm.barrier()->wait();
+  const NetworkStats before = comm.network_stats();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < r.iters; ++i) timed_allreduce();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / r.iters;
+  const NetworkStats after = comm.network_stats();
+  if (after.seconds > before.seconds)
+    r.network_gbps = static_cast<double>(after.bytes_sent - before.bytes_sent) / (after.seconds - before.seconds) / 1e9;
+  comm.allreduce(&r.seconds, 1, DType::f64, ReduceOp::max)->wait();
+  return r;
+}
+
+void print_header(const Communicator& comm, const BenchOptions& options) {
+  std::printf("# lockstep bench allreduce: backend %s, %d ranks, %s %s\n", comm.backend_name().c_str(), comm.size(),
+              options.dtype.c_str(), options.op.c_str());
+  std::printf("%12s %12s %6s %6s %12s %10s %10s %8s\n", "size(B)", "count", "type", "redop", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+}
+
+void print_row(const SizeResult& r, const BenchOptions& options, int world) {
+  std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", r.bytes, r.count, options.dtype.c_str(),
+              options.op.c_str(), r.seconds * 1e6, r.algbw(), r.busbw(world), static_cast<unsigned long long>(r.wrong));
+  std::fflush(stdout);
+}
+
+nlohmann::json json_row(const SizeResult& r, const BenchOptions& options, int world) {
+  return {{"bytes", r.bytes},         {"count", r.count},          {"dtype", options.dtype},
+          {"op", options.op},         {"time_us", r.seconds * 1e6}, {"algbw_gbps", r.algbw()},
+          {"busbw_gbps", r.busbw(world)}, {"wrong", r.wrong},      {"iters", r.iters},
+          {"network_gbps", r.network_gbps}};
+}
+
+}  // namespace
+
 int bench_allreduce_worker(const BenchOptions& options) {
   options.validate();
-  DType dtype = parse_dtype(options.dtype);
-  ReduceOp op = parse_reduce_op(options.op);
+  const DType dtype = parse_dtype(options.dtype);
+  const ReduceOp op = parse_reduce_op(options.op);
   CommOptions comm_options;
   comm_options.backend = options.backend;
   if (options.shm_slot_bytes != 0) comm_options.shm_slot_bytes = options.shm_slot_bytes;
   Job job = join_from_env(comm_options);
   Communicator& comm = *job.comm;
-  int rank = comm.rank(), world = comm.size();
-  const std::size_t esize = dtype_size(dtype);
+  const bool reporter = comm.rank() == 0;
 
   std::vector<char> send(options.max_bytes), recv(options.max_bytes);
   nlohmann::json rows = nlohmann::json::array();
   std::uint64_t wrong_anywhere = 0;
-  if (rank == 0 && !options.json) {
-    std::printf("# lockstep bench allreduce: backend %s, %d ranks, %s %s\n", comm.backend_name().c_str(),
-                world, options.dtype.c_str(), options.op.c_str());
-    std::printf("%12s %12s %6s %6s %12s %10s %10s %8s\n", "size(B)", "count", "type", "redop", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)", "#wrong");
-  }
+  if (reporter && !options.json) print_header(comm, options);
   for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
-    std::size_t count = bytes / esize;
-    fill(send.data(), dtype, count, rank);
-    comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
-    std::size_t wrong = count_wrong(recv.data(), dtype, op, count, world);
-    std::uint64_t total_wrong = wrong;
-    comm.allreduce(&total_wrong, 1, DType::i64, ReduceOp::sum)->wait();
-
-    int iters = options.iters > 0 ? options.iters
-                                  : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 5, 2000));
-    auto timed_allreduce = [&] {
-      if (options.in_place)
-        comm.allreduce(recv.data(), count, dtype, op)->wait();
-      else
-        comm.allreduce(send.data(), recv.data(), count, dtype, op)->wait();
-    };
-    for (int i = 0; i < options.warmup; ++i) timed_allreduce();
-    comm.barrier()->wait();
-    const NetworkStats network_before = comm.network_stats();
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) timed_allreduce();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-    const NetworkStats network_after = comm.network_stats();
-    // What the network transport carried while the timed all-reduces ran (0 on shm).
-    const double network_gbps =
-        network_after.seconds > network_before.seconds
-            ? static_cast<double>(network_after.bytes_sent - network_before.bytes_sent) /
-                  (network_after.seconds - network_before.seconds) / 1e9
-            : 0;
-    comm.allreduce(&seconds, 1, DType::f64, ReduceOp::max)->wait();
-
-    double algbw = static_cast<double>(bytes) / seconds / 1e9;
-    double busbw = algbw * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
-    if (rank == 0) {
-      if (options.json) {
-        rows.push_back({{"bytes", bytes},
-                        {"count", count},
-                        {"dtype", options.dtype},
-                        {"op", options.op},
-                        {"time_us", seconds * 1e6},
-                        {"algbw_gbps", algbw},
-                        {"busbw_gbps", busbw},
-                        {"wrong", total_wrong},
-                        {"iters", iters},
-                        {"network_gbps", network_gbps}});
-      } else {
-        std::printf("%12zu %12zu %6s %6s %12.2f %10.3f %10.3f %8llu\n", bytes, count, options.dtype.c_str(),
-                    options.op.c_str(), seconds * 1e6, algbw, busbw,
-                    static_cast<unsigned long long>(total_wrong));
-        std::fflush(stdout);
-      }
-    }
-    wrong_anywhere += total_wrong;
-    if (total_wrong != 0 && rank == 0)
-      std::fprintf(stderr, "lockstep bench: %llu wrong elements at %s\n",
-                   static_cast<unsigned long long>(total_wrong), human_bytes(bytes).c_str());
+    const SizeResult r = measure_size(comm, options, dtype, op, send, recv, bytes);
+    if (reporter && options.json) rows.push_back(json_row(r, options, comm.size()));
+    if (reporter && !options.json) print_row(r, options, comm.size());
+    if (reporter && r.wrong != 0)
+      std::fprintf(stderr, "lockstep bench: %llu wrong elements at %s\n", static_cast<unsigned long long>(r.wrong),
+                   human_bytes(bytes).c_str());
+    wrong_anywhere += r.wrong;
   }
   const std::vector<double> links = options.link_bytes > 0 ? probe_links(comm, options.link_bytes)
                                                            : std::vector<double>{};
-  if (rank == 0 && !options.json)
+  if (reporter && !options.json)
     for (std::size_t m = 0; m < links.size(); ++m)
       std::printf("# link out of machine %zu (to machine %zu), alone: %.3f GB/s\n", m, (m + 1) % links.size(),
                   links[m]);
-  if (rank == 0 && options.json) {
+  if (reporter && options.json) {
     nlohmann::json doc = {
-        {"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", world}, {"rows", rows}};
+        {"benchmark", "allreduce"}, {"backend", comm.backend_name()}, {"ranks", comm.size()}, {"rows", rows}};
     if (!links.empty()) doc["link_out_gbps"] = links;
     std::printf("%s\n", doc.dump(2).c_str());
   }
