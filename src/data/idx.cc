@@ -2,7 +2,9 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -40,68 +42,81 @@ std::size_t IdxArray::count() const {
   return n;
 }
 
-IdxArray read_idx(const std::string& path) {
-  gzFile raw = gzopen(path.c_str(), "rb");
-  if (!raw) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::unique_ptr<gzFile_s, GzCloser> file(raw);
-  gzbuffer(raw, 1 << 20);
+namespace {
 
-  // Reads up to n bytes; distinguishes corrupt gzip from a short file.
-  auto read = [&](void* out, std::size_t n) -> std::size_t {
+// A gzip (or plain) file read whole-buffer at a time; errors name the file.
+class GzReader {
+ public:
+  explicit GzReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+    if (!file_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+    gzbuffer(file_.get(), 1 << 20);
+  }
+  // Up to n bytes (fewer only at the end of the file); corrupt gzip is an error, not a short read.
+  std::size_t read(void* out, std::size_t n) {
     std::size_t done = 0;
     while (done < n) {
-      int got = gzread(raw, static_cast<char*>(out) + done,
-                       static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30)));
-      if (got < 0) {
-        int code = 0;
-        const char* msg = gzerror(raw, &code);
-        throw DataError(path + ": not a valid gzip file (" + msg + ")");
-      }
-      if (got == 0) {
-        int code = 0;
-        const char* msg = gzerror(raw, &code);
-        if (code != Z_OK && code != Z_BUF_ERROR)
-          throw DataError(path + ": not a valid gzip file (" + msg + ")");
-        break;
-      }
+      const int got = gzread(file_.get(), static_cast<char*>(out) + done,
+                             static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30)));
+      int code = Z_OK;
+      const char* message = got <= 0 ? gzerror(file_.get(), &code) : "";
+      if (got < 0 || (got == 0 && code != Z_OK && code != Z_BUF_ERROR))
+        throw DataError(path_ + ": not a valid gzip file (" + message + ")");
+      if (got == 0) break;
       done += static_cast<std::size_t>(got);
     }
     return done;
-  };
+  }
 
+ private:
+  std::string path_;
+  std::unique_ptr<gzFile_s, GzCloser> file_;
+};
+
+std::string hex_byte(std::uint8_t b) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%02x", b);
+  return text;
+}
+
+// The magic number and the dimensions, checked.
+IdxArray read_header(GzReader& in, const std::string& path) {
   std::uint8_t magic[4];
-  if (read(magic, 4) != 4) throw DataError(path + ": too short for an IDX file (no 4-byte magic number)");
+  if (in.read(magic, 4) != 4) throw DataError(path + ": too short for an IDX file (no 4-byte magic number)");
   if (magic[0] != 0 || magic[1] != 0)
     throw DataError(path + ": not an IDX file (magic number starts with " + std::to_string(magic[0]) + " " +
                     std::to_string(magic[1]) + ", expected 0 0)");
   IdxArray a;
   a.type = static_cast<IdxType>(magic[2]);
   if (element_size(a.type) == 0)
-    throw DataError(path + ": unknown IDX element type 0x" + [&] {
-      char b[8];
-      std::snprintf(b, sizeof b, "%02x", magic[2]);
-      return std::string(b);
-    }() + " (expected 08, 09, 0B, 0C, 0D or 0E)");
-  int ndims = magic[3];
+    throw DataError(path + ": unknown IDX element type 0x" + hex_byte(magic[2]) +
+                    " (expected 08, 09, 0B, 0C, 0D or 0E)");
+  const int ndims = magic[3];
   if (ndims < 1 || ndims > 8)
     throw DataError(path + ": IDX header declares " + std::to_string(ndims) + " dimensions (expected 1..8)");
   for (int i = 0; i < ndims; ++i) {
     std::uint8_t b[4];
-    if (read(b, 4) != 4)
+    if (in.read(b, 4) != 4)
       throw DataError(path + ": truncated IDX header (dimension " + std::to_string(i + 1) + " missing)");
-    a.dims.push_back((std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
-                     b[3]);
+    a.dims.push_back((std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3]);
   }
-  std::size_t want = a.count() * element_size(a.type);
+  return a;
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  GzReader in(path);
+  IdxArray a = read_header(in, path);
+  const std::size_t want = a.count() * element_size(a.type);
   if (want > (std::size_t{1} << 36))
     throw DataError(path + ": IDX header declares an implausible shape " + shape_text(a.dims));
   a.bytes.resize(want);
-  std::size_t got = read(a.bytes.data(), want);
+  const std::size_t got = in.read(a.bytes.data(), want);
   if (got != want)
-    throw DataError(path + ": truncated: the header says " + shape_text(a.dims) + " (" +
-                    std::to_string(want) + " bytes of data) but the file holds " + std::to_string(got));
+    throw DataError(path + ": truncated: the header says " + shape_text(a.dims) + " (" + std::to_string(want) +
+                    " bytes of data) but the file holds " + std::to_string(got));
   std::uint8_t extra;
-  if (read(&extra, 1) != 0)
+  if (in.read(&extra, 1) != 0)
     throw DataError(path + ": has bytes after the " + shape_text(a.dims) + " data its header declares");
   return a;
 }
