@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "failure.h"
+#include "lockstep/base/clock.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/launch/launcher.h"
 #include "worker_env.h"
@@ -74,6 +75,11 @@ class Agent {
   void join_elastic();
   std::size_t start_elastic_worker(WorkerGroup& group, int local, int incarnation);
   void stop_all(WorkerGroup& group);
+  // The exit code when a signal came or --timeout passed (the workers stopped), else nothing.
+  std::optional<int> elastic_interrupted(WorkerGroup& group, Clock::time_point deadline);
+  // A worker of local slot `l` exited: restart it, or let the others go on, or (bad input) stop
+  // the job with its exit code.
+  std::optional<int> on_elastic_exit(WorkerGroup& group, struct ElasticSlots& slots, std::size_t l);
 
   // attempt.cc
   int run_attempt();

@@ -79,66 +79,82 @@ void Agent::stop_all(WorkerGroup& group) {
   }
 }
 
+// Each local slot's worker of the moment, and how the slots have fared.
+struct ElasticSlots {
+  std::vector<std::size_t> worker;  // index into the group's workers
+  std::vector<int> incarnation;
+  std::vector<bool> ended;
+  int restarts = 0, done = 0, failed_code = 0;
+  bool running() const { return std::count(ended.begin(), ended.end(), false) > 0; }
+};
+
+std::optional<int> Agent::elastic_interrupted(WorkerGroup& group, Clock::time_point deadline) {
+  const auto tick = std::chrono::milliseconds(std::max(1, static_cast<int>(options_.monitor_interval * 1000)));
+  if (group.poll_once(tick, signals_.fd())) {
+    const auto sigs = signals_.drain();
+    if (!sigs.empty()) {
+      LOCKSTEP_LOG(info, run) << "got " << signal_name(sigs.front()) << ": stopping the workers";
+      stop_all(group);
+      return kExitSignalBase + sigs.front();
+    }
+  }
+  if (Clock::now() < deadline) return std::nullopt;
+  LOCKSTEP_LOG(error, run) << "the job exceeded --timeout " << options_.timeout << " s: stopping the workers";
+  stop_all(group);
+  return kExitTimeout;
+}
+
+std::optional<int> Agent::on_elastic_exit(WorkerGroup& group, ElasticSlots& slots, std::size_t l) {
+  const Worker& w = group.workers()[slots.worker[l]];
+  // What it created in shared memory and did not unlink (it was killed): the others mapped what
+  // they use, so the names can go now; a job that runs on must not leave them behind.
+  comm::remove_shm_segments_of({w.pid});
+  const std::string who = "worker " + w.spec.label + " (pid " + std::to_string(w.pid) + ")";
+  if (w.exit->code == 0) {
+    slots.ended[l] = true;
+    ++slots.done;
+    return std::nullopt;
+  }
+  if (!restart_can_help(w.exit->code)) {
+    LOCKSTEP_LOG(error, run) << who << " " << describe_exit(*w.exit)
+                             << ": bad input or no storage, which a new worker would meet too; stopping";
+    const int code = w.exit->code;
+    stop_all(group);
+    return code;
+  }
+  slots.failed_code = w.exit->code;
+  if (slots.restarts < options_.max_restarts) {
+    ++slots.restarts;
+    LOCKSTEP_LOG(warn, run) << who << " " << describe_exit(*w.exit)
+                            << "; the others go on without it, and a new worker takes its place (restart "
+                            << slots.restarts << " of " << options_.max_restarts << ")";
+    slots.worker[l] = start_elastic_worker(group, static_cast<int>(l), ++slots.incarnation[l]);
+  } else {
+    LOCKSTEP_LOG(warn, run) << who << " " << describe_exit(*w.exit)
+                            << "; the others go on without it (no restarts left: --max-restarts "
+                            << options_.max_restarts << ")";
+    slots.ended[l] = true;
+  }
+  return std::nullopt;
+}
+
 int Agent::run_elastic() {
   join_elastic();
   WorkerGroup group(program_path_, options_.program, output_policy());
-  std::vector<std::size_t> slot(static_cast<std::size_t>(options_.nproc_per_node));
-  std::vector<int> incarnations(slot.size(), 0);
-  std::vector<bool> ended(slot.size(), false);
-  for (std::size_t l = 0; l < slot.size(); ++l) slot[l] = start_elastic_worker(group, static_cast<int>(l), 0);
+  const auto locals = static_cast<std::size_t>(options_.nproc_per_node);
+  ElasticSlots slots{std::vector<std::size_t>(locals), std::vector<int>(locals, 0), std::vector<bool>(locals, false)};
+  for (std::size_t l = 0; l < locals; ++l) slots.worker[l] = start_elastic_worker(group, static_cast<int>(l), 0);
   const auto deadline = options_.timeout > 0
                             ? Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(options_.timeout))
                             : Clock::time_point::max();
-  int restarts = 0, done = 0, failed_code = 0;
-  const auto tick = std::chrono::milliseconds(std::max(1, static_cast<int>(options_.monitor_interval * 1000)));
-  while (std::count(ended.begin(), ended.end(), false) > 0) {
-    if (group.poll_once(tick, signals_.fd())) {
-      const auto sigs = signals_.drain();
-      if (!sigs.empty()) {
-        LOCKSTEP_LOG(info, run) << "got " << signal_name(sigs.front()) << ": stopping the workers";
-        stop_all(group);
-        return kExitSignalBase + sigs.front();
-      }
-    }
-    if (Clock::now() >= deadline) {
-      LOCKSTEP_LOG(error, run) << "the job exceeded --timeout " << options_.timeout << " s: stopping the workers";
-      stop_all(group);
-      return kExitTimeout;
-    }
-    for (std::size_t l = 0; l < slot.size(); ++l) {
-      const Worker& w = group.workers()[slot[l]];
-      if (ended[l] || !w.exit) continue;
-      // What it created in shared memory and did not unlink (it was killed): the others mapped what
-      // they use, so the names can go now; a job that runs on must not leave them behind.
-      comm::remove_shm_segments_of({w.pid});
-      const std::string who = "worker " + w.spec.label + " (pid " + std::to_string(w.pid) + ")";
-      if (w.exit->code == 0) {
-        ended[l] = true;
-        ++done;
-        continue;
-      }
-      if (!restart_can_help(w.exit->code)) {
-        LOCKSTEP_LOG(error, run) << who << " " << describe_exit(*w.exit)
-                                 << ": bad input or no storage, which a new worker would meet too; stopping";
-        stop_all(group);
-        return w.exit->code;
-      }
-      failed_code = w.exit->code;
-      if (restarts < options_.max_restarts) {
-        ++restarts;
-        LOCKSTEP_LOG(warn, run) << who << " " << describe_exit(*w.exit)
-                                << "; the others go on without it, and a new worker takes its place (restart "
-                                << restarts << " of " << options_.max_restarts << ")";
-        slot[l] = start_elastic_worker(group, static_cast<int>(l), ++incarnations[l]);
-      } else {
-        LOCKSTEP_LOG(warn, run) << who << " " << describe_exit(*w.exit)
-                                << "; the others go on without it (no restarts left: --max-restarts "
-                                << options_.max_restarts << ")";
-        ended[l] = true;
-      }
+  while (slots.running()) {
+    if (const auto code = elastic_interrupted(group, deadline)) return *code;
+    for (std::size_t l = 0; l < locals; ++l) {
+      if (slots.ended[l] || !group.workers()[slots.worker[l]].exit) continue;
+      if (const auto code = on_elastic_exit(group, slots, l)) return *code;
     }
   }
-  return done > 0 ? kExitOk : failed_code;
+  return slots.done > 0 ? kExitOk : slots.failed_code;
 }
 
 }  // namespace lockstep::launch
