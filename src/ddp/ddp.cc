@@ -174,6 +174,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void install_hooks();
   double bucket_cap_mb() const;
   void build_buckets(const std::vector<int>& order);
+  std::vector<std::vector<int>> bucket_layout(const std::vector<int>& order) const;
+  bool choose_wire(Bucket& bucket, int b);
+  void allocate_bucket(Bucket& bucket, bool compress, const std::vector<torch::Tensor>& old_grads);
   std::vector<std::vector<int>> given_buckets() const;
   torch::Tensor bucket_memory(std::int64_t numel, const torch::TensorOptions& options, bool& shared);
   // Under reduce_scatter the buckets take turns in a few slots of memory (shared when the
@@ -256,21 +259,60 @@ double Reducer::Impl::bucket_cap_mb() const {
   return ceiling > 0 ? std::min(options.bucket_cap_mb, ceiling) : options.bucket_cap_mb;
 }
 
-// Buckets follow `order` (assign_buckets), then get their memory: views of it become the grads.
-void Reducer::Impl::build_buckets(const std::vector<int>& order) {
-  std::vector<torch::Tensor> old_grads(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) old_grads[i] = params[i].tensor.grad();
-
+// Which parameters each bucket holds: the sharding's own buckets, or assign_buckets over `order`.
+std::vector<std::vector<int>> Reducer::Impl::bucket_layout(const std::vector<int>& order) const {
+  if (sharding && !sharding->buckets.empty()) return given_buckets();
   std::vector<BucketInput> inputs;
   for (const auto& p : params)
     inputs.push_back({p.tensor.numel() * std::int64_t(p.tensor.element_size()),
                       std::string(c10::toString(p.tensor.scalar_type())) + "@" + p.tensor.device().str()});
   const auto mb = [](double m) { return std::int64_t(m * 1024 * 1024); };
-  const auto layout = sharding && !sharding->buckets.empty()
-                          ? given_buckets()
-                          : assign_buckets(inputs, order, {mb(std::min(options.first_bucket_cap_mb, bucket_cap_mb())),
-                                                           mb(bucket_cap_mb())});
+  return assign_buckets(inputs, order, {mb(std::min(options.first_bucket_cap_mb, bucket_cap_mb())), mb(bucket_cap_mb())});
+}
 
+// What bucket b puts on the wire: a 16-bit copy (the fp16/bf16 hooks, on 32-bit floats and wider;
+// returns true), a codec's encoding (the other hooks, on float32), or itself.
+bool Reducer::Impl::choose_wire(Bucket& bucket, int b) {
+  const auto& first = params[std::size_t(bucket.params.front())].tensor;
+  const bool sixteen_bits = options.comm_hook == CommHook::fp16 || options.comm_hook == CommHook::bf16;
+  if (!sixteen_bits && options.comm_hook != CommHook::none && first.scalar_type() == torch::kFloat)
+    bucket.codec = codec_for(b);
+  const bool compress = sixteen_bits && torch::isFloatingType(first.scalar_type()) && first.element_size() >= 4;
+  if (compress)
+    bucket.wire_options = bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
+  return compress;
+}
+
+// The bucket's memory; its parameters' gradients become views of it (keeping their values).
+// Under reduce-scatter only this rank's slice lives between steps: old gradients go in at the
+// next backward, and the slice is not touched (so not resident) until a backward writes it: at
+// construction the whole model is still there, and ZeRO-3 is about not holding more than that.
+void Reducer::Impl::allocate_bucket(Bucket& bucket, bool compress, const std::vector<torch::Tensor>& old_grads) {
+  if (reduce_scatter) {
+    bucket.slice = torch::empty({slice_length(bucket)}, bucket.flat_options);
+    bucket.slice_written = false;
+    return;
+  }
+  if (compress) {
+    bucket.flat = torch::zeros({bucket.numel}, bucket.flat_options);
+    bucket.wire = bucket_memory(bucket.numel, bucket.wire_options, bucket.shared);
+  } else {
+    bucket.flat = bucket_memory(bucket.numel, bucket.flat_options, bucket.shared);
+  }
+  bucket.slice = alias_range(bucket.flat, comm.rank() * slice_length(bucket), slice_length(bucket));
+  for (int i : bucket.params) {
+    auto& p = params[std::size_t(i)];
+    p.view = alias_into(bucket.flat, p.offset, p.tensor);
+    if (old_grads[std::size_t(i)].defined()) p.view.copy_(old_grads[std::size_t(i)]);
+    if (options.gradient_as_bucket_view && old_grads[std::size_t(i)].defined()) p.tensor.mutable_grad() = p.view;
+  }
+}
+
+// Buckets follow `order`, then get their memory: views of it become the grads.
+void Reducer::Impl::build_buckets(const std::vector<int>& order) {
+  std::vector<torch::Tensor> old_grads(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) old_grads[i] = params[i].tensor.grad();
+  const auto layout = bucket_layout(order);
   torch::NoGradGuard no_grad;
   buckets.clear();
   buckets.resize(layout.size());
@@ -279,42 +321,14 @@ void Reducer::Impl::build_buckets(const std::vector<int>& order) {
     bucket.params = layout[b];
     std::int64_t offset = 0;
     for (int i : bucket.params) {
-      params[i].bucket = int(b);
-      params[i].offset = offset;
-      offset += params[i].tensor.numel();
+      params[std::size_t(i)].bucket = int(b);
+      params[std::size_t(i)].offset = offset;
+      offset += params[std::size_t(i)].tensor.numel();
     }
     const std::int64_t multiple = sharding ? sharding->slices : 1;
     bucket.numel = (offset + multiple - 1) / multiple * multiple;
-    auto& first = params[bucket.params.front()].tensor;
-    bucket.flat_options = first.options().requires_grad(false);
-    const bool sixteen_bits = options.comm_hook == CommHook::fp16 || options.comm_hook == CommHook::bf16;
-    const bool compress = sixteen_bits && torch::isFloatingType(first.scalar_type()) && first.element_size() >= 4;
-    if (!sixteen_bits && options.comm_hook != CommHook::none && first.scalar_type() == torch::kFloat)
-      bucket.codec = codec_for(int(b));
-    if (compress)
-      bucket.wire_options =
-          bucket.flat_options.dtype(options.comm_hook == CommHook::fp16 ? torch::kHalf : torch::kBFloat16);
-    if (reduce_scatter) {
-      // Nothing lives between steps but this rank's slice; old grads go in at the next backward.
-      // Not touched (so not resident) until a backward writes it: at construction the whole
-      // model is still there, and ZeRO-3 is about not holding more than that.
-      bucket.slice = torch::empty({slice_length(bucket)}, bucket.flat_options);
-      bucket.slice_written = false;
-      continue;
-    }
-    if (compress) {
-      bucket.flat = torch::zeros({bucket.numel}, bucket.flat_options);
-      bucket.wire = bucket_memory(bucket.numel, bucket.wire_options, bucket.shared);
-    } else {
-      bucket.flat = bucket_memory(bucket.numel, bucket.flat_options, bucket.shared);
-    }
-    bucket.slice = alias_range(bucket.flat, comm.rank() * slice_length(bucket), slice_length(bucket));
-    for (int i : bucket.params) {
-      auto& p = params[i];
-      p.view = alias_into(bucket.flat, p.offset, p.tensor);
-      if (old_grads[i].defined()) p.view.copy_(old_grads[i]);
-      if (options.gradient_as_bucket_view && old_grads[i].defined()) p.tensor.mutable_grad() = p.view;
-    }
+    bucket.flat_options = params[std::size_t(bucket.params.front())].tensor.options().requires_grad(false);
+    allocate_bucket(bucket, choose_wire(bucket, int(b)), old_grads);
   }
   if (reduce_scatter) allocate_slots();
 }
