@@ -269,70 +269,90 @@ double largest_class_share(const TextClassificationDataset& set, std::size_t cla
   return set.size() ? static_cast<double>(*std::max_element(n.begin(), n.end())) / set.size() : 0;
 }
 
-int finetune(int argc, const char* const* argv) {
+// gpt finetune's options besides the Trainer's.
+struct FinetuneOptions {
   GptConfig given;
-  given.block_size = 0;  // the pretrained model's context (128 from scratch)
   std::string pretrained, corpus_dir = lockstep::data::kFortunesDir;
   bool from_scratch = false;
   std::size_t min_entries = 500;
-  TrainingArguments defaults;
-  defaults.output_dir = "runs/gpt-finetune";
-  defaults.per_device_train_batch_size = 16;
-  defaults.per_device_eval_batch_size = 32;
-  defaults.learning_rate = 3e-4;
-  defaults.lr_scheduler_type = "linear";
-  defaults.warmup_ratio = 0.05;
-  defaults.weight_decay = 0.01;
-  defaults.num_train_epochs = 3;
-  defaults.logging_steps = 20;
-  defaults.eval_strategy = "epoch";
-  defaults.save_strategy = "no";
-  defaults.metric_for_best_model = "eval_accuracy";
+};
+
+TrainingArguments finetune_defaults() {
+  TrainingArguments d;
+  d.output_dir = "runs/gpt-finetune";
+  d.per_device_train_batch_size = 16;
+  d.per_device_eval_batch_size = 32;
+  d.learning_rate = 3e-4;
+  d.lr_scheduler_type = "linear";
+  d.warmup_ratio = 0.05;
+  d.weight_decay = 0.01;
+  d.num_train_epochs = 3;
+  d.logging_steps = 20;
+  d.eval_strategy = "epoch";
+  d.save_strategy = "no";
+  d.metric_for_best_model = "eval_accuracy";
+  return d;
+}
+
+TrainingArguments parse_finetune(int argc, const char* const* argv, FinetuneOptions& o) {
+  o.given.block_size = 0;  // the pretrained model's context (128 from scratch)
   TrainingArguments args = parse_arguments(
       argc, argv,
       [&](CLI::App& app) {
-        add_model_options(app, given);
-        app.add_option("--pretrained", pretrained, "a checkpoint of `gpt train` whose body to start from");
-        app.add_flag("--from-scratch", from_scratch, "start from random weights instead (the baseline)");
-        app.add_option("--min-entries", min_entries, "categories with at least this many entries become classes")
+        add_model_options(app, o.given);
+        app.add_option("--pretrained", o.pretrained, "a checkpoint of `gpt train` whose body to start from");
+        app.add_flag("--from-scratch", o.from_scratch, "start from random weights instead (the baseline)");
+        app.add_option("--min-entries", o.min_entries, "categories with at least this many entries become classes")
             ->capture_default_str();
-        app.add_option("--corpus-dir", corpus_dir, "directory of the fortune files")->capture_default_str();
+        app.add_option("--corpus-dir", o.corpus_dir, "directory of the fortune files")->capture_default_str();
       },
-      "gpt finetune: classify fortune entries by category file, from a pretrained body or from scratch", defaults);
-  if (pretrained.empty() == !from_scratch)
+      "gpt finetune: classify fortune entries by category file, from a pretrained body or from scratch",
+      finetune_defaults());
+  if (o.pretrained.empty() == !o.from_scratch)
     throw lockstep::ConfigError("give either --pretrained CHECKPOINT or --from-scratch");
-  const auto [config, max_length] = classifier_shape(given, pretrained);
+  return args;
+}
+
+// Rank 0: the validation accuracy, and eval_results.json (with the classes and where it started).
+void report_finetune(const nlohmann::json& m, const TextClassificationDataset& eval_set,
+                     const std::vector<std::string>& classes, const FinetuneOptions& o, const std::string& output_dir) {
+  std::printf("validation accuracy %.4f over %lld entries (%zu classes; the largest class is %.4f of them)\n",
+              m["eval_accuracy"].get<double>(), static_cast<long long>(m["eval_samples"].get<std::int64_t>()),
+              classes.size(), largest_class_share(eval_set, classes.size()));
+  nlohmann::json out = m;
+  out["pretrained"] = o.pretrained;
+  out["classes"] = classes;
+  write_file_durably((fs::path(output_dir) / "eval_results.json").string(), out.dump(2));
+}
+
+int finetune(int argc, const char* const* argv) {
+  FinetuneOptions o;
+  const TrainingArguments args = parse_finetune(argc, argv, o);
+  const auto [config, max_length] = classifier_shape(o.given, o.pretrained);
   config.validate();
-  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(corpus_dir);
+  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(o.corpus_dir);
   auto train_set = std::make_shared<TextClassificationDataset>(corpus, lockstep::data::TextSplit::train,
-                                                               max_length, min_entries);
+                                                               max_length, o.min_entries);
   auto eval_set = std::make_shared<TextClassificationDataset>(corpus, lockstep::data::TextSplit::validation,
-                                                              max_length, min_entries);
+                                                              max_length, o.min_entries);
   const auto& classes = train_set->labels().classes();
   set_seed(args.seed);
   lockstep::models::GptForSequenceClassification model(config, static_cast<int>(classes.size()));
   Trainer trainer(Model::of(model), train_set, eval_set, args);
-  if (!pretrained.empty()) {  // every rank loads it: DDP then starts from rank 0's copy anyway
-    const auto report = load_matching(*model, (fs::path(pretrained) / "model.pt").string());
-    if (trainer.communicator().rank() == 0) report_loading(report, pretrained);
+  const bool rank0 = trainer.communicator().rank() == 0;
+  if (!o.pretrained.empty()) {  // every rank loads it: DDP then starts from rank 0's copy anyway
+    const auto report = load_matching(*model, (fs::path(o.pretrained) / "model.pt").string());
+    if (rank0) report_loading(report, o.pretrained);
   }
-  if (trainer.communicator().rank() == 0) {
-    std::printf("%zu classes (categories with at least %zu entries):", classes.size(), min_entries);
+  if (rank0) {
+    std::printf("%zu classes (categories with at least %zu entries):", classes.size(), o.min_entries);
     for (const auto& c : classes) std::printf(" %s (%zu)", c.c_str(), corpus->count(c));
     std::printf("\n%zu training entries, %zu validation entries; %s\n", train_set->size(), eval_set->size(),
-                pretrained.empty() ? "from scratch" : ("from " + pretrained).c_str());
+                o.pretrained.empty() ? "from scratch" : ("from " + o.pretrained).c_str());
   }
   trainer.train();
   const nlohmann::json m = trainer.evaluate();
-  if (trainer.communicator().rank() == 0) {
-    std::printf("validation accuracy %.4f over %lld entries (%zu classes; the largest class is %.4f of them)\n",
-                m["eval_accuracy"].get<double>(), static_cast<long long>(m["eval_samples"].get<std::int64_t>()),
-                classes.size(), largest_class_share(*eval_set, classes.size()));
-    nlohmann::json out = m;
-    out["pretrained"] = pretrained;
-    out["classes"] = classes;
-    write_file_durably((fs::path(args.output_dir) / "eval_results.json").string(), out.dump(2));
-  }
+  if (rank0) report_finetune(m, *eval_set, classes, o, args.output_dir);
   return 0;
 }
 
