@@ -22,17 +22,32 @@
 namespace lockstep::comm {
 namespace {
 
-constexpr std::uint64_t kHelloMagic = 0x4c53503250303031ull;  // "LSP2P001"
+constexpr std::uint64_t kHelloMagic = 0x4c53503250303032ull;  // "LSP2P002"
+// The store's handshake construction (store/wire.h) under the mailbox's own label: a rank proves
+// it holds the token the target published, bound to the target's fresh nonce and to its rank.
+constexpr std::string_view kHelloLabel = "lockstep-p2p-hello-v1";
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 40;
 constexpr std::size_t kCallerSendBytes = 64 << 10;
 
-// Both in host byte order: every rank of a job runs on the same architecture.
+// In host byte order: every rank of a job runs on the same architecture. The acceptor sends a
+// Challenge, the connecting rank answers with a Hello; the token itself never crosses the wire.
+struct Challenge {
+  std::uint64_t magic;
+  char nonce[wire::kNonceBytes];
+};
 struct Hello {
   std::uint64_t magic;
-  std::uint64_t token;
   std::int32_t src;
   std::int32_t unused;
+  char nonce[wire::kNonceBytes];
+  unsigned char mac[wire::kMacBytes];
 };
+
+// The MAC a Hello from rank `src` carries, for the target whose token is `token`.
+wire::Mac hello_mac(const std::string& token, const Challenge& c, const Hello& h, int src) {
+  return wire::handshake_mac(token, kHelloLabel, std::string_view(c.nonce, sizeof c.nonce),
+                             std::string_view(h.nonce, sizeof h.nonce), std::to_string(src));
+}
 struct Header {
   std::int64_t tag;
   std::uint64_t count;
@@ -84,7 +99,7 @@ struct Mailbox::State {
   CommOptions options;
   WorkQueue sync;  // its mutex guards everything below that is not thread-local
   std::string address;
-  std::uint64_t token = 0;
+  std::string token;  // hex; published with the address, proven by every rank that connects
   net::Socket listener;
   int wake[2] = {-1, -1};
   Lookup lookup;
@@ -146,6 +161,7 @@ struct Mailbox::State {
   void send_loop();
   int connection(int dst);  // the fd, or -1 with send_error[dst] set
   int connect_to(int dst, std::string& error);
+  bool answer(int fd, const Challenge& challenge, const std::string& target_token) const;
   void send_one(const SendJob& job);
 };
 
@@ -292,9 +308,15 @@ void Mailbox::State::accept_peer() {
   net::Socket peer = net::accept_from(listener, /*non_blocking=*/false);
   if (!peer) return;
   peer.set_blocking_timeouts(std::min(options.timeout, Seconds(10)));
+  Challenge challenge{kHelloMagic, {}};
+  const std::string nonce = wire::random_bytes(sizeof challenge.nonce);
+  std::memcpy(challenge.nonce, nonce.data(), sizeof challenge.nonce);
   Hello hello{};
-  if (net::recv_all(peer.fd(), &hello, sizeof hello) != net::Io::done || hello.magic != kHelloMagic ||
-      hello.token != token || hello.src < 0 || hello.src >= size) {
+  const bool answered = net::send_all(peer.fd(), &challenge, sizeof challenge) == net::Io::done &&
+                        net::recv_all(peer.fd(), &hello, sizeof hello) == net::Io::done;
+  if (!answered || hello.magic != kHelloMagic || hello.src < 0 || hello.src >= size ||
+      !wire::mac_equal(std::string_view(reinterpret_cast<const char*>(hello.mac), sizeof hello.mac),
+                       hello_mac(token, challenge, hello, hello.src))) {
     LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " refused a connection that did not say it came "
                              << "from a rank of this communicator";
     return;
@@ -326,6 +348,16 @@ bool Mailbox::State::read_message(Inbound& in) {
   return false;
 }
 
+// The Hello that proves this rank holds the target's token, answering its challenge.
+bool Mailbox::State::answer(int fd, const Challenge& challenge, const std::string& target_token) const {
+  Hello hello{kHelloMagic, rank, 0, {}, {}};
+  const std::string nonce = wire::random_bytes(sizeof hello.nonce);
+  std::memcpy(hello.nonce, nonce.data(), sizeof hello.nonce);
+  const wire::Mac mac = hello_mac(target_token, challenge, hello, rank);
+  std::memcpy(hello.mac, mac.data(), sizeof hello.mac);
+  return net::send_all(fd, &hello, sizeof hello) == net::Io::done;
+}
+
 int Mailbox::State::connect_to(int dst, std::string& error) {
   std::string where;
   try {
@@ -336,8 +368,8 @@ int Mailbox::State::connect_to(int dst, std::string& error) {
   }
   std::istringstream in(where);
   std::string host, port;
-  std::uint64_t peer_token = 0;
-  in >> host >> port >> std::hex >> peer_token;
+  std::string peer_token;
+  in >> host >> port >> peer_token;
   const Seconds wait = std::min(options.timeout, Seconds(1e6));  // a deadline the clock can hold
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(wait);
   net::Connected c = net::connect_to(host, port, deadline, std::chrono::ceil<std::chrono::milliseconds>(wait),
@@ -346,12 +378,18 @@ int Mailbox::State::connect_to(int dst, std::string& error) {
     error = "rank " + std::to_string(dst) + " published an unusable address '" + where + "'";
     return -1;
   }
-  const Hello hello{kHelloMagic, peer_token, rank, 0};
   if (c.socket) {
     c.socket.set_non_blocking(false);
     c.socket.set_blocking_timeouts(options.timeout);
   }
-  if (!c.socket || net::send_all(c.socket.fd(), &hello, sizeof hello) != net::Io::done) {
+  Challenge challenge{};
+  const bool challenged = c.socket && net::recv_all(c.socket.fd(), &challenge, sizeof challenge) == net::Io::done;
+  if (challenged && challenge.magic != kHelloMagic) {
+    error = "rank " + std::to_string(dst) + "'s address " + host + ":" + port + " did not answer as a lockstep "
+            "point-to-point mailbox (another program took the port, or another lockstep version)";
+    return -1;
+  }
+  if (!challenged || !answer(c.socket.fd(), challenge, peer_token)) {
     error = "cannot connect to rank " + std::to_string(dst) + " at " + host + ":" + port + ": " +
             (c.socket ? std::strerror(errno) : c.error) + " (it exited or died, or a firewall is in the way)";
     return -1;
@@ -433,8 +471,7 @@ Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const Comm
   s.outbound.assign(static_cast<std::size_t>(size), -1);
   s.send_error.assign(static_cast<std::size_t>(size), "");
   s.connecting.assign(static_cast<std::size_t>(size), false);
-  const std::string r = wire::random_bytes(sizeof s.token);
-  std::memcpy(&s.token, r.data(), sizeof s.token);
+  s.token = wire::hex(wire::random_bytes(16));
 
   std::string gai_error;
   s.listener = net::listen_on(AF_UNSPEC, bind_address.c_str(), 0, net::ListenOptions{}, gai_error);
@@ -443,7 +480,7 @@ Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const Comm
   if (port <= 0 || ::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0)
     throw ConfigError("point-to-point: cannot listen on " + bind_address + ": " + std::strerror(errno));
   std::ostringstream address;
-  address << bind_address << " " << port << " " << std::hex << s.token;
+  address << bind_address << " " << port << " " << s.token;
   s.address = address.str();
   s.reader = std::thread([&s] { s.read_loop(); });
   s.sender = std::thread([&s] { s.send_loop(); });

@@ -1,8 +1,10 @@
 // Point-to-point messages between the ranks of one communicator (Communicator::send/recv).
 //
-// Every rank listens on a TCP port from creation and publishes "address port token"; a rank
-// connects to a peer the first time it sends to it and presents the token (so a stray
-// connection cannot inject messages). One reader thread per rank polls the listener and every
+// Every rank listens on a TCP port from creation and publishes "address port token" (through the
+// job's authenticated store); a rank connects to a peer the first time it sends to it and answers
+// the peer's challenge with the store's handshake MAC over the token, the peer's nonce, its own
+// and its rank, so a stray or replayed connection cannot inject messages and the token never
+// crosses the wire. One reader thread per rank polls the listener and every
 // inbound connection and matches each arriving message to the first posted recv with its
 // (source, tag), in post order, reading the payload straight into that recv's buffer; a
 // message nobody waits for yet is kept in arrival order until a recv takes it. Because the
