@@ -71,7 +71,8 @@ class Backend {
   virtual std::shared_ptr<void> allocate_shared(std::size_t /*bytes*/) { return nullptr; }
   // Machine memory: one block per machine that every rank of the machine maps (Communicator::
   // allocate_machine_memory); throws SystemError when /dev/shm cannot hold it. Once every rank
-  // holds the block, machine_memory_mapped(block) lets the backend drop what named it.
+  // holds the block, machine_memory_mapped(block) lets the backend drop what named it (on the
+  // caller's thread too, concurrently with run()).
   virtual bool has_machine_memory() const { return false; }
   virtual std::shared_ptr<void> allocate_machine_memory(std::size_t /*bytes*/) { return nullptr; }
   virtual void machine_memory_mapped(const void* /*block*/) {}

@@ -152,8 +152,8 @@ void ZeroOptimizer::Impl::check_one_machine() const {
                       "(--zero-shared-parameters) keeps them in memory every worker maps, which needs all " +
                       std::to_string(comm.size()) + " workers on one machine and the shm backend (this is " +
                       comm.backend_name() + (one_machine ? "" : " across machines") +
-                      "): use --backend shm on one machine, or --zero-stage 3 with --zero-shared-parameters "
-                      "across machines");
+                      "): use --backend shm on one machine, or across machines --zero-stage 3 with "
+                      "--zero-shared-parameters on --backend hier (the same number of workers on each)");
 }
 
 // Memory the peers read in place when the communicator has it (the all-gather then copies once),

@@ -273,7 +273,9 @@ std::optional<Finding> shard_the_optimizer(const Evidence& e) {
               ")";
   f.action = std::string("shard the optimizer: --zero-stage 2 (each worker updates and keeps 1/") +
              std::to_string(many.world) + " of it, same bytes on the wire)" +
-             (many.machines == 1 ? "; --zero-shared-parameters keeps one copy of the parameters on this machine" : "");
+             (many.machines == 1 && many.backend == "shm"
+                  ? "; --zero-shared-parameters keeps one copy of the parameters on this machine"
+                  : "");
   f.predicted = "optimizer step " + ms(many.optimizer) + " -> " + ms(many.optimizer / w) + "; optimizer state " +
                 fmt("%.0f -> %.0f MiB per worker", many.optimizer_state_bytes / 1048576,
                     many.optimizer_state_bytes / w / 1048576);

@@ -1,7 +1,8 @@
 // The point-to-point mailbox's handshake, spoken by hand over a real loopback connection: a
 // connection that answers the mailbox's challenge with the MAC over the published token is taken
-// as that rank's (its message arrives), and one that does not prove it (a wrong MAC, or a
-// genuine answer replayed on a new connection) is closed without a message reaching anyone.
+// as that rank's (its message arrives), and one that does not prove it (a wrong MAC, a genuine
+// answer replayed on a new connection, or one presented under another rank) is closed without a
+// message reaching anyone.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -119,6 +120,16 @@ TEST(MailboxHandshake, OnlyAProofOfTheTokenOnAFreshChallengeGetsIn) {
   net::send_all(forged.fd(), &header, sizeof header);
   net::send_all(forged.fd(), &value, sizeof value);
   EXPECT_TRUE(closed_by_peer(forged)) << "a hello under another token was accepted";
+
+  // A genuine proof for rank 1 presented as rank 0's: the MAC binds the rank, so it is refused.
+  net::Socket renamed = dial(where);
+  ASSERT_TRUE(renamed);
+  Challenge fourth{};
+  ASSERT_EQ(net::recv_all(renamed.fd(), &fourth, sizeof fourth), net::Io::done);
+  Hello as_zero = answer(fourth, where.token, 1);
+  as_zero.src = 0;
+  ASSERT_EQ(net::send_all(renamed.fd(), &as_zero, sizeof as_zero), net::Io::done);
+  EXPECT_TRUE(closed_by_peer(renamed)) << "a proof made for rank 1 was taken as rank 0's";
 
   // Nothing of theirs arrived: a recv from rank 1 still waits (and times out).
   EXPECT_THROW(target.recv(&got, 1, DType::f32, 1, 7)->wait(Seconds(0.3)), TimeoutError);

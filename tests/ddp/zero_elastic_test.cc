@@ -84,10 +84,6 @@ WholeState uninterrupted() {
   return out;
 }
 
-// Step 2 goes wrong: rank 1 joins the all-reduce that lets the update start, then fails before
-// applying it (it holds its gradients: phase ready); ranks 0 and 2 apply theirs and wait in vain
-// in the all-gather. Rank 2 is then lost; ranks 0 and 1 form a new communicator and put the whole
-// state together: rank 1 must finish step 2, rank 2's slices come from rank 0's mirror of them.
 // Every layout of 1 to 4 machines with 1 to 4 ranks each: the mirrors pair up (the rank mirroring
 // r is the one r's mirror_of names back), and a rank's slices are mirrored on another machine
 // whenever there is one (else by another rank).
@@ -121,6 +117,10 @@ TEST(ZeroPlan, SaysWhatItShards) {
   EXPECT_FALSE((ZeroPlan{2, true}.shards_parameters()));
 }
 
+// Step 2 goes wrong: rank 1 joins the all-reduce that lets the update start, then fails before
+// applying it (it holds its gradients: phase ready); ranks 0 and 2 apply theirs and wait in vain
+// in the all-gather. Rank 2 is then lost; ranks 0 and 1 form a new communicator and put the whole
+// state together: rank 1 must finish step 2, rank 2's slices come from rank 0's mirror of them.
 TEST(ZeroElastic, AStepHalfAppliedIsFinishedByTheSurvivorsAndEqualsAnUninterruptedOne) {
   const WholeState expected = uninterrupted();
   testing::LocalStore store;

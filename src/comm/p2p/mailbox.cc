@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -42,6 +43,8 @@ struct Hello {
   char nonce[wire::kNonceBytes];
   unsigned char mac[wire::kMacBytes];
 };
+static_assert(sizeof(Challenge) == 8 + wire::kNonceBytes && sizeof(Hello) == 16 + wire::kNonceBytes + wire::kMacBytes,
+              "the handshake's messages have no padding: every byte on the wire is a field");
 
 // The MAC a Hello from rank `src` carries, for the target whose token is `token`.
 wire::Mac hello_mac(const std::string& token, const Challenge& c, const Hello& h, int src) {
@@ -161,6 +164,7 @@ struct Mailbox::State {
   void send_loop();
   int connection(int dst);  // the fd, or -1 with send_error[dst] set
   int connect_to(int dst, std::string& error);
+  std::optional<Hello> handshake(const net::Socket& peer) const;
   bool answer(int fd, const Challenge& challenge, const std::string& target_token) const;
   void send_one(const SendJob& job);
 };
@@ -304,26 +308,40 @@ bool Mailbox::State::inbound_from(int peer) const {
   return std::any_of(inbound.begin(), inbound.end(), [peer](const Inbound& in) { return in.src == peer; });
 }
 
+// The connecting rank's Hello, once it proved it holds this rank's token; nothing otherwise. The
+// whole exchange is bounded (at most 10 s), since the reader serves no one else meanwhile.
+std::optional<Hello> Mailbox::State::handshake(const net::Socket& peer) const {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(10)));
+  Challenge challenge{kHelloMagic, {}};
+  Hello hello{};
+  try {
+    const std::string nonce = wire::random_bytes(sizeof challenge.nonce);
+    std::memcpy(challenge.nonce, nonce.data(), sizeof challenge.nonce);
+  } catch (const std::exception& e) {
+    LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " cannot challenge a connection: " << e.what();
+    return std::nullopt;
+  }
+  if (net::send_all(peer.fd(), &challenge, sizeof challenge, deadline) != net::Io::done ||
+      net::recv_all(peer.fd(), &hello, sizeof hello, deadline) != net::Io::done || hello.magic != kHelloMagic ||
+      hello.src < 0 || hello.src >= size ||
+      !wire::mac_equal(std::string_view(reinterpret_cast<const char*>(hello.mac), sizeof hello.mac),
+                       hello_mac(token, challenge, hello, hello.src)))
+    return std::nullopt;
+  return hello;
+}
+
 void Mailbox::State::accept_peer() {
   net::Socket peer = net::accept_from(listener, /*non_blocking=*/false);
   if (!peer) return;
-  peer.set_blocking_timeouts(std::min(options.timeout, Seconds(10)));
-  Challenge challenge{kHelloMagic, {}};
-  const std::string nonce = wire::random_bytes(sizeof challenge.nonce);
-  std::memcpy(challenge.nonce, nonce.data(), sizeof challenge.nonce);
-  Hello hello{};
-  const bool answered = net::send_all(peer.fd(), &challenge, sizeof challenge) == net::Io::done &&
-                        net::recv_all(peer.fd(), &hello, sizeof hello) == net::Io::done;
-  if (!answered || hello.magic != kHelloMagic || hello.src < 0 || hello.src >= size ||
-      !wire::mac_equal(std::string_view(reinterpret_cast<const char*>(hello.mac), sizeof hello.mac),
-                       hello_mac(token, challenge, hello, hello.src))) {
-    LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " refused a connection that did not say it came "
-                             << "from a rank of this communicator";
+  const std::optional<Hello> hello = handshake(peer);
+  if (!hello) {
+    LOCKSTEP_LOG(warn, comm) << "point-to-point: rank " << rank << " refused a connection that did not prove it "
+                             << "came from a rank of this communicator";
     return;
   }
   peer.set_blocking_timeouts(options.timeout);
   peer.keep_alive(static_cast<int>(options.peer_check.count()));
-  inbound.push_back({peer.release(), hello.src});
+  inbound.push_back({peer.release(), hello->src});
 }
 
 // false when the connection ended (cleanly between messages, or not).
@@ -383,7 +401,13 @@ int Mailbox::State::connect_to(int dst, std::string& error) {
     c.socket.set_blocking_timeouts(options.timeout);
   }
   Challenge challenge{};
-  const bool challenged = c.socket && net::recv_all(c.socket.fd(), &challenge, sizeof challenge) == net::Io::done;
+  const net::Io heard = c.socket ? net::recv_all(c.socket.fd(), &challenge, sizeof challenge, deadline) : net::Io::failed;
+  if (heard == net::Io::timed_out) {
+    error = "rank " + std::to_string(dst) + " at " + host + ":" + port + " accepted the connection but did not " +
+            "challenge it within " + std::to_string(wait.count()) + " s (LOCKSTEP_TIMEOUT; its process is stuck)";
+    return -1;
+  }
+  const bool challenged = heard == net::Io::done;
   if (challenged && challenge.magic != kHelloMagic) {
     error = "rank " + std::to_string(dst) + "'s address " + host + ":" + port + " did not answer as a lockstep "
             "point-to-point mailbox (another program took the port, or another lockstep version)";

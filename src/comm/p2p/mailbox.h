@@ -4,7 +4,7 @@
 // job's authenticated store); a rank connects to a peer the first time it sends to it and answers
 // the peer's challenge with the store's handshake MAC over the token, the peer's nonce, its own
 // and its rank, so a stray or replayed connection cannot inject messages and the token never
-// crosses the wire. One reader thread per rank polls the listener and every
+// crosses the mailbox's connections. One reader thread per rank polls the listener and every
 // inbound connection and matches each arriving message to the first posted recv with its
 // (source, tag), in post order, reading the payload straight into that recv's buffer; a
 // message nobody waits for yet is kept in arrival order until a recv takes it. Because the
