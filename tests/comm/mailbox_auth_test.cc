@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -77,6 +78,25 @@ bool closed_by_peer(const net::Socket& s) {
   return clean_eof || errno == ECONNRESET;
 }
 
+// Dials the mailbox, answers its challenge with make(challenge), then sends a message (tag 7,
+// from rank 1) that would arrive were the answer taken. True when the mailbox closed the
+// connection instead.
+bool refused(const Published& where, const std::function<Hello(const Challenge&)>& make) {
+  net::Socket s = dial(where);
+  Challenge challenge{};
+  if (!s || net::recv_all(s.fd(), &challenge, sizeof challenge) != net::Io::done) {
+    ADD_FAILURE() << "no challenge from " << where.host << ":" << where.port;
+    return false;
+  }
+  const Hello hello = make(challenge);
+  const Header header{7, 1, static_cast<std::uint32_t>(DType::f32), 0};
+  const float value = -1.0f;
+  if (net::send_all(s.fd(), &hello, sizeof hello) != net::Io::done) return true;
+  net::send_all(s.fd(), &header, sizeof header);
+  net::send_all(s.fd(), &value, sizeof value);
+  return closed_by_peer(s);
+}
+
 TEST(MailboxHandshake, OnlyAProofOfTheTokenOnAFreshChallengeGetsIn) {
   CommOptions options;
   options.timeout = Seconds(20);
@@ -100,36 +120,18 @@ TEST(MailboxHandshake, OnlyAProofOfTheTokenOnAFreshChallengeGetsIn) {
   target.recv(&got, 1, DType::f32, 1, 7)->wait(Seconds(20));
   EXPECT_EQ(got, value);
 
-  // The same answer replayed on a new connection (a new challenge), and a wrong MAC: refused.
-  net::Socket replay = dial(where);
-  ASSERT_TRUE(replay);
+  // The same answer replayed on a new connection (a new challenge), an answer under another
+  // token, and a genuine proof for rank 1 presented as rank 0's (the MAC binds the rank): refused.
   Challenge second{};
-  ASSERT_EQ(net::recv_all(replay.fd(), &second, sizeof second), net::Io::done);
+  EXPECT_TRUE(refused(where, [&](const Challenge& c) { second = c; return hello; })) << "a replayed hello was accepted";
   EXPECT_NE(std::memcmp(first.nonce, second.nonce, sizeof first.nonce), 0) << "a challenge repeated its nonce";
-  ASSERT_EQ(net::send_all(replay.fd(), &hello, sizeof hello), net::Io::done);
-  net::send_all(replay.fd(), &header, sizeof header);  // were it taken, this would arrive
-  net::send_all(replay.fd(), &value, sizeof value);
-  EXPECT_TRUE(closed_by_peer(replay)) << "a replayed hello was accepted";
-
-  net::Socket forged = dial(where);
-  ASSERT_TRUE(forged);
-  Challenge third{};
-  ASSERT_EQ(net::recv_all(forged.fd(), &third, sizeof third), net::Io::done);
-  Hello wrong = answer(third, "not-the-token-of-this-mailbox-00", 1);
-  ASSERT_EQ(net::send_all(forged.fd(), &wrong, sizeof wrong), net::Io::done);
-  net::send_all(forged.fd(), &header, sizeof header);
-  net::send_all(forged.fd(), &value, sizeof value);
-  EXPECT_TRUE(closed_by_peer(forged)) << "a hello under another token was accepted";
-
-  // A genuine proof for rank 1 presented as rank 0's: the MAC binds the rank, so it is refused.
-  net::Socket renamed = dial(where);
-  ASSERT_TRUE(renamed);
-  Challenge fourth{};
-  ASSERT_EQ(net::recv_all(renamed.fd(), &fourth, sizeof fourth), net::Io::done);
-  Hello as_zero = answer(fourth, where.token, 1);
-  as_zero.src = 0;
-  ASSERT_EQ(net::send_all(renamed.fd(), &as_zero, sizeof as_zero), net::Io::done);
-  EXPECT_TRUE(closed_by_peer(renamed)) << "a proof made for rank 1 was taken as rank 0's";
+  EXPECT_TRUE(refused(where, [](const Challenge& c) { return answer(c, "not-the-token-of-this-mailbox-00", 1); }))
+      << "a hello under another token was accepted";
+  EXPECT_TRUE(refused(where, [&](const Challenge& c) {
+    Hello as_zero = answer(c, where.token, 1);
+    as_zero.src = 0;
+    return as_zero;
+  })) << "a proof made for rank 1 was taken as rank 0's";
 
   // Nothing of theirs arrived: a recv from rank 1 still waits (and times out).
   EXPECT_THROW(target.recv(&got, 1, DType::f32, 1, 7)->wait(Seconds(0.3)), TimeoutError);
