@@ -118,7 +118,7 @@ void Trainer::Impl::evaluate_during_training(TrainerControl& control) {
   const bool greater = args.best_is_greater();
   if (!state.best_metric || (greater ? value > *state.best_metric : value < *state.best_metric)) {
     state.best_metric = value;
-    improved_since_save = true;
+    checkpoints.set_improved_since_save(true);
   }
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "eval @ step " << state.global_step << ": loss " << m["eval_loss"].get<double>()

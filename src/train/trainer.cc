@@ -32,7 +32,6 @@
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/progress.h"
 #include "lockstep/train_core/run_env.h"
-#include "checkpoint_writer.h"
 #include "trainer_impl.h"
 
 namespace fs = std::filesystem;
@@ -154,8 +153,8 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
   build_outer();  // before a resume, which restarts it from the loaded parameters
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
 
-  if (std::string from = resume_target(); !from.empty()) {
-    resume(from, sampler);
+  if (std::string from = checkpoints.resume_target(); !from.empty()) {
+    checkpoints.resume(from, sampler);
     resumed_mid_epoch = true;
   } else if (!args.resume_from_checkpoint.empty() || restart_count_from_env() > 0) {
     if (rank() == 0)
@@ -388,7 +387,7 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
         break;
       case StepEpilogue::save:
         if (save_due(epoch_done)) {
-          save(saved_position);
+          checkpoints.save(saved_position);
           epilogue.saved = true;
         }
         run.window.exclude(Clock::now() - pause_begin);
@@ -400,7 +399,7 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
         break;
       case StepEpilogue::final_save:  // the last step, or a stop a callback asked for (unless saving is off)
         if ((last || run.control.should_stop) && args.save_strategy != "no" && !epilogue.saved) {
-          save(saved_position);
+          checkpoints.save(saved_position);
           epilogue.saved = true;
         }
         break;
@@ -414,7 +413,7 @@ bool Trainer::Impl::fault(const char* kind, std::int64_t at) const {
   if (!elastic) return true;
   const bool per_membership = std::string(kind) == "kill-in-state-transfer" || std::string(kind) == "await-joiner";
   const std::uint64_t membership = per_membership ? std::uint64_t(at) : 0;
-  return elastic->epoch() == membership;
+  return elastic->membership() == membership;
 }
 
 void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& run) {
@@ -512,27 +511,27 @@ void Trainer::Impl::check_replicas() {
 }
 
 TrainResult Trainer::Impl::train() {
-  if (elastic) return train_elastic();
+  if (elastic) return elastic->train();
   RunProgress run;
   torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
   data::DistributedSampler sampler(train_set->size(), rank(), world(), /*shuffle=*/true, args.seed);
   bool resumed_mid_epoch = false;
   prepare(sampler, resumed_mid_epoch);
   announce();
-  if (resumed_record) outputs->record(*resumed_record);
+  if (auto record = checkpoints.take_resume_record()) outputs->record(*record);
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
   run.network_at_window_start = comm->network_stats();
   while (state.global_step < state.max_steps && !run.control.should_stop) {
     if (!resumed_mid_epoch) {
       sampler.set_epoch(state.epoch);
-      sampler_offset = 0;
+      checkpoints.begin_epoch();
     }
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
   meet_machines();
-  finish_background_save();
+  checkpoints.finish_background_save();
   check_replicas();
   load_best_model();
   for (auto& cb : callbacks) cb->on_train_end(state);
@@ -586,7 +585,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
                         " in an elastic job: local SGD does not follow membership changes yet; use --sync-every 1");
     comm::CommOptions options;
     options.backend = impl_->args.backend;
-    impl_->elastic = comm::join_elastic_from_env(options);
+    impl_->elastic = std::make_unique<ElasticRun>(*impl_, comm::join_elastic_from_env(options));
     impl_->comm = &impl_->elastic->comm();
   } else {
     comm::CommOptions options;
@@ -618,13 +617,13 @@ std::string Trainer::save_checkpoint() {
     throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
   std::string dir;
   impl_->run_recovering([&] {
-    dir = impl_->save(0);
-    impl_->finish_background_save();
+    dir = impl_->checkpoints.save(0);
+    impl_->checkpoints.finish_background_save();
   });
   return dir;
 }
 void Trainer::save_metrics(const std::string& split, const nlohmann::json& metrics) {
-  impl_->run_recovering([&] { impl_->write_results(split, metrics); });
+  impl_->run_recovering([&] { impl_->checkpoints.write_results(split, metrics); });
 }
 const TrainerState& Trainer::state() const {
   return impl_->state;

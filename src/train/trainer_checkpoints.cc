@@ -1,6 +1,5 @@
-// The Trainer's checkpoints: what goes into trainer_state.json, saving (rank 0 writes, every
-// rank learns how it went), finding the checkpoint to resume from, and resuming.
-#include <torch/torch.h>
+// The Trainer's checkpoints (see trainer_checkpoints.h).
+#include "trainer_checkpoints.h"
 
 #include <csignal>
 #include <filesystem>
@@ -27,24 +26,6 @@ nlohmann::json scheduler_json(const Trainer::Impl& t) {
   return {{"type", t.schedule.type},         {"warmup_steps", t.schedule.warmup},
           {"total_steps", t.schedule.total}, {"last_step", t.state.global_step},
           {"base_lr", t.args.learning_rate}, {"last_lr", t.learning_rate_at(t.state.global_step)}};
-}
-
-nlohmann::json trainer_state_json(const Trainer::Impl& t, std::size_t sampler_position,
-                                  const std::vector<std::string>& rng_states) {
-  const TrainerState& s = t.state;
-  return {{"global_step", s.global_step},
-          {"max_steps", s.max_steps},
-          {"epoch", s.epoch},
-          {"steps_in_epoch", s.steps_in_epoch},
-          {"fractional_epoch", s.fractional_epoch()},
-          {"sampler_position", sampler_position},
-          {"sampler_offset", t.sampler_offset},
-          {"world_size", t.world()},
-          {"seed", t.args.seed},
-          {"rng_states", rng_states},
-          {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
-          {"best_checkpoint", s.best_checkpoint},
-          {"log_history", s.log_history}};
 }
 
 // Rank 0's outcome of a save, shared so every rank fails (or goes on) the same way.
@@ -100,13 +81,13 @@ std::vector<CheckpointFile> extra_files(Trainer::Impl& t) {
 
 // Rank 0 writes the checkpoint; returns how it went and, on failure, why.
 SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer, const fs::path& dir,
-                           std::size_t sampler_position, const std::vector<std::string>& rngs,
-                           const std::vector<CheckpointFile>& extra, std::string& error) {
+                           const nlohmann::json& trainer_state, const std::vector<CheckpointFile>& extra,
+                           std::string& error) {
   if (t.rank() != 0) return SaveOutcome::ok;
   try {
     const bool die = t.fault("kill-during-save", t.state.global_step);
     write_checkpoint(dir.string(), *t.model.module, *optimizer, scheduler_json(t), t.args.to_json(),
-                     trainer_state_json(t, sampler_position, rngs), [die] {
+                     trainer_state, [die] {
                        if (die) std::raise(SIGKILL);
                      },
                      extra);
@@ -131,44 +112,77 @@ std::string intact_note(const std::string& output_dir) {
 
 }  // namespace
 
-std::string Trainer::Impl::save(std::size_t sampler_position) {
-  meet_machines();  // local SGD: the checkpoint holds the machines' common model
-  if (sharded_saves()) return save_sharded(sampler_position);
-  const auto begin = Clock::now();
-  const std::vector<std::string> rngs = comm::allgather_strings(*comm, rng_state_hex());
-  const std::string name = "checkpoint-" + std::to_string(state.global_step);
-  const fs::path dir = fs::path(args.output_dir) / name;
-  if (improved_since_save) {
-    state.best_checkpoint = name;
-    improved_since_save = false;
+
+TrainerCheckpoints::TrainerCheckpoints(Trainer::Impl& trainer) : t_(trainer) {}
+
+TrainerCheckpoints::~TrainerCheckpoints() = default;
+
+nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_position,
+                                                      const std::vector<std::string>& rng_states) const {
+  const TrainerState& s = t_.state;
+  nlohmann::json j = {{"global_step", s.global_step},
+          {"max_steps", s.max_steps},
+          {"epoch", s.epoch},
+          {"steps_in_epoch", s.steps_in_epoch},
+          {"fractional_epoch", s.fractional_epoch()},
+          {"sampler_position", sampler_position},
+          {"sampler_offset", sampler_offset_},
+          {"world_size", t_.world()},
+          {"seed", t_.args.seed},
+          {"rng_states", rng_states},
+          {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
+          {"best_checkpoint", s.best_checkpoint},
+          {"log_history", s.log_history}};
+  return j;
+}
+
+std::string TrainerCheckpoints::name_this_step() {
+  const std::string name = "checkpoint-" + std::to_string(t_.state.global_step);
+  if (improved_since_save_) {
+    t_.state.best_checkpoint = name;
+    improved_since_save_ = false;
   }
+  return name;
+}
+
+std::string TrainerCheckpoints::save(std::size_t sampler_position) {
+  t_.meet_machines();  // local SGD: the checkpoint holds the machines' common model
+  return sharded_saves() ? save_sharded(sampler_position) : save_consolidated(sampler_position);
+}
+
+std::string TrainerCheckpoints::save_consolidated(std::size_t sampler_position) {
+  const auto begin = Clock::now();
+  const std::vector<std::string> rngs = comm::allgather_strings(*t_.comm, rng_state_hex());
+  const std::string name = name_this_step();
+  const fs::path dir = fs::path(t_.args.output_dir) / name;
   // Under ZeRO the slices' state is put together first, into the file DDP would write.
-  WholeParameters parameters(*this, false);
+  WholeParameters parameters(t_, false);
   std::unique_ptr<torch::optim::Optimizer> whole;
-  if (zero) whole = zero->consolidated([this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
-  const std::vector<CheckpointFile> extra = extra_files(*this);
+  if (t_.zero)
+    whole = t_.zero->consolidated([this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
+  const std::vector<CheckpointFile> extra = extra_files(t_);
   std::string error;
-  const SaveOutcome outcome =
-      write_on_rank0(*this, zero ? whole.get() : optimizer.get(), dir, sampler_position, rngs, extra, error);
+  const SaveOutcome outcome = write_on_rank0(t_, t_.zero ? whole.get() : t_.optimizer.get(), dir,
+                                             trainer_state_json(sampler_position, rngs), extra, error);
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
-  agree_on_outcome(*comm, outcome, [&] {
-    const std::string what = rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
-    return "checkpoint " + dir.string() + " was not saved: " + what + "; " + intact_note(args.output_dir);
+  agree_on_outcome(*t_.comm, outcome, [&] {
+    const std::string what = t_.rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
+    return "checkpoint " + dir.string() + " was not saved: " + what + "; " + intact_note(t_.args.output_dir);
   });
-  for (auto& cb : callbacks) cb->on_save(state, dir.string());
+  for (auto& cb : t_.callbacks) cb->on_save(t_.state, dir.string());
   const double seconds = seconds_between(begin, Clock::now());
-  record_checkpoint(dir.string(), "save", false, false, seconds, seconds, world());
-  if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
+  record(dir.string(), "save", false, false, seconds, seconds, t_.world());
+  if (t_.trace()) t_.trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
   return dir.string();
 }
 
-void Trainer::Impl::write_results(const std::string& split, const nlohmann::json& metrics) {
-  const fs::path path = fs::path(args.output_dir) / (split + "_results.json");
+void TrainerCheckpoints::write_results(const std::string& split, const nlohmann::json& metrics) {
+  const fs::path path = fs::path(t_.args.output_dir) / (split + "_results.json");
   std::string error;
   SaveOutcome outcome = SaveOutcome::ok;
-  if (rank() == 0) {
+  if (t_.rank() == 0) {
     try {
-      fs::create_directories(args.output_dir);
+      fs::create_directories(t_.args.output_dir);
       write_file_durably(path.string(), metrics.dump(2) + "\n");
     } catch (const StorageError& e) {
       error = e.what();
@@ -178,15 +192,15 @@ void Trainer::Impl::write_results(const std::string& split, const nlohmann::json
       outcome = SaveOutcome::failed;
     }
   }
-  agree_on_outcome(*comm, outcome, [&] {
+  agree_on_outcome(*t_.comm, outcome, [&] {
     return path.string() + " was not written: " +
-           (rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)");
+           (t_.rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)");
   });
 }
 
-void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string& action, bool sharded,
-                                      bool background, double stall_seconds, double write_seconds, int saved_world) {
-  if (rank() != 0 || !outputs) return;
+void TrainerCheckpoints::record(const std::string& dir, const std::string& action, bool sharded, bool background,
+                                double stall_seconds, double write_seconds, int saved_world) {
+  if (t_.rank() != 0 || !t_.outputs) return;
   metrics::CheckpointLog r;
   r.step = checkpoint_step(dir);
   r.dir = dir;
@@ -199,53 +213,52 @@ void Trainer::Impl::record_checkpoint(const std::string& dir, const std::string&
   for (const auto& f : fs::directory_iterator(dir, ec))
     if (f.is_regular_file()) r.bytes += std::int64_t(f.file_size());
   r.saved_world_size = saved_world;
-  r.world_size = world();
+  r.world_size = t_.world();
   const nlohmann::json line = r.to_json();
   if (action == "resume")
-    resumed_record = line;  // written after this start's train_begin
+    resume_record_ = line;  // written after this start's train_begin
   else
-    outputs->record(line);
+    t_.outputs->record(line);
 }
 
-bool Trainer::Impl::sharded_saves() const {
-  if (elastic) return false;  // the writer's reports need one communicator for the whole save
-  return args.save_format == "sharded" || (args.save_format == "auto" && zero_plan.sharded());
+std::optional<nlohmann::json> TrainerCheckpoints::take_resume_record() {
+  std::optional<nlohmann::json> line;
+  line.swap(resume_record_);
+  return line;
 }
 
-void Trainer::Impl::finish_background_save() {
-  if (save_in_flight.empty()) return;
-  const CheckpointWriter::Outcome mine = writer->wait();
-  const std::string dir = save_in_flight;
-  save_in_flight.clear();
+bool TrainerCheckpoints::sharded_saves() const {
+  if (t_.elastic) return false;  // the writer's reports need one communicator for the whole save
+  return t_.args.save_format == "sharded" || (t_.args.save_format == "auto" && t_.zero_plan.sharded());
+}
+
+void TrainerCheckpoints::finish_background_save() {
+  if (in_flight_.empty()) return;
+  const CheckpointWriter::Outcome mine = writer_->wait();
+  const std::string dir = in_flight_;
+  in_flight_.clear();
   const SaveOutcome outcome = mine.error.empty() ? SaveOutcome::ok
                               : mine.no_storage  ? SaveOutcome::no_storage
                                                  : SaveOutcome::failed;
-  agree_on_outcome(*comm, outcome, [&] {
+  agree_on_outcome(*t_.comm, outcome, [&] {
     const std::string what = !mine.error.empty() ? first_line(mine.error) : "another rank could not write its part";
-    return "checkpoint " + dir + " was not saved: " + what + "; " + intact_note(args.output_dir);
+    return "checkpoint " + dir + " was not saved: " + what + "; " + intact_note(t_.args.output_dir);
   });
   // A synchronous save held the step for the writing too.
-  const double stall = args.save_in_background ? save_stall_seconds : save_stall_seconds + mine.seconds;
-  record_checkpoint(dir, "save", true, args.save_in_background, stall, mine.seconds, world());
-  for (auto& cb : callbacks) cb->on_save(state, dir);
+  const bool background = t_.args.save_in_background;
+  const double stall = background ? stall_seconds_ : stall_seconds_ + mine.seconds;
+  record(dir, "save", true, background, stall, mine.seconds, t_.world());
+  for (auto& cb : t_.callbacks) cb->on_save(t_.state, dir);
 }
 
-// Every rank snapshots what it holds and hands it to its writer; the step goes on at once unless
-// the previous save is still being written (or --save-in-background=false).
-std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
-  const auto begin = Clock::now();
-  finish_background_save();
-  if (!writer) writer = std::make_unique<CheckpointWriter>(*comm);
-  const std::vector<std::string> rngs = comm::allgather_strings(*comm, rng_state_hex());
-  const std::string name = "checkpoint-" + std::to_string(state.global_step);
-  const fs::path dir = fs::path(args.output_dir) / name, tmp = fs::path(args.output_dir) / (".tmp-" + name);
-  if (improved_since_save) {
-    state.best_checkpoint = name;
-    improved_since_save = false;
-  }
+namespace {
+
+// Rank 0 makes a fresh temporary directory before anyone writes into it; every rank learns
+// whether it could.
+void prepare_temporary_dir(Trainer::Impl& t, const fs::path& tmp, const fs::path& dir) {
   std::string error;
   auto ready = static_cast<std::int32_t>(SaveOutcome::ok);
-  if (rank() == 0) {  // a fresh temporary directory, before anyone writes into it
+  if (t.rank() == 0) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
@@ -254,44 +267,63 @@ std::string Trainer::Impl::save_sharded(std::size_t sampler_position) {
       ready = static_cast<std::int32_t>(SaveOutcome::failed);
     }
   }
-  comm->allreduce(&ready, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  t.comm->allreduce(&ready, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
   if (ready != static_cast<std::int32_t>(SaveOutcome::ok))
     throw Error("checkpoint " + dir.string() + " was not saved: " +
-                (rank() == 0 ? error : "rank 0 could not prepare it") + "; " + intact_note(args.output_dir));
-  CheckpointWriter::Job save_job;
-  save_job.tmp_dir = tmp.string();
-  save_job.final_dir = dir.string();
+                (t.rank() == 0 ? error : "rank 0 could not prepare it") + "; " + intact_note(t.args.output_dir));
+}
+
+// Rank 0's part of a sharded save besides its shard: the index's fields, the run's JSON files,
+// the fault the tests may ask for, and the rotation once committed.
+void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, CheckpointWriter::Job& job) {
+  job.extra = {{"optimizer", job.snapshot.optimizer},
+               {"global_step", t.state.global_step},
+               {"world_size", t.world()},
+               {"zero_stage", t.zero ? t.zero_plan.stage : 0}};
+  job.files = {{"trainer_state.json", trainer_state.dump(2)},
+               {"scheduler.json", scheduler_json(t).dump(2)},
+               {"training_args.json", t.args.to_json().dump(2)}};
+  job.before_commit = [die = t.fault("kill-during-save", t.state.global_step)] {
+    if (die) std::raise(SIGKILL);
+  };
+  std::vector<std::string> keep = {job.final_dir};
+  if (!t.state.best_checkpoint.empty()) keep.push_back(t.state.best_checkpoint);
+  job.after_commit = [output_dir = t.args.output_dir, limit = t.args.save_total_limit, keep] {
+    rotate_checkpoints(output_dir, limit, keep);
+  };
+}
+
+}  // namespace
+
+// Every rank snapshots what it holds and hands it to its writer; the step goes on at once unless
+// the previous save is still being written (or --save-in-background=false).
+std::string TrainerCheckpoints::save_sharded(std::size_t sampler_position) {
+  const auto begin = Clock::now();
+  finish_background_save();
+  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(*t_.comm);
+  const std::vector<std::string> rngs = comm::allgather_strings(*t_.comm, rng_state_hex());
+  const std::string name = name_this_step();
+  const fs::path dir = fs::path(t_.args.output_dir) / name, tmp = fs::path(t_.args.output_dir) / (".tmp-" + name);
+  prepare_temporary_dir(t_, tmp, dir);
+  CheckpointWriter::Job job;
+  job.tmp_dir = tmp.string();
+  job.final_dir = dir.string();
   // A synchronous save writes straight from the live tensors (no copy: the step waits for it).
-  save_job.snapshot = zero ? snapshot_zero(*model.module, *zero, rank(), args.save_in_background)
-                           : snapshot_replicated(*model.module, *optimizer, rank(), world(), args.save_in_background);
-  if (rank() == 0) {
-    save_job.extra = {{"optimizer", save_job.snapshot.optimizer},
-                 {"global_step", state.global_step},
-                 {"world_size", world()},
-                 {"zero_stage", zero ? zero_plan.stage : 0}};
-    save_job.files = {{"trainer_state.json", trainer_state_json(*this, sampler_position, rngs).dump(2)},
-                 {"scheduler.json", scheduler_json(*this).dump(2)},
-                 {"training_args.json", args.to_json().dump(2)}};
-    save_job.before_commit = [die = fault("kill-during-save", state.global_step)] {
-      if (die) std::raise(SIGKILL);
-    };
-    std::vector<std::string> keep = {dir.string()};
-    if (!state.best_checkpoint.empty()) keep.push_back(state.best_checkpoint);
-    save_job.after_commit = [output_dir = args.output_dir, limit = args.save_total_limit, keep] {
-      rotate_checkpoints(output_dir, limit, keep);
-    };
-  }
-  writer->submit(std::move(save_job));
-  save_in_flight = dir.string();
-  save_stall_seconds = seconds_between(begin, Clock::now());
-  if (!args.save_in_background) finish_background_save();
-  if (trace()) trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
+  const bool copy = t_.args.save_in_background;
+  job.snapshot = t_.zero ? snapshot_zero(*t_.model.module, *t_.zero, t_.rank(), copy)
+                         : snapshot_replicated(*t_.model.module, *t_.optimizer, t_.rank(), t_.world(), copy);
+  if (t_.rank() == 0) add_rank0_files(t_, trainer_state_json(sampler_position, rngs), job);
+  writer_->submit(std::move(job));
+  in_flight_ = dir.string();
+  stall_seconds_ = seconds_between(begin, Clock::now());
+  if (!t_.args.save_in_background) finish_background_save();
+  if (t_.trace()) t_.trace()->span("checkpoint", 1, begin, Clock::now(), {{"dir", name}});
   return dir.string();
 }
 
-std::string Trainer::Impl::resume_target() const {
-  const std::string& r = args.resume_from_checkpoint;
-  if (r == "latest" || (r.empty() && restart_count_from_env() > 0)) return latest_checkpoint(args.output_dir);
+std::string TrainerCheckpoints::resume_target() const {
+  const std::string& r = t_.args.resume_from_checkpoint;
+  if (r == "latest" || (r.empty() && restart_count_from_env() > 0)) return latest_checkpoint(t_.args.output_dir);
   if (r.empty()) return "";
   if (!fs::exists(fs::path(r) / "trainer_state.json"))
     throw ConfigError(
@@ -303,92 +335,101 @@ std::string Trainer::Impl::resume_target() const {
 
 // The model and the optimizer's state from either format, at any world size and ZeRO stage: each
 // rank reads the whole state and, under ZeRO, keeps its slices.
-void Trainer::Impl::load_checkpoint_state(const std::string& dir) {
-  if (stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
-    load_sharded_slices(dir, *model.module, *zero);
+void TrainerCheckpoints::load_state(const std::string& dir) {
+  Model& model = t_.model;
+  if (t_.stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
+    load_sharded_slices(dir, *model.module, *t_.zero);
     return;
   }
-  WholeParameters parameters(*this, true);  // stage 3 from consolidated files: loaded whole, then cut
+  WholeParameters parameters(t_, true);  // stage 3 from consolidated files: loaded whole, then cut
   std::unique_ptr<torch::optim::Optimizer> whole;
-  if (zero) whole = make_optimizer(model.module->parameters());
-  torch::optim::Optimizer& target = zero ? *whole : *optimizer;
+  if (t_.zero) whole = t_.make_optimizer(model.module->parameters());
+  torch::optim::Optimizer& target = t_.zero ? *whole : *t_.optimizer;
   if (is_sharded_checkpoint(dir)) {
     load_sharded(dir, *model.module, &target);
   } else {
     load_module(*model.module, (fs::path(dir) / "model.pt").string());
     load_optimizer(target, optimizer_path(dir));
   }
-  if (zero) zero->load_consolidated(*whole);
-  if (outer) resume_outer(dir);
+  if (t_.zero) t_.zero->load_consolidated(*whole);
+  if (t_.outer) resume_outer(dir);
 }
 
 // Local SGD: a machine's own optimizer state when the checkpoint has it (a checkpoint saved
 // with fewer machines, or without --sync-every, gives every machine machine 0's).
-std::string Trainer::Impl::optimizer_path(const std::string& dir) const {
+std::string TrainerCheckpoints::optimizer_path(const std::string& dir) const {
   const fs::path common = fs::path(dir) / "optimizer.pt";
-  const int machine = outer ? comm->machine_of()[std::size_t(rank())] : 0;
+  const int machine = t_.outer ? t_.comm->machine_of()[std::size_t(t_.rank())] : 0;
   if (machine == 0) return common.string();
   const fs::path own = fs::path(dir) / machine_optimizer_file(machine);
   if (fs::exists(own)) return own.string();
-  LOCKSTEP_LOG(info, train) << dir << " holds no " << own.filename().string() << ": rank " << rank()
+  LOCKSTEP_LOG(info, train) << dir << " holds no " << own.filename().string() << ": rank " << t_.rank()
                             << " (machine " << machine << ") starts from machine 0's optimizer state";
   return common.string();
 }
 
 // Local SGD: every rank loaded the same parameters, the new anchor; the outer momentum comes
 // from the checkpoint when it has one (a checkpoint of a run without --sync-every has none).
-void Trainer::Impl::resume_outer(const std::string& dir) {
-  outer->restart_from_parameters();
+void TrainerCheckpoints::resume_outer(const std::string& dir) {
+  t_.outer->restart_from_parameters();
   const fs::path path = fs::path(dir) / kOuterOptimizerFile;
   if (fs::exists(path)) {
-    load_optimizer(outer->outer(), path.string());
-  } else if (args.outer_momentum > 0 && rank() == 0) {
+    load_optimizer(t_.outer->outer(), path.string());
+  } else if (t_.args.outer_momentum > 0 && t_.rank() == 0) {
     LOCKSTEP_LOG(info, train) << dir << " holds no " << kOuterOptimizerFile
                               << " (saved without --sync-every): the outer momentum starts from zero";
   }
 }
 
-void Trainer::Impl::resume(const std::string& dir, data::DistributedSampler& sampler) {
+namespace {
+
+// The trainer state's counters from a checkpoint's trainer_state.json.
+void read_counters(const nlohmann::json& s, TrainerState& state) {
+  state.global_step = s.at("global_step").get<std::int64_t>();
+  state.epoch = s.at("epoch").get<std::uint64_t>();
+  state.steps_in_epoch = s.at("steps_in_epoch").get<std::int64_t>();
+  if (s.contains("best_metric") && !s["best_metric"].is_null()) state.best_metric = s["best_metric"].get<double>();
+  state.best_checkpoint = s.value("best_checkpoint", "");
+  state.log_history = s.value("log_history", nlohmann::json::array());
+}
+
+}  // namespace
+
+void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler& sampler) {
   const auto begin = Clock::now();
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
-  load_checkpoint_state(dir);
+  load_state(dir);
+  TrainerState& state = t_.state;
   int saved_world = 0;
   try {
-    state.global_step = s.at("global_step").get<std::int64_t>();
-    state.epoch = s.at("epoch").get<std::uint64_t>();
-    state.steps_in_epoch = s.at("steps_in_epoch").get<std::int64_t>();
-    if (s.contains("best_metric") && !s["best_metric"].is_null())
-      state.best_metric = s["best_metric"].get<double>();
-    state.best_checkpoint = s.value("best_checkpoint", "");
-    state.log_history = s.value("log_history", nlohmann::json::array());
+    read_counters(s, state);
     saved_world = s.at("world_size").get<int>();
     const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
                                    s.value("sampler_offset", std::size_t{0})};
     sampler.set_epoch(state.epoch);
-    if (saved_world == world()) {
-      set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(rank())).get<std::string>());
+    if (saved_world == t_.world()) {
+      set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(t_.rank())).get<std::string>());
       sampler.load_state(saved);
-      sampler_offset = saved.offset;
+      sampler_offset_ = saved.offset;
     } else {  // the old world took the start of this epoch's permutation; this one deals the rest
-      sampler_offset = data::consumed_in_epoch(saved, saved_world, train_set->size());
-      sampler.load_state({state.epoch, 0, sampler_offset});
+      sampler_offset_ = data::consumed_in_epoch(saved, saved_world, t_.train_set->size());
+      sampler.load_state({state.epoch, 0, sampler_offset_});
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(state_path + " lacks a field a checkpoint must have (" + first_line(e.what()) +
                     "): the file is damaged; start from another checkpoint");
   }
-  if (saved_world != world()) {
-    if (rank() == 0)
+  if (saved_world != t_.world()) {
+    if (t_.rank() == 0)
       LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers, this run has "
-                                << world() << ": the " << sampler_offset << " samples of epoch " << state.epoch
-                                << " already trained on stay done, the rest are dealt over " << world()
+                                << t_.world() << ": the " << sampler_offset_ << " samples of epoch " << state.epoch
+                                << " already trained on stay done, the rest are dealt over " << t_.world()
                                 << "; each rank's RNG stream starts afresh";
-    torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
+    torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.rank()));
   }
-  record_checkpoint(dir, "resume", is_sharded_checkpoint(dir), false, seconds_between(begin, Clock::now()), 0,
-                    saved_world);
-  if (rank() == 0)
+  record(dir, "resume", is_sharded_checkpoint(dir), false, seconds_between(begin, Clock::now()), 0, saved_world);
+  if (t_.rank() == 0)
     LOCKSTEP_LOG(info, train) << "resumed from " << dir << " at step " << state.global_step << " (epoch "
                               << state.epoch << ", " << state.steps_in_epoch << " steps into it)";
 }

@@ -1,7 +1,8 @@
 // The Trainer's insides, shared by the files that implement it:
 //   trainer.cc              construction, the run (set-up, epochs, what follows each step)
 //   training_step.cc        one optimiser step: micro-batches, backward, clipping, the optimiser
-//   trainer_checkpoints.cc  saving, finding and resuming from checkpoints
+//   elastic_run.cc          ElasticRun: the run of an elastic job, through members lost and joined
+//   trainer_checkpoints.cc  TrainerCheckpoints: saving, finding and resuming from checkpoints
 //   evaluate.cc             distributed evaluation
 // Threading: everything here runs on the training thread; the reducer's hooks run inside
 // backward on that same thread (CPU autograd).
@@ -30,6 +31,8 @@
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
 #include "lockstep/train_core/step_metrics.h"
+#include "elastic_run.h"
+#include "trainer_checkpoints.h"
 
 namespace lockstep::train {
 
@@ -54,14 +57,6 @@ struct StepEpilogue {
   std::int64_t step = 0;
   int next = done;     // the first part not done
   bool saved = false;  // this step's checkpoint is on disk (the final save does not repeat it)
-};
-
-// An elastic job's training loop state, kept beyond train() so that evaluate() and save_metrics()
-// can recover from a lost member too.
-struct ElasticProgress {
-  explicit ElasticProgress(data::ElasticSampler s) : sampler(std::move(s)) {}
-  data::ElasticSampler sampler;
-  RunProgress run;
 };
 
 // Under ZeRO stage 3, every parameter gathered for the scope (collective), then back to slices;
@@ -105,7 +100,6 @@ struct Trainer::Impl {
   std::unique_ptr<OuterOptimizer> outer;
   Schedule schedule;
   TrainerState state;
-  bool improved_since_save = false;  // the best metric changed since the last checkpoint
   StepEpilogue epilogue;
   std::unique_ptr<RunOutputs> outputs;
   RunFlops flops;
@@ -170,56 +164,15 @@ struct Trainer::Impl {
   StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
   StepTimes train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
 
-  // elastic_training.cc: an elastic job (lockstep run --nnodes MIN:MAX)
-  std::unique_ptr<comm::ElasticGroup> elastic;
-  std::size_t global_batch = 0;  // samples per step over all ranks: fixed when the job started
-  std::int64_t next_membership_check = 1;  // the step after which the members look for joiners
-  std::unique_ptr<ElasticProgress> progress;
-  TrainResult train_elastic();
+  // elastic_run.h: the run of an elastic job (lockstep run --nnodes MIN:MAX), when this is one.
+  std::unique_ptr<ElasticRun> elastic;
   // Runs `work` (collective). In an elastic job, when a member is lost in it, the survivors change
   // membership and run it again, until it completes; elsewhere it runs once.
-  void run_recovering(const std::function<void()>& work);
-  // After a change: the parts of the newest step's epilogue that no member finished.
-  void complete_epilogue(data::ElasticSampler& sampler, RunProgress& run);
-  void prepare_elastic(data::ElasticSampler& sampler);
-  void plan_elastic(const data::ElasticSampler& sampler);
-  void run_elastic(data::ElasticSampler& sampler, RunProgress& run);
-  // Collective: whether a joiner waits, after holding for one (at most 60 s) where the tests ask it
-  // of this membership (await-joiner), so that their join comes however slowly the joiner starts.
-  bool await_joiner_for_tests();
-  void elastic_step(data::ElasticSampler& sampler, RunProgress& run);
-  // After a failure (`failure` is its error) or to admit joiners (empty): the new membership, the
-  // state brought to the newest step, the reducer rebuilt, a membership_change record.
-  void change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure);
-  double sync_state(data::ElasticSampler& sampler, RunProgress& run);  // collective; returns its seconds
-  // Under ZeRO (elastic_training.cc says how the sharded state moves).
-  ZeroOptions elastic_zero_options();
-  void build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole);
-  std::unique_ptr<torch::optim::Optimizer> recover_sharded(data::ElasticSampler& sampler, RunProgress& run);
+  void run_recovering(const std::function<void()>& work) { elastic ? elastic->run_recovering(work) : work(); }
 
-  // trainer_checkpoints.cc
-  std::string resume_target() const;
-  void resume(const std::string& dir, data::DistributedSampler& sampler);
-  void load_checkpoint_state(const std::string& dir);
-  void resume_outer(const std::string& dir);
-  std::string optimizer_path(const std::string& dir) const;
-  std::string save(std::size_t sampler_position);
-  // Collective: rank 0 writes OUTPUT_DIR/<split>_results.json; every rank learns how it went.
-  void write_results(const std::string& split, const nlohmann::json& metrics);
-  // Sharded saves (--save-format): every rank writes its part, on the writer's thread when
-  // --save-in-background; finish_background_save() is collective: it waits for the save in
-  // flight, and every rank learns whether it was committed (a failure throws, as save() does).
-  bool sharded_saves() const;
-  std::string save_sharded(std::size_t sampler_position);
-  void finish_background_save();
-  std::unique_ptr<class CheckpointWriter> writer;
-  std::string save_in_flight;  // the checkpoint a background save is writing ("" when none)
-  std::size_t sampler_offset = 0;  // this epoch's samples taken before this world began it (a resume at another size)
-  double save_stall_seconds = 0;   // the training thread's time in the save in flight
-  std::optional<nlohmann::json> resumed_record;  // the checkpoint record of the resume, logged after train_begin
-  // A checkpoint record (metrics.jsonl) for `dir`: its files' bytes, this run's world.
-  void record_checkpoint(const std::string& dir, const std::string& action, bool sharded, bool background,
-                         double stall_seconds, double write_seconds, int saved_world);
+  // trainer_checkpoints.h: saving, finding and resuming from checkpoints, and the run's results
+  // files (declared last: it refers to the parts above).
+  TrainerCheckpoints checkpoints{*this};
 
   // evaluate.cc
   nlohmann::json evaluate();

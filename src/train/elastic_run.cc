@@ -28,7 +28,7 @@
 // part. A checkpoint whose writer died is written by the new rank 0; one that some member saw
 // committed is not written again. A member lost during a change (the state's transfer, say) makes
 // it start over. evaluate() and save_metrics() after training recover the same way.
-#include <torch/torch.h>
+#include "elastic_run.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,12 +49,26 @@
 #include "trainer_impl.h"
 
 namespace lockstep::train {
+
+// The loop's state, kept beyond train() so that evaluate() and save_metrics() recover too.
+struct ElasticProgress {
+  explicit ElasticProgress(data::ElasticSampler s) : sampler(std::move(s)) {}
+  data::ElasticSampler sampler;
+  RunProgress run;
+};
+
+ElasticRun::ElasticRun(Trainer::Impl& trainer, std::unique_ptr<comm::ElasticGroup> group)
+    : t_(trainer), group_(std::move(group)) {}
+
+ElasticRun::~ElasticRun() = default;
+
 namespace {
 
 // The state a member brings the others up to date with, as bytes (CBOR): the model, the optimizer
 // state (under ZeRO it moved already, see recover_sharded_state), the trainer's counters and how
 // far the step's epilogue got.
-std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, const RunProgress& run) {
+std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, const RunProgress& run,
+                       std::size_t global_batch) {
   std::ostringstream model_bytes, optimizer_bytes;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   t.model.module->save(model_archive);
@@ -67,13 +81,13 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
                                    {"epilogue", {t.epilogue.step, t.epilogue.next, t.epilogue.saved}},
                                    {"should_stop", run.control.should_stop},
                                    {"best_checkpoint", t.state.best_checkpoint},
-                                   {"improved_since_save", t.improved_since_save},
+                                   {"improved_since_save", t.checkpoints.improved_since_save()},
                                    {"log_history", t.state.log_history},
                                    {"epoch", t.state.epoch},
                                    {"steps_in_epoch", t.state.steps_in_epoch},
                                    {"sampler_epoch", sampler.state().epoch},
                                    {"sampler_position", sampler.state().position},
-                                   {"global_batch", t.global_batch},
+                                   {"global_batch", global_batch},
                                    {"rng", rng_state_hex()},
                                    {"best_metric", t.state.best_metric ? nlohmann::json(*t.state.best_metric)
                                                                        : nlohmann::json()}};
@@ -87,7 +101,7 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
 }
 
 void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& run, const std::string& bytes,
-                  bool take_rng) {
+                  bool take_rng, std::size_t& global_batch) {
   const nlohmann::json j = nlohmann::json::from_cbor(bytes);
   auto archive_of = [&](const char* key, torch::serialize::InputArchive& archive) {
     const auto& b = j.at(key).get_binary();
@@ -107,15 +121,15 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   t.epilogue = StepEpilogue{epilogue.at(0).get<std::int64_t>(), epilogue.at(1).get<int>(), epilogue.at(2).get<bool>()};
   run.control.should_stop = c.at("should_stop").get<bool>();
   t.state.best_checkpoint = c.at("best_checkpoint").get<std::string>();
-  t.improved_since_save = c.at("improved_since_save").get<bool>();
+  t.checkpoints.set_improved_since_save(c.at("improved_since_save").get<bool>());
   t.state.log_history = c.at("log_history");
   t.state.epoch = c.at("epoch").get<std::uint64_t>();
   t.state.steps_in_epoch = c.at("steps_in_epoch").get<std::int64_t>();
-  t.global_batch = c.at("global_batch").get<std::size_t>();
+  global_batch = c.at("global_batch").get<std::size_t>();
   if (!c.at("best_metric").is_null()) t.state.best_metric = c.at("best_metric").get<double>();
   if (take_rng) set_rng_state_hex(c.at("rng").get<std::string>());
-  if (t.global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
-    sampler = data::ElasticSampler(t.train_set->size(), t.global_batch, /*shuffle=*/true, t.args.seed);
+  if (global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
+    sampler = data::ElasticSampler(t.train_set->size(), global_batch, /*shuffle=*/true, t.args.seed);
   sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});
 }
 
@@ -138,213 +152,222 @@ namespace {
 // the source's RNG state, a member that missed the last update keeps its own.
 class MovedState : public comm::ElasticState {
  public:
-  MovedState(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& run) : t_(t), sampler_(sampler), run_(run) {}
+  MovedState(Trainer::Impl& t, comm::ElasticGroup& group, data::ElasticSampler& sampler, RunProgress& run,
+             std::size_t& global_batch)
+      : t_(t), group_(group), sampler_(sampler), run_(run), global_batch_(global_batch) {}
   // The steps, and of the newest one's epilogue the parts done: the member furthest along leads.
   std::int64_t completed_steps() const override {
     const int parts = t_.epilogue.step == t_.state.global_step ? t_.epilogue.next : 0;
     return t_.state.global_step * (StepEpilogue::done + 1) + parts;
   }
   std::string save() const override {
-    if (t_.fault("kill-in-state-transfer", static_cast<std::int64_t>(t_.elastic->epoch()))) std::raise(SIGKILL);
-    return pack_state(t_, sampler_, run_);
+    if (t_.fault("kill-in-state-transfer", static_cast<std::int64_t>(group_.epoch()))) std::raise(SIGKILL);
+    return pack_state(t_, sampler_, run_, global_batch_);
   }
   void load(const std::string& bytes) override {
-    unpack_state(t_, sampler_, run_, bytes, /*take_rng=*/t_.elastic->joined_in_current_epoch());
+    unpack_state(t_, sampler_, run_, bytes, /*take_rng=*/group_.joined_in_current_epoch(), global_batch_);
   }
 
  private:
   Trainer::Impl& t_;
+  comm::ElasticGroup& group_;
   data::ElasticSampler& sampler_;
   RunProgress& run_;
+  std::size_t& global_batch_;
 };
 
 }  // namespace
 
 // Collective on the current membership: every member reaches the newest completed step.
-double Trainer::Impl::sync_state(data::ElasticSampler& sampler, RunProgress& run) {
-  MovedState moved(*this, sampler, run);
-  return comm::bring_up_to_date(*elastic, moved);
+double ElasticRun::sync_state(data::ElasticSampler& sampler, RunProgress& run) {
+  MovedState moved(t_, *group_, sampler, run, global_batch_);
+  return comm::bring_up_to_date(*group_, moved);
 }
 
 // The run's length and schedule, from the global batch.
-void Trainer::Impl::plan_elastic(const data::ElasticSampler& sampler) {
-  state.steps_per_epoch = static_cast<std::int64_t>(sampler.steps_per_epoch());
-  state.max_steps = args.max_steps > 0
-                        ? args.max_steps
+void ElasticRun::plan(const data::ElasticSampler& sampler) {
+  t_.state.steps_per_epoch = static_cast<std::int64_t>(sampler.steps_per_epoch());
+  t_.state.max_steps = t_.args.max_steps > 0
+                        ? t_.args.max_steps
                         : static_cast<std::int64_t>(
-                              std::ceil(args.num_train_epochs * static_cast<double>(state.steps_per_epoch)));
-  schedule = Schedule{args.lr_scheduler_type,
-                      warmup_steps_for(args.warmup_steps, args.warmup_ratio, state.max_steps), state.max_steps};
+                              std::ceil(t_.args.num_train_epochs * static_cast<double>(t_.state.steps_per_epoch)));
+  t_.schedule = Schedule{t_.args.lr_scheduler_type,
+                      warmup_steps_for(t_.args.warmup_steps, t_.args.warmup_ratio, t_.state.max_steps), t_.state.max_steps};
 }
 
-void Trainer::Impl::prepare_elastic(data::ElasticSampler& sampler) {
-  plan_elastic(sampler);
-  if (zero_plan.shards_parameters())
+void ElasticRun::prepare(data::ElasticSampler& sampler) {
+  plan(sampler);
+  if (t_.zero_plan.shards_parameters())
     throw ConfigError("--zero-stage 3 in an elastic job: its parameter slices have no mirrors yet; use --zero-stage 1 "
                       "or 2 (each shard is mirrored on another machine)");
-  if (zero_plan.sharded() && zero_plan.one_copy)
+  if (t_.zero_plan.sharded() && t_.zero_plan.one_copy)
     throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
                       "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");
-  if (args.save_format == "sharded" && rank() == 0)
+  if (t_.args.save_format == "sharded" && t_.rank() == 0)
     LOCKSTEP_LOG(warn, train) << "--save-format sharded in an elastic job: each checkpoint is written consolidated, "
                                  "within its step (a sharded save's parts need one membership from start to end)";
-  if (args.gradient_checkpointing && model.set_gradient_checkpointing) model.set_gradient_checkpointing(true);
-  optimizer = make_optimizer(model.module->parameters());
-  outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
-  model.module->train();
+  if (t_.args.gradient_checkpointing && t_.model.set_gradient_checkpointing) t_.model.set_gradient_checkpointing(true);
+  t_.optimizer = t_.make_optimizer(t_.model.module->parameters());
+  t_.outputs = std::make_unique<RunOutputs>(t_.args.output_dir, t_.rank(), t_.args.trace);
+  t_.model.module->train();
 }
 
 // One step: this rank's share of the step's samples, in micro-batches; a rank without a sample
 // this step runs a stand-in batch whose loss weighs nothing, so that its all-reduce still happens.
-void Trainer::Impl::elastic_step(data::ElasticSampler& sampler, RunProgress& run) {
-  data::StepShare share = sampler.share(rank(), world());
+void ElasticRun::step(data::ElasticSampler& sampler, RunProgress& run) {
+  data::StepShare share = sampler.share(t_.rank(), t_.world());
   const bool placeholder = share.indices.empty();
-  if (placeholder) share.indices.push_back(sampler.share(0, world()).indices.front());
-  auto loader = make_loader(train_set, share.indices, args.per_device_train_batch_size, args.dataloader_num_workers);
-  train_step(*loader, StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
+  if (placeholder) share.indices.push_back(sampler.share(0, t_.world()).indices.front());
+  auto loader = make_loader(t_.train_set, share.indices, t_.args.per_device_train_batch_size, t_.args.dataloader_num_workers);
+  t_.train_step(*loader, Trainer::Impl::StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
              run.window);
   sampler.advance();
-  ++state.global_step;
-  ++state.steps_in_epoch;
+  ++t_.state.global_step;
+  ++t_.state.steps_in_epoch;
   run.samples += static_cast<double>(share.step_samples);
-  after_step(sampler.state().position, sampler.dataset_size(), run);
+  t_.after_step(sampler.state().position, sampler.dataset_size(), run);
 }
 
 // Steps until the end, admitting joiners every LOCKSTEP_ELASTIC_CHECK seconds of steps (a count
 // every member derives from the same all-reduced step time, so all check at the same step).
-void Trainer::Impl::run_elastic(data::ElasticSampler& sampler, RunProgress& run) {
-  std::int64_t& next_check = next_membership_check;
+void ElasticRun::run_steps(data::ElasticSampler& sampler, RunProgress& run) {
+  std::int64_t& next_check = next_membership_check_;
   const double check_seconds = std::stod(knobs::get(knobs::kElasticCheck).value_or("1"));
-  while (state.global_step < state.max_steps && !run.control.should_stop) {
+  while (t_.state.global_step < t_.state.max_steps && !run.control.should_stop) {
     if (sampler.epoch_done()) {
-      sampler.set_epoch(state.epoch);
-      state.steps_in_epoch = 0;
+      sampler.set_epoch(t_.state.epoch);
+      t_.state.steps_in_epoch = 0;
     }
     const auto begin = Clock::now();
-    elastic_step(sampler, run);
-    if (state.global_step >= next_check) {
+    step(sampler, run);
+    if (t_.state.global_step >= next_check) {
       double step_seconds = seconds_since(begin);
-      comm->allreduce(&step_seconds, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
-      elastic->set_step_seconds(step_seconds);
-      next_check = state.global_step + std::clamp<std::int64_t>(
+      t_.comm->allreduce(&step_seconds, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
+      group_->set_step_seconds(step_seconds);
+      next_check = t_.state.global_step + std::clamp<std::int64_t>(
                                             static_cast<std::int64_t>(check_seconds / std::max(step_seconds, 1e-6)), 1,
                                             100000);
-      if (elastic->joiners_waiting() || await_joiner_for_tests()) change_membership(sampler, run, "");
+      if (group_->joiners_waiting() || await_joiner_for_tests()) change_membership(sampler, run, "");
     }
   }
 }
 
-bool Trainer::Impl::await_joiner_for_tests() {
+bool ElasticRun::await_joiner_for_tests() {
   if (!knobs::get(knobs::kFaultInject)) return false;  // the same in every member's environment
-  double asked = rank() == 0 && fault("await-joiner", static_cast<std::int64_t>(elastic->epoch())) ? 1 : 0;
-  comm->allreduce(&asked, 1, comm::DType::f64, comm::ReduceOp::max)->wait();  // rank 0's view, for all
+  double asked = t_.rank() == 0 && t_.fault("await-joiner", static_cast<std::int64_t>(group_->epoch())) ? 1 : 0;
+  t_.comm->allreduce(&asked, 1, comm::DType::f64, comm::ReduceOp::max)->wait();  // rank 0's view, for all
   if (asked == 0) return false;
-  if (rank() == 0)
-    LOCKSTEP_LOG(info, train) << "holding membership " << elastic->epoch() << " for a joiner (LOCKSTEP_FAULT_INJECT)";
+  if (t_.rank() == 0)
+    LOCKSTEP_LOG(info, train) << "holding membership " << group_->epoch() << " for a joiner (LOCKSTEP_FAULT_INJECT)";
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a poll interval: each call is collective
-    if (elastic->joiners_waiting()) return true;
+    if (group_->joiners_waiting()) return true;
   }
   return false;
 }
 
 // Under ZeRO: the slices mirrored on another machine (zero_elastic.h), and the tests' kill points
 // in the update.
-ZeroOptions Trainer::Impl::elastic_zero_options() {
+ZeroOptions ElasticRun::zero_options() {
   std::vector<int> node_of_rank;
-  for (const auto& m : elastic->members()) node_of_rank.push_back(m.node);
-  ZeroOptions o = mirrored_options(zero_plan, rank(), node_of_rank);
+  for (const auto& m : group_->members()) node_of_rank.push_back(m.node);
+  ZeroOptions o = mirrored_options(t_.zero_plan, t_.rank(), node_of_rank);
   o.on_phase = [this](UpdatePhase phase) {
     const char* fault = phase == UpdatePhase::ready ? "kill-before-update" : "kill-in-update";
-    if (this->fault(fault, state.global_step + 1)) std::raise(SIGKILL);
+    if (t_.fault(fault, t_.state.global_step + 1)) std::raise(SIGKILL);
   };
   return o;
 }
 
 // The optimizer over the current membership: ZeRO's slices on several workers, the whole state on
 // one. `whole` holds the state to continue from (none at the start).
-void Trainer::Impl::build_elastic_optimizer(std::unique_ptr<torch::optim::Optimizer> whole) {
-  zero.reset();
-  optimizer.reset();
-  if (!zero_plan.sharded() || !reducer) {
-    optimizer = whole ? std::move(whole) : make_optimizer(model.module->parameters());
+void ElasticRun::build_optimizer(std::unique_ptr<torch::optim::Optimizer> whole) {
+  t_.zero.reset();
+  t_.optimizer.reset();
+  if (!t_.zero_plan.sharded() || !t_.reducer) {
+    t_.optimizer = whole ? std::move(whole) : t_.make_optimizer(t_.model.module->parameters());
     return;
   }
-  zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, elastic_zero_options(),
-                                         [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
-  if (whole) zero->load_consolidated(*whole);
+  t_.zero = std::make_unique<ZeroOptimizer>(*t_.model.module, *t_.reducer, *t_.comm, zero_options(),
+                                         [this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
+  if (whole) t_.zero->load_consolidated(*whole);
 }
 
 // Collective: the sharded state on the new membership (a joiner holds nothing yet). When the step in
 // flight was applied somewhere, this member completes its bookkeeping too (it trained on its share).
-std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::recover_sharded(data::ElasticSampler& sampler, RunProgress& run) {
-  const HeldState held{zero.get(), zero ? nullptr : optimizer.get(), state.global_step};
+std::unique_ptr<torch::optim::Optimizer> ElasticRun::recover_sharded(data::ElasticSampler& sampler, RunProgress& run) {
+  const HeldState held{t_.zero.get(), t_.zero ? nullptr : t_.optimizer.get(), t_.state.global_step};
   RecoveredState recovered = recover_sharded_state(
-      *comm, *model.module, held, [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
-  zero.reset();
-  optimizer.reset();
-  if (state.global_step + 1 == recovered.steps) {
-    run.samples += static_cast<double>(sampler.share(0, world()).step_samples);
+      *t_.comm, *t_.model.module, held, [this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
+  t_.zero.reset();
+  t_.optimizer.reset();
+  if (t_.state.global_step + 1 == recovered.steps) {
+    run.samples += static_cast<double>(sampler.share(0, t_.world()).step_samples);
     sampler.advance();
-    ++state.global_step;
-    ++state.steps_in_epoch;
-    epilogue = StepEpilogue{state.global_step, StepEpilogue::log, false};  // none of it ran here
+    ++t_.state.global_step;
+    ++t_.state.steps_in_epoch;
+    t_.epilogue = StepEpilogue{t_.state.global_step, StepEpilogue::log, false};  // none of it ran here
   }
   return std::move(recovered.optimizer);
 }
 
-void Trainer::Impl::change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure) {
+void ElasticRun::change_membership(data::ElasticSampler& sampler, RunProgress& run, const std::string& failure) {
   const auto begin = Clock::now();
-  const int before = world();
-  const std::int64_t completed = state.global_step;
-  if (zero) zero->release_communicator();
-  reducer.reset();  // its buckets live in the old communicator's shared memory
-  for (auto& p : model.module->parameters()) p.mutable_grad() = torch::Tensor();
-  const comm::MembershipChange change = agree_on_membership(*elastic, failure);
-  comm = &elastic->comm();
-  state.membership = static_cast<std::int64_t>(change.epoch);
+  const int before = t_.world();
+  const std::int64_t completed = t_.state.global_step;
+  if (t_.zero) t_.zero->release_communicator();
+  t_.reducer.reset();  // its buckets live in the old communicator's shared memory
+  for (auto& p : t_.model.module->parameters()) p.mutable_grad() = torch::Tensor();
+  const comm::MembershipChange change = agree_on_membership(*group_, failure);
+  t_.comm = &group_->comm();
+  t_.state.membership = static_cast<std::int64_t>(change.epoch);
   const auto state_begin = Clock::now();
   // Under ZeRO the whole state waits in `optimizer` until it is cut again: a member lost before
   // then leaves it where the next try of the change finds it (a member that holds it all).
-  if (zero_plan.sharded()) optimizer = recover_sharded(sampler, run);
+  if (t_.zero_plan.sharded()) t_.optimizer = recover_sharded(sampler, run);
   sync_state(sampler, run);
-  build_reducer();
-  if (zero_plan.sharded()) build_elastic_optimizer(std::move(optimizer));
+  t_.build_reducer();
+  if (t_.zero_plan.sharded()) build_optimizer(std::move(t_.optimizer));
   const double state_seconds = seconds_since(state_begin);
-  outputs->set_rank(rank());
-  next_membership_check = state.global_step + 1;  // every member, joiners too, looks at the same step
+  t_.outputs->set_rank(t_.rank());
+  next_membership_check_ = t_.state.global_step + 1;  // every member, joiners too, looks at the same step
+  log_change(change, before, std::max<std::int64_t>(0, completed - t_.state.global_step), state_seconds, begin);
+  run.window = LogWindow{};
+  run.network_at_window_start = t_.comm->network_stats();
+}
+
+void ElasticRun::log_change(const comm::MembershipChange& change, int world_before, std::int64_t steps_lost,
+                            double state_seconds, Clock::time_point begin) {
   metrics::MembershipChangeLog record;
-  record.step = state.global_step;
+  record.step = t_.state.global_step;
   record.membership = static_cast<std::int64_t>(change.epoch);
   record.reason = change.reason;
-  record.world_size_before = before;
-  record.world_size = world();
-  record.machines = elastic->nodes();
+  record.world_size_before = world_before;
+  record.world_size = t_.world();
+  record.machines = group_->nodes();
   record.left = comm::describe_members(change.left);
   record.joined = comm::describe_members(change.joined);
   record.agree_seconds = change.agree_seconds;
   record.rebuild_seconds = change.rebuild_seconds;
   record.state_seconds = state_seconds;
   record.recovery_seconds = seconds_since(begin);
-  record.steps_lost = std::max<std::int64_t>(0, completed - state.global_step);
-  log(record.to_json());
-  run.window = LogWindow{};
-  run.network_at_window_start = comm->network_stats();
-  if (rank() == 0)
-    LOCKSTEP_LOG(info, train) << "membership " << change.epoch << ": " << before << " -> " << world()
+  record.steps_lost = steps_lost;
+  t_.log(record.to_json());
+  if (t_.rank() == 0)
+    LOCKSTEP_LOG(info, train) << "membership " << change.epoch << ": " << world_before << " -> " << t_.world()
                               << " workers (" << change.reason << "; left: " << record.left
-                              << "; joined: " << record.joined << "), training again at step " << state.global_step
+                              << "; joined: " << record.joined << "), training again at step " << t_.state.global_step
                               << " after " << record.recovery_seconds << " s (agree " << change.agree_seconds
                               << ", rebuild " << change.rebuild_seconds << ", state " << state_seconds << ")";
 }
 
-void Trainer::Impl::run_recovering(const std::function<void()>& work) {
-  if (!progress) return work();
+void ElasticRun::run_recovering(const std::function<void()>& work) {
+  if (!progress_) return work();
   std::string failure;  // the error that ended the last membership, until a new one is in place
   for (;;) {
     try {
-      if (!failure.empty()) change_membership(progress->sampler, progress->run, failure);
+      if (!failure.empty()) change_membership(progress_->sampler, progress_->run, failure);
       failure.clear();
       return work();
     } catch (const comm::ElasticError&) {
@@ -359,51 +382,51 @@ void Trainer::Impl::run_recovering(const std::function<void()>& work) {
   }
 }
 
-void Trainer::Impl::complete_epilogue(data::ElasticSampler& sampler, RunProgress& run) {
-  if (epilogue.step != state.global_step || epilogue.next == StepEpilogue::done) return;
-  if (rank() == 0)
-    LOCKSTEP_LOG(info, train) << "completing what follows step " << state.global_step << " on the new membership"
-                              << (epilogue.next <= StepEpilogue::save && save_due(sampler.epoch_done())
+void ElasticRun::complete_epilogue(data::ElasticSampler& sampler, RunProgress& run) {
+  if (t_.epilogue.step != t_.state.global_step || t_.epilogue.next == StepEpilogue::done) return;
+  if (t_.rank() == 0)
+    LOCKSTEP_LOG(info, train) << "completing what follows step " << t_.state.global_step << " on the new membership"
+                              << (t_.epilogue.next <= StepEpilogue::save && t_.save_due(sampler.epoch_done())
                                       ? " (its checkpoint among it)"
                                       : "");
-  run_epilogue(sampler.state().position, sampler.dataset_size(), run);
+  t_.run_epilogue(sampler.state().position, sampler.dataset_size(), run);
 }
 
-TrainResult Trainer::Impl::train_elastic() {
-  torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
-  global_batch = samples_per_step() * static_cast<std::size_t>(world());
-  progress = std::make_unique<ElasticProgress>(
-      data::ElasticSampler(train_set->size(), global_batch, /*shuffle=*/true, args.seed));
-  data::ElasticSampler& sampler = progress->sampler;
-  RunProgress& run = progress->run;
-  prepare_elastic(sampler);
-  state.membership = static_cast<std::int64_t>(elastic->epoch());
-  const bool joined = elastic->joined_in_current_epoch() && elastic->epoch() > 0;
-  const std::int64_t membership_at_start = state.membership;
+TrainResult ElasticRun::train() {
+  torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.rank()));
+  global_batch_ = t_.samples_per_step() * static_cast<std::size_t>(t_.world());
+  progress_ = std::make_unique<ElasticProgress>(
+      data::ElasticSampler(t_.train_set->size(), global_batch_, /*shuffle=*/true, t_.args.seed));
+  data::ElasticSampler& sampler = progress_->sampler;
+  RunProgress& run = progress_->run;
+  prepare(sampler);
+  t_.state.membership = static_cast<std::int64_t>(group_->epoch());
+  const bool joined = group_->joined_in_current_epoch() && group_->epoch() > 0;
+  const std::int64_t membership_at_start = t_.state.membership;
   run_recovering([&] {
-    if (state.membership != membership_at_start) return;  // a change brought this worker up to date
+    if (t_.state.membership != membership_at_start) return;  // a change brought this worker up to date
     if (joined) {  // the members run the same collectives right after admitting this one
-      if (zero_plan.sharded()) optimizer = recover_sharded(sampler, run);
+      if (t_.zero_plan.sharded()) t_.optimizer = recover_sharded(sampler, run);
       sync_state(sampler, run);
     }
-    build_reducer();
-    if (zero_plan.sharded()) build_elastic_optimizer(joined ? std::move(optimizer) : nullptr);
+    t_.build_reducer();
+    if (t_.zero_plan.sharded()) build_optimizer(joined ? std::move(t_.optimizer) : nullptr);
   });
-  plan_elastic(sampler);  // a joiner learnt the job's global batch
-  next_membership_check = state.global_step + 1;
-  announce();
-  for (auto& cb : callbacks) cb->on_train_begin(state);
-  run.first_step = state.global_step;
-  run.network_at_window_start = comm->network_stats();
+  plan(sampler);  // a joiner learnt the job's global batch
+  next_membership_check_ = t_.state.global_step + 1;
+  t_.announce();
+  for (auto& cb : t_.callbacks) cb->on_train_begin(t_.state);
+  run.first_step = t_.state.global_step;
+  run.network_at_window_start = t_.comm->network_stats();
   run_recovering([&] {
     complete_epilogue(sampler, run);
-    run_elastic(sampler, run);
-    check_replicas();
+    run_steps(sampler, run);
+    t_.check_replicas();
   });
-  load_best_model();
-  if (rank() == 0) elastic->finish();  // a worker still waiting to join has nothing left to do
-  for (auto& cb : callbacks) cb->on_train_end(state);
-  return result(run);
+  t_.load_best_model();
+  if (t_.rank() == 0) group_->finish();  // a worker still waiting to join has nothing left to do
+  for (auto& cb : t_.callbacks) cb->on_train_end(t_.state);
+  return t_.result(run);
 }
 
 }  // namespace lockstep::train
