@@ -1,22 +1,25 @@
-// bfloat16 autocast for a scope on the device the model trains on (CPU or CUDA): the Trainer's
-// --bf16 around forward and the loss, in training and evaluation alike.
+// Autocast for a scope on the device the model trains on (CPU or CUDA): the Trainer's --bf16 or
+// --fp16 around forward and the loss, in training and evaluation alike.
 #pragma once
 
 #include <ATen/autocast_mode.h>
+
+#include <optional>
 
 #include "lockstep/ddp/torch_compat.h"
 
 namespace lockstep::train {
 
-// Autocast to bfloat16 on `device` for the scope, as torch.autocast(device) does; off: nothing.
+// Autocast to `dtype` on `device` for the scope, as torch.autocast(device, dtype) does; none:
+// nothing.
 class Autocast {
  public:
-  Autocast(bool on, c10::DeviceType device) : on_(on), device_(device) {
+  Autocast(std::optional<at::ScalarType> dtype, c10::DeviceType device) : on_(dtype.has_value()), device_(device) {
     if (!on_) return;
     previous_ = torch_compat::autocast_enabled(device_);
     previous_dtype_ = torch_compat::autocast_dtype(device_);
     torch_compat::set_autocast_enabled(device_, true);
-    torch_compat::set_autocast_dtype(device_, at::kBFloat16);
+    torch_compat::set_autocast_dtype(device_, *dtype);
     at::autocast::increment_nesting();
   }
   ~Autocast() {

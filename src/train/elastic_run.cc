@@ -89,6 +89,7 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
                                    {"sampler_position", sampler.state().position},
                                    {"global_batch", global_batch},
                                    {"rng", rng_state_hex()},
+                                   {"loss_scale", t.loss_scale.to_json()},
                                    {"best_metric", t.state.best_metric ? nlohmann::json(*t.state.best_metric)
                                                                        : nlohmann::json()}};
   auto binary = [](const std::ostringstream& out) {
@@ -128,6 +129,7 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   global_batch = c.at("global_batch").get<std::size_t>();
   if (!c.at("best_metric").is_null()) t.state.best_metric = c.at("best_metric").get<double>();
   if (take_rng) set_rng_state_hex(c.at("rng").get<std::string>());
+  t.loss_scale.load_json(c.at("loss_scale"));
   if (global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
     sampler = data::ElasticSampler(t.train_set->size(), global_batch, /*shuffle=*/true, t.args.seed);
   sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});

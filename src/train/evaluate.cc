@@ -52,7 +52,7 @@ data::EvalTotals evaluate_totals(
     if (real.empty() && !setup.before_forward) continue;
     if (setup.before_forward) setup.before_forward();
     if (real.empty()) {  // only so the others' gathers have a partner; nothing counted
-      Autocast autocast(setup.bf16, setup.device.type());
+      Autocast autocast(setup.autocast, setup.device.type());
       model.forward(batch->input.to(setup.device));
       continue;
     }
@@ -64,7 +64,7 @@ data::EvalTotals evaluate_totals(
     }
     torch::Tensor out;
     {
-      Autocast autocast(setup.bf16, setup.device.type());
+      Autocast autocast(setup.autocast, setup.device.type());
       out = model.forward(x);
     }
     out = out.to(torch::kFloat);
@@ -92,7 +92,7 @@ nlohmann::json Trainer::Impl::evaluate() {
   if (fault("kill-during-eval", state.global_step)) std::raise(SIGKILL);
   const data::EvalTotals total =
       evaluate_totals(model, *eval_set, *comm,
-                      {args.per_device_eval_batch_size, args.dataloader_num_workers, args.bf16,
+                      {args.per_device_eval_batch_size, args.dataloader_num_workers, autocast_dtype(),
                        stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr, device},
                       loss_fn);
   metrics::EvalLog m;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/data/evaluation.h"
@@ -16,7 +17,7 @@ void broadcast_buffers(torch::nn::Module& module, comm::Communicator& comm);
 struct EvalSetup {
   int batch_size = 256;
   int loader_workers = 0;
-  bool bf16 = false;
+  std::optional<at::ScalarType> autocast;  // --bf16 or --fp16; none: float32
   // ZeRO stage 3: runs before each forward, and every rank forwards every batch (its forward
   // gathers parameters with the others), also a batch that is all padding for this rank.
   std::function<void()> before_forward = nullptr;

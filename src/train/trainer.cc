@@ -22,6 +22,7 @@
 #include "lockstep/comm/elastic.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/sync_batchnorm.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
@@ -265,6 +266,7 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
   begin.blas_forced = blas.forced;
   begin.blas_by_launcher = blas.chosen_by_launcher;
   begin.bf16 = args.bf16;
+  begin.fp16 = args.fp16;
   begin.model_flops_per_sample = flops.per_sample;
   if (flops.fp32_rate > 0) {
     begin.matmul_fp32_flops_per_second = flops.fp32_rate;
@@ -318,6 +320,11 @@ void Trainer::Impl::log_window(RunProgress& run) {
     entry.model_flops_per_second = *flops.per_sample * entry.samples_per_second;
     const double rate = args.bf16 ? flops.bf16_rate : flops.fp32_rate;
     if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
+  }
+  if (args.fp16) {  // every rank skips the same steps: its own count is the job's
+    entry.loss_scale = loss_scale.scale();
+    entry.skipped_steps = static_cast<int>(loss_scale.overflows() - run.overflows_at_window_start);
+    run.overflows_at_window_start = loss_scale.overflows();
   }
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
@@ -558,6 +565,14 @@ void Trainer::Impl::place_model() {
   if (rank() == 0) LOCKSTEP_LOG(info, train) << "training on " << device.str() << " (worker 0)";
 }
 
+// --fp16 needs float16 autocast on the training device.
+void Trainer::Impl::check_precision() const {
+  if (args.fp16 && device.is_cpu() && !torch_compat::kCpuFloat16Autocast)
+    throw ConfigError("--fp16 on the CPU: this libtorch (" + std::string(TORCH_VERSION) +
+                      ") autocasts the CPU to bfloat16 only; use --bf16 (no loss scaling needed), a CUDA device, or "
+                      "libtorch 2.3 or later");
+}
+
 Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
                  std::shared_ptr<const Dataset> eval_dataset, TrainingArguments args,
                  std::vector<std::shared_ptr<TrainerCallback>> callbacks, comm::Communicator* comm)
@@ -596,6 +611,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   if (impl_->args.eval_strategy != "no" && !impl_->eval_set)
     throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
   impl_->place_model();
+  impl_->check_precision();
   impl_->loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
     // Over the last dimension: [B, C] logits for [B] labels, or [B, T, V] for [B, T] tokens.
     return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));

@@ -133,6 +133,7 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
           {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
           {"best_checkpoint", s.best_checkpoint},
           {"log_history", s.log_history}};
+  if (t_.args.fp16) j["loss_scale"] = t_.loss_scale.to_json();
   return j;
 }
 
@@ -404,6 +405,8 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
   int saved_world = 0;
   try {
     read_counters(s, state);
+    // A checkpoint of a run without --fp16 has none: the scale starts afresh.
+    if (t_.args.fp16 && s.contains("loss_scale")) t_.loss_scale.load_json(s["loss_scale"]);
     saved_world = s.at("world_size").get<int>();
     const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
                                    s.value("sampler_offset", std::size_t{0})};

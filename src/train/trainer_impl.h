@@ -27,6 +27,7 @@
 #include "lockstep/ddp/zero.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/blas.h"
+#include "lockstep/train_core/loss_scale.h"
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
@@ -47,6 +48,7 @@ struct RunProgress {
   double loss_sum = 0, loss_count = 0, samples = 0;  // the whole run, all ranks
   comm::NetworkStats network_at_window_start;        // this rank's, to log each window's share
   std::optional<int> straggler;                      // named in the last window, if any
+  std::int64_t overflows_at_window_start = 0;        // --fp16: the loss scale's overflows before the window
 };
 
 // What follows optimiser step `step`, part by part, and how far it got. An elastic job moves it
@@ -103,6 +105,14 @@ struct Trainer::Impl {
   StepEpilogue epilogue;
   std::unique_ptr<RunOutputs> outputs;
   RunFlops flops;
+  LossScale loss_scale;  // --fp16
+
+  // The autocast of --bf16 or --fp16; none: float32.
+  std::optional<at::ScalarType> autocast_dtype() const {
+    if (args.bf16) return at::kBFloat16;
+    if (args.fp16) return at::kHalf;
+    return std::nullopt;
+  }
 
   bool stage3() const { return zero && zero_plan.shards_parameters(); }
   int rank() const { return comm->rank(); }
@@ -129,6 +139,7 @@ struct Trainer::Impl {
   // before anything reads the model: evaluation, a checkpoint, the end of training.
   void meet_machines();
   void place_model();
+  void check_precision() const;
   // An optimizer of the configured kind (--optim and its settings) over `params`.
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params) const;
   // The optimizer over what this rank updates: its ZeRO slices, or every parameter.

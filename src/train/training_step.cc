@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "autocast.h"
+#include "lockstep/base/log.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"
@@ -37,7 +38,7 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
   const auto synced = Clock::now();
   torch::Tensor loss;
   {
-    Autocast autocast(trainer.args.bf16, trainer.device.type());
+    Autocast autocast(trainer.autocast_dtype(), trainer.device.type());
     torch::Tensor out = trainer.model.forward(batch->input.to(trainer.device));
     if (trainer.reducer) trainer.reducer->after_forward(&out);
     loss = trainer.loss_fn(out.to(torch::kFloat), batch->target.to(trainer.device));
@@ -47,6 +48,7 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
   // ranks' gradients are averaged (micro-batches hold equal targets per sample, so weighting by
   // samples is weighting by targets).
   auto scaled = loss * (micro.placeholder ? 0.0 : samples / micro.mean_over);
+  if (trainer.args.fp16) scaled = scaled * trainer.loss_scale.scale();  // into float16's range (loss_scale.h)
   const auto forwarded = Clock::now();
   scaled.backward();
   const auto backwarded = Clock::now();
@@ -76,8 +78,33 @@ void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, 
                   {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
 }
 
-void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
-  const auto begin = Clock::now();
+// --fp16: the gradients divided by the loss scale again, and whether every one is finite. Every
+// rank decides alike: it holds the same all-reduced gradients.
+bool unscale_gradients(Trainer::Impl& trainer) {
+  const double inverse = 1.0 / trainer.loss_scale.scale();
+  std::vector<torch::Tensor> finite;
+  for (auto& p : trainer.model.module->parameters()) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad().mul_(inverse);
+    finite.push_back(torch::isfinite(p.grad()).all());
+  }
+  return finite.empty() || torch::stack(finite).all().item<bool>();
+}
+
+// --fp16: an overflowed step changes no parameter; the scale falls and the next step tries again.
+bool skip_overflowed_step(Trainer::Impl& trainer) {
+  const double scale = trainer.loss_scale.scale();
+  if (trainer.loss_scale.update(!unscale_gradients(trainer))) return false;
+  trainer.optimizer->zero_grad();
+  if (trainer.rank() == 0)
+    LOCKSTEP_LOG(warn, train) << "step " << trainer.state.global_step + 1 << ": a gradient overflowed float16 at loss scale "
+                              << scale << ": the update is skipped and the scale is now "
+                              << trainer.loss_scale.scale();
+  return true;
+}
+
+// Clipping by global norm, this step's learning rate, the optimiser.
+void apply_update(Trainer::Impl& trainer, LogWindow& window) {
   const double max_norm = trainer.args.max_grad_norm;
   if (max_norm > 0)
     window.set_grad_norm(trainer.zero ? trainer.zero->clip_grad_norm(max_norm)
@@ -91,10 +118,17 @@ void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
     trainer.optimizer->step();
     trainer.optimizer->zero_grad();
   }
+}
+
+void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
+  const auto begin = Clock::now();
+  if (!trainer.args.fp16 || !skip_overflowed_step(trainer)) apply_update(trainer, window);
   const auto end = Clock::now();
   t.optimizer = seconds_between(begin, end);
   if (TraceWriter* trace = trainer.trace()) trace->span("optimizer", 1, begin, end);
-  if (trainer.outer && trainer.outer->step()) {  // local SGD: the machines met (waiting for each other)
+  // Local SGD: the machines meet (waiting for each other) every K steps, skipped or not, so that
+  // all count alike (a machine's own gradients may overflow where another's do not).
+  if (trainer.outer && trainer.outer->step()) {
     t.exposed_comm += trainer.outer->last_seconds();
     t.comm += trainer.outer->last_seconds();
     if (TraceWriter* trace = trainer.trace()) trace->span("machines meet", 1, end, Clock::now());

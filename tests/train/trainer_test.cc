@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,8 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
 #include "lockstep/train/device.h"
+#include "lockstep/ddp/torch_compat.h"
+#include "lockstep/train_core/loss_scale.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -168,6 +171,75 @@ TEST(Trainer, ClippingBoundsTheGlobalNormOfTheUpdate) {
   };
   EXPECT_NEAR(norm_of_update(1e-3), 1e-3, 1e-6);  // lr 1 x the clipped gradient
   EXPECT_GT(norm_of_update(0), 1e-2);             // unclipped, the gradient is far larger
+}
+
+// Each step's parameters, as rank 0 holds them after it.
+class ParameterRecorder : public TrainerCallback {
+ public:
+  explicit ParameterRecorder(torch::nn::Module& module) : module_(module) {}
+  void on_step_end(const TrainerState&, TrainerControl&) override { steps.push_back(snapshot(module_)); }
+  std::vector<std::vector<torch::Tensor>> steps;
+
+ private:
+  torch::nn::Module& module_;
+};
+
+// --fp16: float16 autocast with a loss scale. One rank's loss overflows at step 3: every rank
+// skips that update (it changes no parameter), the scale halves, and training goes on; the
+// checkpoint carries the scale. A libtorch without float16 CPU autocast refuses --fp16 on the CPU.
+TEST(Trainer, Fp16SkipsAnOverflowedStepOnEveryRankAndHalvesTheLossScale) {
+  lockstep::testing::TempDir out_dir("fp16");
+  auto args = quiet_args(out_dir.path());
+  args.fp16 = true;
+  args.optim = "sgd";
+  args.learning_rate = 0.05;
+  args.max_steps = 6;
+  args.per_device_train_batch_size = 8;
+  auto train_set = fashion(data::FashionMnist::Split::train, 512);
+  comm::CommOptions options;
+  options.backend = "shm";
+  if (!torch_compat::kCpuFloat16Autocast) {
+    lockstep::testing::run_ranks_as_threads(1, options, [&](comm::Communicator& comm) {
+      try {
+        Trainer trainer(Model::of(seeded_tiny()), train_set, nullptr, args, {}, &comm);
+        ADD_FAILURE() << "--fp16 on the CPU was accepted by libtorch " << TORCH_VERSION;
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("--bf16"), std::string::npos) << e.what();
+      }
+    });
+    return;
+  }
+  std::vector<Tiny> nets = {seeded_tiny(), seeded_tiny()};
+  std::vector<std::vector<std::vector<torch::Tensor>>> steps(2);
+  std::string checkpoint;
+  lockstep::testing::run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto recorder = std::make_shared<ParameterRecorder>(*nets[r]);
+    Trainer trainer(Model::of(nets[r]), train_set, nullptr, args, {recorder}, &comm);
+    int calls = 0;  // one micro-batch per step: the third call is step 3's
+    trainer.set_loss([&calls, rank = comm.rank()](const torch::Tensor& out, const torch::Tensor& target) {
+      if (!torch_compat::autocast_enabled(at::kCPU) || torch_compat::autocast_dtype(at::kCPU) != at::kHalf)
+        ADD_FAILURE() << "the forward of step " << calls + 1 << " ran outside float16 autocast";
+      // Weighted down, its gradients stay far below float16's limit at the initial scale on any
+      // host: the one overflow is the one made here.
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(out, target) * 1e-3;
+      return ++calls == 3 && rank == 1 ? loss * std::numeric_limits<float>::infinity() : loss;
+    });
+    trainer.train();
+    const std::string dir = trainer.save_checkpoint();
+    if (comm.rank() == 0) checkpoint = dir;
+    steps[r] = recorder->steps;
+  });
+  ASSERT_EQ(steps[0].size(), 6u);
+  EXPECT_EQ(max_difference(steps[0][2], steps[0][1]), 0);  // step 3 changed nothing
+  EXPECT_EQ(max_difference(steps[1][2], steps[1][1]), 0);
+  EXPECT_GT(max_difference(steps[0][3], steps[0][2]), 0);  // and step 4 trained again
+  EXPECT_GT(max_difference(steps[0][1], snapshot(*seeded_tiny())), 0);
+  EXPECT_EQ(max_difference(steps[0][5], steps[1][5]), 0);  // the ranks agree
+  for (const auto& p : steps[0][5]) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  const auto state = nlohmann::json::parse(std::ifstream(checkpoint + "/trainer_state.json"));
+  EXPECT_EQ(state.at("loss_scale").at("scale").get<double>(), LossScale::kInitialScale / 2) << state.dump();
+  EXPECT_EQ(state.at("loss_scale").at("clean_steps").get<int>(), 3) << state.dump();
 }
 
 TEST(Trainer, EvaluationCountsEveryRealSampleOnceAcrossRanks) {

@@ -121,6 +121,9 @@ inline void set_autocast_dtype(at::DeviceType d, at::ScalarType t) {
   }
 }
 #endif
+// Whether CPU autocast runs float16 (libtorch 2.3 and later; 1.13's knows bfloat16 only).
+inline constexpr bool kCpuFloat16Autocast =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
 inline bool cpu_autocast_enabled() { return autocast_enabled(at::kCPU); }
 inline void set_cpu_autocast_enabled(bool on) { set_autocast_enabled(at::kCPU, on); }
 inline at::ScalarType cpu_autocast_dtype() { return autocast_dtype(at::kCPU); }

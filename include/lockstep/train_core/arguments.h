@@ -89,6 +89,8 @@ inline std::vector<std::string> comm_hook_names() {
     "where the model trains: cpu, cuda (the GPU of this worker's LOCAL_RANK) or auto (cuda when there is one)", \
     one_of({"cpu", "cuda", "auto"}))                                                                           \
   X(bool, bf16, false, "bfloat16 autocast (on the training device) for matmuls and convolutions", any())       \
+  X(bool, fp16, false,                                                                                         \
+    "float16 autocast with dynamic loss scaling (a skipped step on overflow); CUDA, or CPU on libtorch 2.x", any()) \
   X(bool, gradient_checkpointing, false, "recompute each block's activations in backward (less memory, more time)", any()) \
   /* logging, evaluation, checkpoints */                                                                       \
   X(int, logging_steps, 50, "log (and write metrics.jsonl) every N steps", at_least(1))                       \

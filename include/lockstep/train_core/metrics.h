@@ -53,6 +53,7 @@
   X(bool, blas_forced, "whether OPENBLAS_CORETYPE chose the kernels")                                   \
   X(bool, blas_by_launcher, "whether lockstep run set OPENBLAS_CORETYPE, OpenBLAS's own pick being slower") \
   X(bool, bf16, "whether forward and backward run under bfloat16 autocast (--bf16)")                  \
+  X(bool, fp16, "whether forward and backward run under float16 autocast with loss scaling (--fp16)")   \
   X(std::optional<double>, model_flops_per_sample,                                                      \
     "training FLOPs per sample: 3x the forward's matrix products (model FLOPs; recomputation not counted); " \
     "absent when the model's products are unknown (docs/metrics.md says which models count)")           \
@@ -66,6 +67,8 @@
   X(double, loss, "training loss over the window, averaged over samples on every rank")               \
   X(double, learning_rate, "the learning rate of the window's last step")                               \
   X(std::optional<double>, grad_norm, "global gradient norm before clipping (when --max-grad-norm > 0)") \
+  X(std::optional<double>, loss_scale, "--fp16: the loss scale after the window's last step") \
+  X(std::optional<int>, skipped_steps, "--fp16: the window's steps whose gradients overflowed (no update)") \
   X(double, samples_per_second, "samples of all workers per second of wall time over the window")      \
   X(std::optional<double>, tokens_per_second, "target tokens of all workers per second (per-token targets only)") \
   X(std::optional<double>, model_flops_per_second, "model FLOPs of all workers per second (train_begin's model_flops_per_sample x samples_per_second)") \
