@@ -48,6 +48,8 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
   if (!(p >= 0 && p <= 1))
     throw ConfigError("dropout probability must be within [0, 1], got " + std::to_string(p));
   if (!training || p == 0) return x;
+  // The mask below is written by the CPU: a GPU's tensor takes the GPU's own dropout kernel.
+  if (!x.device().is_cpu()) return torch::dropout(x, p, training);
   const auto threshold = static_cast<std::uint32_t>(std::lround(p * 65536));
   if (threshold >= 65536) return x * 0;
   const double kept = 65536.0 / static_cast<double>(65536 - threshold);

@@ -8,6 +8,7 @@
 // and element i keeps its value when 16 bits of splitmix64(seed, i / 4) reach a threshold. The
 // drop probability is p rounded to a multiple of 1/65536 and the kept values are scaled by the
 // exact inverse of the keep probability, so the expectation of every element is unchanged.
+// A tensor on a GPU takes libtorch's own dropout (the GPU's kernel and generator).
 #pragma once
 
 #include <torch/types.h>
