@@ -29,6 +29,29 @@ std::string why_no_nccl() {
   }
 }
 
+// GPU 0's primary context (the one the CUDA runtime and PyTorch use), current in this thread
+// while it lives: the driver API allocates in the calling thread's current context, and a
+// thread has none until it is given one.
+class OnGpu0 {
+ public:
+  explicit OnGpu0(const nccl::CudaDriver& cuda) : cuda_(cuda) {
+    EXPECT_EQ(cuda_.device_get(&device_, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cuda_.primary_ctx_retain(&context_, device_), CUDA_SUCCESS);
+    EXPECT_EQ(cuda_.ctx_set_current(context_), CUDA_SUCCESS);
+  }
+  ~OnGpu0() {
+    cuda_.ctx_set_current(nullptr);
+    cuda_.primary_ctx_release(device_);
+  }
+  OnGpu0(const OnGpu0&) = delete;
+  OnGpu0& operator=(const OnGpu0&) = delete;
+
+ private:
+  const nccl::CudaDriver& cuda_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+};
+
 }  // namespace
 
 TEST(NcclTypes, EveryElementTypeHasItsOwnNcclType) {
@@ -94,6 +117,7 @@ TEST(Nccl, AWorldOfOneReducesGpuAndHostMemoryOrSaysWhyNot) {
     comm.allreduce(ints.data(), ints.size(), DType::i64, ReduceOp::avg)->wait();
     EXPECT_EQ(ints, (std::vector<std::int64_t>{7, -7}));
     const auto& cuda = nccl::cuda_driver();
+    OnGpu0 on_gpu(cuda);
     CUdeviceptr device = 0;
     ASSERT_EQ(cuda.mem_alloc(&device, sizeof(float) * host.size()), CUDA_SUCCESS);
     ASSERT_EQ(cuda.memcpy_htod(device, host.data(), sizeof(float) * host.size()), CUDA_SUCCESS);
@@ -113,6 +137,7 @@ TEST(Nccl, GpuMemoryGivenToAHostBackendIsAClearError) {
   EXPECT_FALSE(nccl::is_gpu_memory(nullptr));
   if (!why_no_nccl().empty()) GTEST_SKIP() << "needs a GPU: " << why_no_nccl();
   const auto& cuda = nccl::cuda_driver();
+  OnGpu0 on_gpu(cuda);
   CUdeviceptr device = 0;
   ASSERT_EQ(cuda.mem_alloc(&device, sizeof(float) * host.size()), CUDA_SUCCESS);
   void* gpu = reinterpret_cast<void*>(device);
