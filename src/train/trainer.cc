@@ -26,6 +26,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/foreach_adamw.h"
 #include "lockstep/train/model_flops.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/memory_usage.h"
@@ -55,10 +56,14 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vect
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(args.learning_rate)
                                                            .momentum(args.sgd_momentum)
                                                            .weight_decay(args.weight_decay));
-  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(args.learning_rate)
-                                                           .betas({args.adam_beta1, args.adam_beta2})
-                                                           .eps(args.adam_epsilon)
-                                                           .weight_decay(args.weight_decay));
+  const auto options = torch::optim::AdamWOptions(args.learning_rate)
+                           .betas({args.adam_beta1, args.adam_beta2})
+                           .eps(args.adam_epsilon)
+                           .weight_decay(args.weight_decay);
+  // On a GPU the foreach update saves launches; on the CPU it would only hold a temporary the
+  // size of all parameters at once, for bitwise the same result.
+  if (!params.empty() && params.front().is_cuda()) return std::make_unique<ForeachAdamW>(params, options);
+  return std::make_unique<torch::optim::AdamW>(params, options);
 }
 
 // One worker has nothing to average: no reducer, no copies into buckets. (SyncBatchNorm layers
