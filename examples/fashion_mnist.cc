@@ -20,6 +20,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
+#include "lockstep/train/device.h"
 #include "lockstep/train/trainer.h"
 
 using lockstep::data::FashionMnist;
@@ -184,14 +185,20 @@ static int train(int argc, const char* const* argv) {
   return 0;
 }
 
-// Loads a checkpoint into a plain (not distributed) model.
-static Model load_plain(const std::string& model_name, const std::string& checkpoint) {
+// Loads a checkpoint into a plain (not distributed) model, on `device`.
+static Model load_plain(const std::string& model_name, const std::string& checkpoint, const torch::Device& device) {
   Model model = make_model(model_name);
   std::filesystem::path file = checkpoint;
   if (std::filesystem::is_directory(file)) file /= "model.pt";
   load_module(*model.module, file.string());
+  model.module->to(device);
   model.module->eval();
   return model;
+}
+
+static void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device, "cpu | cuda (the GPU of LOCAL_RANK) | auto, as the Trainer's")
+      ->capture_default_str();
 }
 
 static int evaluate(int argc, const char* const* argv) {
@@ -202,8 +209,11 @@ static int evaluate(int argc, const char* const* argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--eval-limit", limit, "use only the first N test images (0: all)");
+  std::string device_choice = "cpu";
+  add_device_option(app, device_choice);
   parse_command_line(app, argc, argv);
-  Model model = load_plain(model_name, checkpoint);
+  const torch::Device device = training_device(device_choice, local_rank());
+  Model model = load_plain(model_name, checkpoint, device);
   FashionMnistDataset test(FashionMnist::Split::test, data_dir, limit);
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0;
@@ -212,14 +222,14 @@ static int evaluate(int argc, const char* const* argv) {
     std::vector<std::size_t> idx;
     for (std::size_t i = start; i < std::min(test.size(), start + 500); ++i) idx.push_back(i);
     Batch b = test.get(idx);
-    auto out = model.forward(b.input);
-    loss +=
-        torch::nn::functional::cross_entropy(out, b.target).item<double>() * static_cast<double>(idx.size());
-    correct += out.argmax(1).eq(b.target).sum().item<std::int64_t>();
+    auto out = model.forward(b.input.to(device));
+    const auto target = b.target.to(device);
+    loss += torch::nn::functional::cross_entropy(out, target).item<double>() * static_cast<double>(idx.size());
+    correct += out.argmax(1).eq(target).sum().item<std::int64_t>();
   }
-  std::printf("test accuracy %.4f on %zu images, loss %.4f (%s, one process)\n",
+  std::printf("test accuracy %.4f on %zu images, loss %.4f (%s, one process on %s)\n",
               static_cast<double>(correct) / static_cast<double>(test.size()), test.size(),
-              loss / static_cast<double>(test.size()), checkpoint.c_str());
+              loss / static_cast<double>(test.size()), checkpoint.c_str(), device.str().c_str());
   return 0;
 }
 
@@ -231,12 +241,15 @@ static int predict(int argc, const char* const* argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (or its model.pt)")->required();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--index", indices, "test images to classify")->capture_default_str();
+  std::string device_choice = "cpu";
+  add_device_option(app, device_choice);
   parse_command_line(app, argc, argv);
-  Model model = load_plain(model_name, checkpoint);
+  const torch::Device device = training_device(device_choice, local_rank());
+  Model model = load_plain(model_name, checkpoint, device);
   FashionMnistDataset test(FashionMnist::Split::test, data_dir);
   torch::NoGradGuard no_grad;
   Batch b = test.get(indices);
-  auto probs = torch::softmax(model.forward(b.input), 1);
+  auto probs = torch::softmax(model.forward(b.input.to(device)), 1).to(torch::kCPU);
   for (std::size_t i = 0; i < indices.size(); ++i) {
     auto row = probs[static_cast<std::int64_t>(i)];
     int guess = static_cast<int>(row.argmax().item<std::int64_t>());

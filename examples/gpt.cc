@@ -30,6 +30,7 @@
 #include "lockstep/models/hf_gpt2.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
+#include "lockstep/train/device.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/durable_file.h"
 
@@ -209,10 +210,15 @@ int generate(int argc, const char* const* argv) {
   app.add_option("--top-k", o.top_k, "sample among the k most likely bytes (0: all)")->capture_default_str();
   app.add_option("--seed", o.seed, "the sampler's seed")->capture_default_str();
   app.add_option("--samples", samples, "how many texts to sample (separated by a line of %)")->capture_default_str();
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu | cuda (the GPU of LOCAL_RANK) | auto, as the Trainer's")
+      ->capture_default_str();
   parse_command_line(app, argc, argv);
   if (prompt_tokens.empty()) prompt_tokens = bytes_of(prompt);
   if (prompt_tokens.empty()) throw lockstep::ConfigError("--prompt must hold at least one character");
+  const torch::Device where = lockstep::train::training_device(device, lockstep::train::local_rank());
   auto model = load_language_model(checkpoint);
+  model->to(where);
   for (auto t : prompt_tokens)
     if (t < 0 || t >= model->config().vocab_size)
       throw lockstep::ConfigError("prompt token " + std::to_string(t) + " is outside the model's vocabulary of " +

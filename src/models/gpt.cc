@@ -221,11 +221,13 @@ std::vector<std::int64_t> generate(GptLmHeadModel& model, std::vector<std::int64
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(o.seed);
   const int context = model->config().block_size;
+  const torch::Device device = model->parameters().front().device();  // the prompt goes where the model is
   for (int i = 0; i < o.max_new_tokens; ++i) {
     const auto start = tokens.size() > static_cast<std::size_t>(context) ? tokens.size() - context : 0;
     std::vector<std::int64_t> window(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
-    auto input = torch::tensor(window, torch::kLong).unsqueeze(0);
-    auto logits = model(input).index({0, -1}).to(torch::kFloat);  // the next token's
+    auto input = torch::tensor(window, torch::kLong).unsqueeze(0).to(device);
+    // The next token's, sampled on the CPU: the same generator and draws on every device.
+    auto logits = model(input).index({0, -1}).to(torch::kCPU, torch::kFloat);
     std::int64_t next;
     if (o.temperature <= 0) {
       next = logits.argmax().item<std::int64_t>();

@@ -1,7 +1,13 @@
 #include "lockstep/train/device.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "lockstep/base/gpus.h"
+#include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
+#include "lockstep/comm/elastic.h"
+#include "lockstep/comm/rendezvous.h"
 #include "lockstep/error.h"
 
 namespace lockstep::train {
@@ -11,10 +17,10 @@ namespace {
 std::string why_no_cuda() {
   if (!at::hasCUDA())
     return "this libtorch has no CUDA (Debian's is CPU-only): build lockstep on a CUDA libtorch (LOCKSTEP_TORCH=pip "
-           "with nvcc installed) or train with --device cpu";
+           "with nvcc installed) or use --device cpu";
   if (torch::cuda::device_count() == 0)
     return "libtorch has CUDA but sees no GPU (the driver lists " + std::to_string(visible_gpus()) +
-           " after CUDA_VISIBLE_DEVICES): run on a machine with a GPU or train with --device cpu";
+           " after CUDA_VISIBLE_DEVICES): run on a machine with a GPU or use --device cpu";
   return "";
 }
 
@@ -32,6 +38,13 @@ torch::Device training_device(const std::string& choice, int local_rank) {
     LOCKSTEP_LOG(warn, train) << "more workers on this machine than GPUs (" << gpus
                               << "): workers share them round-robin, each GPU's time divided among its workers";
   return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus)};
+}
+
+int local_rank() {
+  if (!comm::started_elastic()) return comm::rendezvous_info_from_env().local_rank;
+  const std::string local = knobs::get(knobs::kLocalRank).value_or("0");  // an elastic launcher's
+  const bool number = !local.empty() && local.size() < 6 && std::all_of(local.begin(), local.end(), ::isdigit);
+  return number ? std::stoi(local) : 0;
 }
 
 }  // namespace lockstep::train

@@ -550,18 +550,10 @@ TrainResult Trainer::Impl::train() {
   return result(run);
 }
 
-// This worker's index on its machine (LOCAL_RANK, or a scheduler's), which picks its GPU.
-static int local_rank_in_job() {
-  if (!comm::started_elastic()) return comm::rendezvous_info_from_env().local_rank;
-  const std::string local = knobs::get(knobs::kLocalRank).value_or("0");  // an elastic launcher's
-  const bool number = !local.empty() && local.size() < 6 && std::all_of(local.begin(), local.end(), ::isdigit);
-  return number ? std::stoi(local) : 0;
-}
-
 // The model onto --device, before DDP or an optimizer sees its parameters.
 void Trainer::Impl::place_model() {
   if (args.device == "cpu") return;
-  device = training_device(args.device, local_rank_in_job());
+  device = training_device(args.device, local_rank());
   if (device.is_cpu()) return;
   if (zero_plan.sharded())
     throw ConfigError("--zero-stage " + std::to_string(zero_plan.stage) + " with --device " + args.device +

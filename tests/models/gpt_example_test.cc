@@ -144,6 +144,17 @@ TEST_F(GptExample, GenerateContinuesThePromptReproducibly) {
   EXPECT_NE(a, c);
   EXPECT_EQ(a.rfind("The ", 0), 0u) << a;
   EXPECT_GE(a.size(), 4u + 40u) << a;
+
+  // --device cuda: on a GPU it samples there too; elsewhere it is an error that says why.
+  Process on_gpu({GPT_EXAMPLE, "generate", "--checkpoint", ckpt, "--prompt", "The ", "--max-new-tokens", "40",
+                  "--seed", "1", "--device", "cuda"});
+  const int code = on_gpu.wait(120);
+  if (code == 0) {
+    EXPECT_EQ(on_gpu.output().rfind("The ", 0), 0u) << on_gpu.output();
+  } else {
+    EXPECT_EQ(code, 2) << on_gpu.output();
+    EXPECT_NE(on_gpu.output().find("--device cuda: "), std::string::npos) << on_gpu.output();
+  }
 }
 
 // Fine-tuning loads the body, reports the new head as from_pretrained does, and names its classes.

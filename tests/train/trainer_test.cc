@@ -596,6 +596,16 @@ TEST(TrainerRuns, AKilledAndRestartedRunEndsBitwiseEqualToAnUninterruptedOne) {
                                    killed + "/checkpoint-30", "--eval-limit", "200"});
   EXPECT_EQ(eval.wait(60), 0) << eval.output();
   EXPECT_NE(eval.output().find("test accuracy"), std::string::npos) << eval.output();
+  // --device cuda: on a GPU it evaluates there; elsewhere it is an error that says why.
+  lockstep::testing::Process on_gpu({FASHION_MNIST, "evaluate", "--model", "cnn", "--checkpoint",
+                                     killed + "/checkpoint-30", "--eval-limit", "200", "--device", "cuda"});
+  const int code = on_gpu.wait(60);
+  if (code == 0) {
+    EXPECT_NE(on_gpu.output().find("one process on cuda:0"), std::string::npos) << on_gpu.output();
+  } else {
+    EXPECT_EQ(code, 2) << on_gpu.output();
+    EXPECT_NE(on_gpu.output().find("--device cuda: "), std::string::npos) << on_gpu.output();
+  }
   lockstep::testing::Process wrong(
       {FASHION_MNIST, "evaluate", "--model", "mlp", "--checkpoint", killed + "/checkpoint-30"});
   EXPECT_EQ(wrong.wait(60), 2) << wrong.output();

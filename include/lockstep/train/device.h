@@ -14,4 +14,8 @@ namespace lockstep::train {
 
 torch::Device training_device(const std::string& choice, int local_rank);
 
+// This worker's index on its machine (LOCAL_RANK, a scheduler's, or an elastic launcher's; 0 in a
+// process started alone), which picks its GPU.
+int local_rank();
+
 }  // namespace lockstep::train
