@@ -1,0 +1,196 @@
+// What the Trainer reports: rank 0's first lines, the train_begin record the doctor reads, and
+// each logging window's metrics.jsonl line and progress line.
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "lockstep/base/knobs.h"
+#include "lockstep/base/log.h"
+#include "lockstep/train/model_flops.h"
+#include "lockstep/train/tensor_memory.h"
+#include "lockstep/train_core/blas.h"
+#include "lockstep/train_core/memory_usage.h"
+#include "lockstep/train_core/metrics.h"
+#include "lockstep/train_core/progress.h"
+#include "trainer_impl.h"
+
+namespace lockstep::train {
+
+// Rank 0's lines on what runs other than plain DDP: local SGD, ZeRO's mirrors, its buckets.
+void Trainer::Impl::log_modes() const {
+  if (outer)
+    LOCKSTEP_LOG(info, train) << "local SGD: gradients are averaged inside each machine ("
+                              << (machine_comm ? machine_comm->size() : 1)
+                              << " workers) and the machines meet every " << args.sync_every
+                              << " steps (outer step: lr " << args.outer_learning_rate << ", Nesterov momentum "
+                              << args.outer_momentum << ") and before each evaluation and checkpoint";
+  if (zero && zero->memory().mirrors > 0)
+    LOCKSTEP_LOG(info, train) << "ZeRO mirrors: each worker also keeps the slices of a worker on another machine ("
+                              << zero->memory().mirrors / 1e6
+                              << " MB of parameters and optimizer state), so that a lost machine's shards live on";
+  if (reducer && reducer->bucket_cap_mb() < args.ddp_bucket_cap_mb)
+    LOCKSTEP_LOG(info, train) << "gradient buckets of " << reducer->bucket_cap_mb() << " MB, not the "
+                              << args.ddp_bucket_cap_mb << " MB --ddp-bucket-cap-mb asks: ZeRO-2 keeps two buckets' "
+                              << "gradients besides its slices, and small ones start reducing sooner";
+}
+
+// The model's FLOPs per sample and, when LOCKSTEP_PROBE_MATMUL asks, the matmul rates at the
+// shapes of this worker's micro-batch.
+RunFlops Trainer::Impl::count_flops() const {
+  RunFlops counted;
+  const auto per_sample = model_matmuls(*model.module, 1);
+  if (!per_sample) return counted;
+  counted.per_sample = training_flops(*per_sample);
+  // The probe times the CPU's products: against a GPU's run it would say nothing.
+  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1" || !device.is_cpu()) return counted;
+  const auto shapes = *model_matmuls(*model.module, args.per_device_train_batch_size);
+  counted.fp32_rate = measure_matmul_rate(shapes, torch::kFloat);
+  counted.bf16_rate = measure_matmul_rate(shapes, torch::kBFloat16);
+  return counted;
+}
+
+// Rank 0's first lines, and the train_begin record the doctor reads.
+void Trainer::Impl::announce() {
+  const BlasInfo blas = blas_info();
+  flops = count_flops();
+  if (rank() != 0) return;
+  char head[512];
+  std::snprintf(
+      head, sizeof head,
+      "%d worker%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
+      "%lld steps), %s, lr %g (%s), backend %s",
+      world(), world() == 1 ? "" : "s", args.per_device_train_batch_size, args.gradient_accumulation_steps,
+      static_cast<long long>(samples_per_step() * static_cast<std::size_t>(world())),
+      static_cast<long long>(state.max_steps),
+      static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
+      static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
+      args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
+  LOCKSTEP_LOG(info, train) << head << (zero ? ", " + zero_plan.describe() : "");
+  log_modes();
+  if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
+
+  if (flops.fp32_rate > 0)
+    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops.fp32_rate / 1e9
+                              << " GFLOP/s, bf16 " << flops.bf16_rate / 1e9 << " GFLOP/s";
+  outputs->record(train_begin_record(blas).to_json());
+}
+
+// What the doctor and report read of this start: the configuration, the memory each worker
+// holds, the BLAS kernels and the model's FLOPs.
+metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) const {
+  metrics::TrainBegin begin;
+  begin.world_size = world();
+  begin.per_device_train_batch_size = args.per_device_train_batch_size;
+  begin.gradient_accumulation_steps = args.gradient_accumulation_steps;
+  begin.dataloader_num_workers = args.dataloader_num_workers;
+  begin.intra_op_threads = at::get_num_threads();
+  begin.cores = static_cast<int>(std::thread::hardware_concurrency());
+  begin.backend = comm->backend_name();
+  begin.machines = comm->network_stats().machines;
+  begin.ddp_bucket_cap_mb = reducer ? reducer->bucket_cap_mb() : args.ddp_bucket_cap_mb;
+  begin.ddp_bucket_cap_mb_asked = args.ddp_bucket_cap_mb;
+  begin.ddp_comm_hook = args.ddp_comm_hook;
+  begin.sync_every = outer ? args.sync_every : 1;
+  for (const auto& p : model.module->parameters()) {
+    begin.parameters += p.numel();
+    begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  }
+  begin.gradient_checkpointing = args.gradient_checkpointing;
+  begin.zero_stage = zero ? zero_plan.stage : 0;
+  begin.zero_shared_parameters = zero && zero_plan.one_copy;
+  const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
+  begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
+  begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;
+  begin.worker_gradient_slot_bytes = held.gradient_slots;
+  begin.worker_optimizer_state_bytes =
+      zero ? held.optimizer_state : begin.parameter_bytes * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
+  begin.max_steps = state.max_steps;
+  begin.start_step = state.global_step;
+  begin.blas = blas.config;
+  begin.blas_core = blas.core;
+  begin.blas_best_core = blas.best_core;
+  begin.blas_own_core = blas.own_core;
+  begin.blas_forced = blas.forced;
+  begin.blas_by_launcher = blas.chosen_by_launcher;
+  begin.bf16 = args.bf16;
+  begin.fp16 = args.fp16;
+  begin.model_flops_per_sample = flops.per_sample;
+  if (flops.fp32_rate > 0) {
+    begin.matmul_fp32_flops_per_second = flops.fp32_rate;
+    begin.matmul_bf16_flops_per_second = flops.bf16_rate;
+  }
+  return begin;
+}
+
+void Trainer::Impl::show_progress(double loss, const std::string& rate, double exposed_fraction,
+                                  const RunProgress& run) {
+  if (rank() != 0) return;
+  const double done = static_cast<double>(state.global_step - run.first_step);
+  const double elapsed = seconds_between(run.start, Clock::now());
+  const double eta = done > 0 ? elapsed / done * static_cast<double>(state.max_steps - state.global_step) : 0;
+  const bool tty = !args.disable_tqdm && ::isatty(STDERR_FILENO);
+  if (tty) {
+    std::fputs(
+        progress_bar(state.global_step, state.max_steps, elapsed, eta, rate, loss).c_str(),
+        stderr);
+    if (state.global_step >= state.max_steps) std::fputs("\n", stderr);
+    std::fflush(stderr);
+  } else {
+    std::printf("%s\n", progress_line(state.global_step, state.max_steps, state.fractional_epoch(), loss,
+                                      learning_rate_at(state.global_step - 1), rate,
+                                      exposed_fraction, eta)
+                            .c_str());
+    std::fflush(stdout);
+  }
+}
+
+// Collective: the window's numbers averaged over ranks, as one metrics.jsonl line.
+void Trainer::Impl::log_window(RunProgress& run) {
+  const double steps = static_cast<double>(std::max<std::int64_t>(1, run.window.steps()));
+  metrics::StepLog entry = run.window.summarise(*comm);
+  const comm::NetworkStats network = comm->network_stats();
+  if (network.bytes_sent > run.network_at_window_start.bytes_sent) {
+    entry.network_bytes_per_step =
+        static_cast<double>(network.bytes_sent - run.network_at_window_start.bytes_sent) / steps;
+    entry.network_seconds_per_step = (network.seconds - run.network_at_window_start.seconds) / steps;
+  }
+  entry.step = state.global_step;
+  entry.epoch = state.fractional_epoch();
+  entry.learning_rate = learning_rate_at(state.global_step - 1);
+  entry.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
+  double pss = static_cast<double>(pss_bytes());
+  comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
+  entry.job_pss_bytes = pss;
+  if (stage3()) entry.zero_gathered_high_water_bytes = static_cast<double>(zero->memory().gathered_high_water);
+  if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
+  if (flops.per_sample) {
+    entry.model_flops_per_second = *flops.per_sample * entry.samples_per_second;
+    const double rate = args.bf16 ? flops.bf16_rate : flops.fp32_rate;
+    if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
+  }
+  if (args.fp16) {  // every rank skips the same steps: its own count is the job's
+    entry.loss_scale = loss_scale.scale();
+    entry.skipped_steps = static_cast<int>(loss_scale.overflows() - run.overflows_at_window_start);
+    run.overflows_at_window_start = loss_scale.overflows();
+  }
+  run.loss_sum += run.window.global_sums().loss_sum;
+  run.loss_count += run.window.global_sums().loss_count;
+  if (entry.straggler_rank != run.straggler && rank() == 0) {
+    if (entry.straggler)
+      LOCKSTEP_LOG(warn, train) << *entry.straggler;
+    else
+      LOCKSTEP_LOG(info, train) << "no straggler any more: rank " << *run.straggler << " keeps up again";
+  }
+  run.straggler = entry.straggler_rank;
+  log(entry.to_json());
+  show_progress(entry.loss, rate_text(entry.samples_per_second, entry.tokens_per_second.value_or(0)),
+                entry.exposed_comm_fraction, run);
+  run.window = LogWindow{};
+  run.network_at_window_start = comm->network_stats();
+}
+
+}  // namespace lockstep::train
