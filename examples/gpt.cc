@@ -47,6 +47,9 @@ void add_model_options(CLI::App& app, GptConfig& c) {
   app.add_option("--block-size", c.block_size,
                  "tokens (bytes) of context per sequence (finetune: of each entry; 0 there: the model's context)")->capture_default_str();
   app.add_option("--dropout", c.dropout, "dropout everywhere")->capture_default_str();
+  app.add_option_function<double>(
+      "--attn-dropout", [&c](double p) { c.attn_dropout = p; },
+      "dropout on the attention probabilities (default: --dropout's); 0 lets libtorch 2.x fuse attention");
 }
 
 // The shape of the model a checkpoint holds (written by this program beside model.pt), or of a
@@ -266,6 +269,7 @@ std::pair<GptConfig, int> classifier_shape(const GptConfig& given, const std::st
                                 " is larger than the pretrained model's context (block_size " +
                                 std::to_string(c.block_size) + "): use at most that");
   c.dropout = given.dropout;
+  c.attn_dropout = given.attn_dropout;
   return {c, given.block_size > 0 ? given.block_size : c.block_size};
 }
 

@@ -1,6 +1,7 @@
 #include "lockstep/models/gpt.h"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cmath>
 
@@ -39,6 +40,23 @@ torch::Tensor causal_mask(std::int64_t t, const torch::Device& device) {
 
 }  // namespace
 
+bool fused_attention_available() { return TORCH_VERSION_MAJOR >= 2; }
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                               bool training) {
+#if TORCH_VERSION_MAJOR >= 2
+  // On the CPU only in float32: there the fused kernel's bf16 backward is 3x slower than the
+  // stepwise one (PyTorch 2.15, the GPT's shapes; bench/RESULTS.md), its float32 twice as fast.
+  const bool fused_is_faster = !q.device().is_cpu() || q.scalar_type() == torch::kFloat;
+  if (!(training && p > 0) && fused_is_faster)
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+#endif
+  const auto t = q.size(2);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  att = att.masked_fill(causal_mask(t, q.device()), -std::numeric_limits<float>::infinity());
+  return torch::matmul(fast_dropout(torch::softmax(att, -1), p, training), v);
+}
+
 void GptConfig::validate() const {
   auto positive = [](const char* name, int v) {
     if (v < 1) throw ConfigError(std::string("GPT ") + name + " must be at least 1 (got " + std::to_string(v) + ")");
@@ -52,6 +70,8 @@ void GptConfig::validate() const {
     throw ConfigError("GPT n_embd " + std::to_string(n_embd) + " is not a multiple of n_head " +
                       std::to_string(n_head) + ": each head takes n_embd / n_head dimensions");
   if (!(dropout >= 0 && dropout < 1)) throw ConfigError("GPT dropout must be within [0, 1)");
+  const double attn = attention_dropout();
+  if (!(attn >= 0 && attn < 1)) throw ConfigError("GPT attn_dropout must be within [0, 1)");
   if (activation != "gelu" && activation != "gelu_new")
     throw ConfigError("GPT activation '" + activation + "' is not one lockstep's GPT has: use gelu or gelu_new");
   if (!(layer_norm_epsilon > 0)) throw ConfigError("GPT layer_norm_epsilon must be positive");
@@ -67,7 +87,7 @@ std::int64_t GptConfig::parameters() const {
 nlohmann::json GptConfig::to_json() const {
   return {{"model_type", "gpt"}, {"vocab_size", vocab_size}, {"block_size", block_size}, {"n_layer", n_layer},
           {"n_head", n_head},     {"n_embd", n_embd},         {"dropout", dropout},
-          {"activation", activation}, {"layer_norm_epsilon", layer_norm_epsilon}};
+          {"attn_dropout", attention_dropout()}, {"activation", activation}, {"layer_norm_epsilon", layer_norm_epsilon}};
 }
 
 GptConfig GptConfig::from_json(const nlohmann::json& j) {
@@ -80,6 +100,7 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
     c.n_head = j.at("n_head").get<int>();
     c.n_embd = j.at("n_embd").get<int>();
     c.dropout = j.value("dropout", 0.0);
+    if (j.contains("attn_dropout")) c.attn_dropout = j.at("attn_dropout").get<double>();  // else: dropout's
     c.activation = j.value("activation", c.activation);  // checkpoints from before it was a choice: exact
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", c.layer_norm_epsilon);
   } catch (const nlohmann::json::exception& e) {
@@ -89,7 +110,8 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : n_head_(c.n_head), dropout_(c.dropout) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
+    : n_head_(c.n_head), attn_dropout_(c.attention_dropout()), dropout_(c.dropout) {
   const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
   c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, 0.02));
   c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, residual_std));
@@ -99,11 +121,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
   auto qkv = c_attn(x).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& m) { return m.view({b, t, n_head_, d}).transpose(1, 2); };  // [B, H, T, d]
-  const auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  att = att.masked_fill(causal_mask(t, x.device()), -std::numeric_limits<float>::infinity());
-  att = fast_dropout(torch::softmax(att, -1), dropout_, is_training());
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
+  const auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout_, is_training())
+                     .transpose(1, 2)
+                     .contiguous()
+                     .view({b, t, c});
   return fast_dropout(c_proj(y), dropout_, is_training());
 }
 

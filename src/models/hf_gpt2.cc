@@ -141,6 +141,7 @@ GptConfig gpt_config_from_hf(const nlohmann::json& hf) {
   c.n_layer = field(hf, "n_layer", 12);
   c.n_head = field(hf, "n_head", 12);
   c.dropout = field(hf, "resid_pdrop", 0.1);
+  c.attn_dropout = field(hf, "attn_pdrop", 0.1);
   c.layer_norm_epsilon = field(hf, "layer_norm_epsilon", 1e-5);
   const auto activation = field<std::string>(hf, "activation_function", "gelu_new");
   if (activation == "gelu") {
@@ -177,7 +178,7 @@ nlohmann::json hf_config_of(const GptConfig& c) {
           {"activation_function", c.activation},
           {"resid_pdrop", c.dropout},
           {"embd_pdrop", c.dropout},
-          {"attn_pdrop", c.dropout},
+          {"attn_pdrop", c.attention_dropout()},
           {"layer_norm_epsilon", c.layer_norm_epsilon},
           {"initializer_range", 0.02},
           {"scale_attn_weights", true},

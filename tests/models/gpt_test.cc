@@ -7,6 +7,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <mutex>
 
 #include "lockstep/ddp/ddp.h"
@@ -105,6 +107,60 @@ TEST(Gpt, AttentionIsCausal) {
   using torch::indexing::Slice;
   EXPECT_TRUE(torch::equal(la.index({0, Slice(0, 8)}), lb.index({0, Slice(0, 8)})));
   EXPECT_FALSE(torch::equal(la.index({0, 8}), lb.index({0, 8})));
+}
+
+// causal_attention without dropout (fused on libtorch 2.x) is the textbook arithmetic: masked
+// scores, softmax, weighted values, and so are its gradients. float32 to 1e-5: the fused kernel
+// sums in its own order (online softmax), a few ulps from the stepwise path.
+TEST(GptAttention, WithoutDropoutItIsTheMaskedSoftmaxOfTheScoresAndSoAreItsGradients) {
+  torch::manual_seed(5);
+  auto q = torch::randn({2, 3, 16, 8}, torch::requires_grad()), k = torch::randn({2, 3, 16, 8}, torch::requires_grad()),
+       v = torch::randn({2, 3, 16, 8}, torch::requires_grad());
+  const auto future = torch::ones({16, 16}, torch::kBool).triu(1);
+  const auto textbook =
+      torch::softmax((torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(8.0)).masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  const auto want = torch::matmul(textbook, v);
+  const auto dy = torch::randn_like(want);
+  const auto want_grads = torch::autograd::grad({want}, {q, k, v}, {dy});
+  for (const bool training : {true, false}) {
+    const double p = training ? 0.0 : 0.5;  // evaluation ignores p
+    const auto got = causal_attention(q, k, v, p, training);
+    EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5)) << "training " << training;
+    const auto grads = torch::autograd::grad({got}, {q, k, v}, {dy});
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(grads[i], want_grads[i], 1e-5, 1e-5)) << i;
+  }
+}
+
+// While training with attention dropout the probabilities are dropped: the result moves, and two
+// calls draw different masks.
+TEST(GptAttention, WithDropoutWhileTrainingItDrops) {
+  torch::manual_seed(6);
+  const auto q = torch::randn({1, 2, 16, 8}), k = torch::randn({1, 2, 16, 8}), v = torch::randn({1, 2, 16, 8});
+  const auto clean = causal_attention(q, k, v, 0.0, true);
+  const auto a = causal_attention(q, k, v, 0.3, true), b = causal_attention(q, k, v, 0.3, true);
+  EXPECT_FALSE(torch::allclose(a, clean, 1e-3, 1e-3));
+  EXPECT_FALSE(torch::equal(a, b));
+}
+
+// attn_dropout unset is dropout's; set, it is its own, in config.json and in Hugging Face's
+// attn_pdrop; out of [0, 1) it is refused by name.
+TEST(GptAttention, AttentionDropoutFollowsDropoutUnlessSetAndTravelsWithTheConfig) {
+  GptConfig c = tiny(0.2);
+  EXPECT_EQ(c.attention_dropout(), 0.2);
+  EXPECT_EQ(GptConfig::from_json(c.to_json()).attention_dropout(), 0.2);
+  auto before = c.to_json();
+  before.erase("attn_dropout");  // a checkpoint from before the field
+  EXPECT_EQ(GptConfig::from_json(before).attention_dropout(), 0.2);
+  c.attn_dropout = 0.0;
+  EXPECT_EQ(GptConfig::from_json(c.to_json()).attention_dropout(), 0.0);
+  EXPECT_EQ(GptConfig::from_json(c.to_json()).dropout, 0.2);
+  c.attn_dropout = 1.0;
+  try {
+    c.validate();
+    ADD_FAILURE() << "attn_dropout 1 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("attn_dropout"), std::string::npos) << e.what();
+  }
 }
 
 // With dropout on, recomputation draws the same masks: the gradients match those of the plain

@@ -101,6 +101,18 @@ TEST(HfGpt2, TheFilesHoldGpt2sLayout) {
   EXPECT_EQ(file.at("transformer.wte.weight").shape, (std::vector<std::int64_t>{96, 32}));
 }
 
+TEST(HfGpt2, AttentionDropoutIsAttnPdropBothWays) {
+  GptConfig c = small("gelu");
+  c.dropout = 0.1;
+  c.attn_dropout = 0.0;
+  const auto hf = hf_config_of(c);
+  EXPECT_EQ(hf.at("attn_pdrop").get<double>(), 0.0);
+  EXPECT_EQ(hf.at("resid_pdrop").get<double>(), 0.1);
+  const auto back = gpt_config_from_hf(hf);
+  EXPECT_EQ(back.attention_dropout(), 0.0);
+  EXPECT_EQ(back.dropout, 0.1);
+}
+
 TEST(HfGpt2, TheActivationIsTheConfigsAndGeluNewIsTheTanhApproximation) {
   auto exact = seeded(small("gelu"), 3), tanh = seeded(small("gelu_new"), 3);
   torch::NoGradGuard no_grad;

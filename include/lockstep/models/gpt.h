@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct GptConfig {
   int n_head = 4;
   int n_embd = 256;
   double dropout = 0.1;
+  // On the attention probabilities alone (Hugging Face's attn_pdrop); unset, it is `dropout`. At 0
+  // (and in evaluation) libtorch 2.x can compute attention in one fused kernel, without the T x T
+  // scores in memory (causal_attention below says where); libtorch 1.x has none.
+  std::optional<double> attn_dropout;
   // The MLP's nonlinearity, by Hugging Face's names: "gelu" (exact, erf) or "gelu_new" (the tanh
   // approximation GPT-2 was trained with; models loaded from Hugging Face bring theirs).
   std::string activation = "gelu";
@@ -45,10 +50,19 @@ struct GptConfig {
 
   // ConfigError naming the field: sizes must be positive, n_embd a multiple of n_head.
   void validate() const;
+  double attention_dropout() const { return attn_dropout.value_or(dropout); }
   std::int64_t parameters() const;  // of the language model (the tied head counts once)
   nlohmann::json to_json() const;
   static GptConfig from_json(const nlohmann::json& j);  // ConfigError on missing fields
 };
+
+// softmax(q k^T / sqrt(d), causally masked) v for heads [B, H, T, d], with dropout p on the
+// probabilities while training. Without dropout, on libtorch 2.x, one fused kernel
+// (scaled_dot_product_attention: flash attention) on GPUs, and on the CPU in float32; otherwise
+// the same arithmetic in steps, through the T x T scores.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                               bool training);
+bool fused_attention_available();  // whether this build's libtorch has the fused kernel (2.x)
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -59,7 +73,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int n_head_;
-  double dropout_;  // on the attention probabilities and the output (models/dropout.h)
+  double attn_dropout_;  // on the attention probabilities (models/dropout.h)
+  double dropout_;       // on the output
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -22,7 +22,7 @@
 namespace lockstep::models {
 
 // config.json of a GPT-2 -> lockstep's GptConfig (Hugging Face's defaults where a field is absent;
-// the dropout is resid_pdrop's).
+// the dropout is resid_pdrop's, the attention's attn_pdrop's).
 GptConfig gpt_config_from_hf(const nlohmann::json& hf);
 // lockstep's GptConfig -> a GPT2Config's config.json (architectures GPT2LMHeadModel, tied head;
 // bos and eos GPT-2's <|endoftext|> 50256 where the vocabulary has it, none otherwise).
