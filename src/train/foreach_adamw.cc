@@ -1,6 +1,7 @@
 #include "lockstep/train/foreach_adamw.h"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <map>
@@ -88,6 +89,25 @@ void ForeachAdamW::update(const torch::optim::AdamWOptions& options, std::int64_
   at::_foreach_div_(denom, std::sqrt(bias_correction2));
   at::_foreach_add_(denom, options.eps());
   at::_foreach_addcdiv_(params, exp_avgs, denom, -options.lr() / bias_correction1);
+}
+
+#define LOCKSTEP_HAS_FUSED_ADAMW (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+
+bool FusedAdamW::available() { return LOCKSTEP_HAS_FUSED_ADAMW; }
+
+void FusedAdamW::update(const torch::optim::AdamWOptions& options, std::int64_t step,
+                        std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                        std::vector<torch::Tensor>& exp_avgs, std::vector<torch::Tensor>& exp_avg_sqs) {
+#if LOCKSTEP_HAS_FUSED_ADAMW
+  // The kernel reads each parameter's step count from a tensor (and increments nothing).
+  const auto count = torch::full({}, static_cast<double>(step), torch::TensorOptions().device(params.front().device()));
+  const std::vector<torch::Tensor> steps(params.size(), count);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
+                    std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(), options.eps(),
+                    /*amsgrad=*/false, /*maximize=*/false);
+#else
+  ForeachAdamW::update(options, step, params, grads, exp_avgs, exp_avg_sqs);
+#endif
 }
 
 }  // namespace lockstep
