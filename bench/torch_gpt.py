@@ -7,7 +7,7 @@ run or torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) it trains with
 torch.nn.parallel.DistributedDataParallel over gloo. Rank 0 prints one JSON line on stdout.
 
     /usr/bin/python3 bench/torch_gpt.py [--max-steps 200] [--batch 16] [--n-layer 4 --n-head 4 --n-embd 256]
-        [--block-size 128] [--dropout 0.1] [--gradient-checkpointing] [--bf16] [--eval-limit N]
+        [--block-size 128] [--dropout 0.1] [--attn-dropout P] [--fused-adamw] [--gradient-checkpointing] [--bf16] [--eval-limit N]
 
 On PyTorch 2.x, under a launcher, --fsdp2 shards it with FSDP2 instead of DDP (built on the meta
 device, fully_shard per block and at the root, as ZeRO-3), and --save-steps N --save-dir DIR
@@ -133,22 +133,28 @@ def load_corpus(corpus_dir):
 # Model: GPT-2, with the parameter names of src/models/gpt.cc.
 
 class CausalSelfAttention(torch.nn.Module):
-    def __init__(self, n_embd, n_head, dropout):
+    def __init__(self, n_embd, n_head, dropout, attn_dropout):
         super().__init__()
         self.n_head = n_head
         self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = torch.nn.Linear(n_embd, n_embd)
-        self.attn_dropout = torch.nn.Dropout(dropout)
+        self.attn_dropout = torch.nn.Dropout(attn_dropout)
         self.resid_dropout = torch.nn.Dropout(dropout)
 
     def forward(self, x):
         b, t, c = x.shape
         d = c // self.n_head
         q, k, v = (m.view(b, t, self.n_head, d).transpose(1, 2) for m in self.c_attn(x).split(c, dim=2))  # [B, H, T, d]
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)  # position i may not see j > i
-        att = self.attn_dropout(torch.softmax(att.masked_fill(future, float("-inf")), dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        dropping = self.training and self.attn_dropout.p > 0
+        # Fused where lockstep's GPT fuses (models/gpt.h): on GPUs, and on the CPU in float32 only.
+        fused_is_faster = q.is_cuda or q.dtype == torch.float32
+        if hasattr(F, "scaled_dot_product_attention") and not dropping and fused_is_faster:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)  # position i may not see j > i
+            y = self.attn_dropout(torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)) @ v
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -164,10 +170,10 @@ class Mlp(torch.nn.Module):
 
 
 class Block(torch.nn.Module):
-    def __init__(self, n_embd, n_head, dropout):
+    def __init__(self, n_embd, n_head, dropout, attn_dropout):
         super().__init__()
         self.ln_1 = torch.nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, attn_dropout)
         self.ln_2 = torch.nn.LayerNorm(n_embd)
         self.mlp = Mlp(n_embd, dropout)
 
@@ -187,7 +193,8 @@ class GptLmHeadModel(torch.nn.Module):
             wte=torch.nn.Embedding(config["vocab_size"], c),
             wpe=torch.nn.Embedding(config["block_size"], c),
             drop=torch.nn.Dropout(config["dropout"]),
-            h=torch.nn.ModuleList(Block(c, config["n_head"], config["dropout"]) for _ in range(n_layer)),
+            h=torch.nn.ModuleList(Block(c, config["n_head"], config["dropout"], config.get("attn_dropout", config["dropout"]))
+                                  for _ in range(n_layer)),
             ln_f=torch.nn.LayerNorm(c)))
         self.init_weights()
 
@@ -367,6 +374,10 @@ def main():
     ap.add_argument("--n-embd", type=int, default=256)
     ap.add_argument("--block-size", type=int, default=128)
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--fused-adamw", action="store_true",
+                    help="torch.optim.AdamW(fused=True) (PyTorch 2.4 and later), as lockstep's Trainer on the CPU")
+    ap.add_argument("--attn-dropout", type=float, default=None,
+                    help="dropout on the attention probabilities (default: --dropout's); 0 fuses attention on 2.x")
     ap.add_argument("--batch", type=int, default=16, help="per-device training batch")
     ap.add_argument("--eval-batch", type=int, default=32, help="per-device evaluation batch")
     ap.add_argument("--max-steps", type=int, default=200)
@@ -428,7 +439,8 @@ def main():
               f"using {len(train_set)} training and {len(eval_set)} validation blocks", file=sys.stderr, flush=True)
 
     config = {"model_type": "gpt", "vocab_size": VOCAB, "block_size": args.block_size, "n_layer": args.n_layer,
-              "n_head": args.n_head, "n_embd": args.n_embd, "dropout": args.dropout}
+              "n_head": args.n_head, "n_embd": args.n_embd, "dropout": args.dropout,
+              "attn_dropout": args.dropout if args.attn_dropout is None else args.attn_dropout}
     checkpoint_mode = args.checkpoint_mode if args.gradient_checkpointing else None
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     if args.fsdp2:
@@ -455,7 +467,7 @@ def main():
 
     # Weight decay on every parameter (one group), as the C++ Trainer.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), eps=1e-8,
-                            weight_decay=args.weight_decay)
+                            weight_decay=args.weight_decay, **({"fused": True} if args.fused_adamw else {}))
     warmup_steps = math.ceil(args.warmup_ratio * args.max_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup_steps, args.max_steps))
     checkpoints = DcpCheckpoints(model, opt, args.async_save) if args.fsdp2 else None

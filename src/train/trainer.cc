@@ -53,9 +53,16 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vect
                            .betas({args.adam_beta1, args.adam_beta2})
                            .eps(args.adam_epsilon)
                            .weight_decay(args.weight_decay);
-  // On a GPU the foreach update saves launches. On the CPU the fused kernel, where libtorch has
-  // it, is about 6x faster than the loop; foreach would only hold a temporary the size of all
-  // parameters at once, for bitwise the loop's result.
+  if (args.optim == "adamw_torch") return std::make_unique<torch::optim::AdamW>(params, options);
+  if (args.optim == "adamw_torch_fused") {
+    if (!FusedAdamW::available())
+      throw ConfigError("--optim adamw_torch_fused: this build's libtorch has no fused AdamW kernel (libtorch 2.4 "
+                        "and later have it): use --optim adamw or adamw_torch");
+    return std::make_unique<FusedAdamW>(params, options);
+  }
+  // adamw: on a GPU the foreach update saves launches. On the CPU the fused kernel, where
+  // libtorch has it, is 4-6x faster than the loop; foreach would only hold a temporary the size
+  // of all parameters at once, for bitwise the loop's result.
   if (!params.empty() && params.front().is_cuda()) return std::make_unique<ForeachAdamW>(params, options);
   if (FusedAdamW::available()) return std::make_unique<FusedAdamW>(params, options);
   return std::make_unique<torch::optim::AdamW>(params, options);

@@ -22,6 +22,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/foreach_adamw.h"
 #include "lockstep/ddp/torch_compat.h"
 #include "lockstep/train_core/loss_scale.h"
 #include "testing.h"
@@ -320,6 +321,36 @@ TEST(Trainer, EarlyStoppingEndsARunThatStoppedImprovingOnEveryRank) {
   });
   EXPECT_EQ(steps[0], 4);  // evaluated at 2 (best) and 4 (no better): stop
   EXPECT_EQ(steps[1], 4);
+}
+
+// --optim's AdamWs (Hugging Face's names): adamw_torch is libtorch's loop; adamw is the fused
+// kernel on the CPU where libtorch has it (2.4+), a few ulps from the loop, and the loop itself
+// where not; adamw_torch_fused is that kernel, or an error naming what to use instead.
+TEST(Trainer, TheAdamwChoicesTrainAlikeAndAMissingFusedKernelIsNamed) {
+  lockstep::testing::TempDir out_dir("optim");
+  auto args = quiet_args(out_dir.path());
+  args.max_steps = 4;
+  args.per_device_train_batch_size = 24;
+  args.weight_decay = 0.1;
+  args.optim = "adamw_torch";
+  const auto loop = train_threads(1, args);
+  args.optim = "adamw";
+  const auto chosen = train_threads(1, args);
+  EXPECT_GT(max_difference(loop, snapshot(*seeded_tiny())), 1e-3);  // it trained at all
+  if (!lockstep::FusedAdamW::available()) {
+    EXPECT_EQ(max_difference(chosen, loop), 0);
+    args.optim = "adamw_torch_fused";
+    try {
+      train_threads(1, args);
+      ADD_FAILURE() << "adamw_torch_fused accepted by a libtorch without the kernel";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("adamw_torch_fused"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  EXPECT_LT(max_difference(chosen, loop), 1e-5);
+  args.optim = "adamw_torch_fused";
+  EXPECT_EQ(max_difference(train_threads(1, args), chosen), 0);
 }
 
 TEST(Trainer, ConfigurationErrorsAreReportedBeforeTraining) {

@@ -73,7 +73,10 @@ inline std::vector<std::string> comm_hook_names() {
   X(double, num_train_epochs, 3, "passes over the training data (may be fractional)", any())                   \
   X(std::int64_t, max_steps, -1, "optimiser steps; overrides --num-train-epochs when > 0", any())               \
   /* optimiser and schedule */                                                                                 \
-  X(std::string, optim, "adamw", "the optimiser", one_of({"adamw", "sgd"}))                                    \
+  X(std::string, optim, "adamw",                                                                               \
+    "the optimiser: adamw (the faster of the next two that this build has), adamw_torch (libtorch's loop), "     \
+    "adamw_torch_fused (one kernel; libtorch 2.4 and later), sgd",                                              \
+    one_of({"adamw", "adamw_torch", "adamw_torch_fused", "sgd"}))                                                \
   X(double, learning_rate, 1e-3, "peak learning rate", at_least(0))                                            \
   X(std::string, lr_scheduler_type, "linear", "the learning-rate schedule",                                    \
     one_of({"constant", "constant_with_warmup", "linear", "cosine"}))                                          \
