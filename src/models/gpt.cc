@@ -40,13 +40,12 @@ torch::Tensor causal_mask(std::int64_t t, const torch::Device& device) {
 
 }  // namespace
 
-bool fused_attention_available() { return TORCH_VERSION_MAJOR >= 2; }
-
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                                bool training) {
 #if TORCH_VERSION_MAJOR >= 2
-  // On the CPU only in float32: there the fused kernel's bf16 backward is 3x slower than the
-  // stepwise one (PyTorch 2.15, the GPT's shapes; bench/RESULTS.md), its float32 twice as fast.
+  // On the CPU only in float32: there the fused kernel's bf16 backward was 2.4-2.8x slower than
+  // the stepwise one, its float32 forward and backward 1.4-1.9x faster (PyTorch 2.15, the GPT's
+  // shapes; bench/gpt_kernels.py, bench/RESULTS.md).
   const bool fused_is_faster = !q.device().is_cpu() || q.scalar_type() == torch::kFloat;
   if (!(training && p > 0) && fused_is_faster)
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);

@@ -62,7 +62,6 @@ struct GptConfig {
 // the same arithmetic in steps, through the T x T scores.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                                bool training);
-bool fused_attention_available();  // whether this build's libtorch has the fused kernel (2.x)
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:

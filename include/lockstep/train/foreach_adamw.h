@@ -32,7 +32,7 @@ class ForeachAdamW : public torch::optim::AdamW {
 
 // The same AdamW and state, each update one fused kernel (libtorch 2.4 and later: the kernel
 // behind torch.optim.AdamW(fused=True)) that reads and writes every element once. On the CPU it
-// is about 6x faster than libtorch's AdamW (bench/RESULTS.md) and agrees with it to a few ulps,
+// is 4-6x faster than libtorch's AdamW (bench/RESULTS.md) and agrees with it to a few ulps,
 // not bitwise: it rounds in its own order. Where libtorch lacks the kernel, available() is false
 // and step() is ForeachAdamW's.
 class FusedAdamW : public ForeachAdamW {
