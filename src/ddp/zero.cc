@@ -331,6 +331,21 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+bool ZeroOptimizer::unscale_gradients(double factor) {
+  auto& s = *impl_;
+  if (s.mirrors) s.mirrors->take_gradients(s.reducer, s.comm);
+  torch::NoGradGuard no_grad;
+  std::int32_t overflowed = 0;  // the slices partition every bucket: together the ranks see each gradient once
+  for (std::size_t b = 0; b < s.shards.size(); ++b) {
+    auto g = s.reducer.gradient_slice(int(b));
+    g.mul_(factor);
+    if (!torch::isfinite(g).all().item<bool>()) overflowed = 1;
+  }
+  if (s.mirrors) s.mirrors->scale_gradients(factor);  // the owner checks the mirrored values
+  s.comm.allreduce(&overflowed, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  return overflowed == 0;
+}
+
 void ZeroOptimizer::step() {
   auto& s = *impl_;
   if (s.one_copy()) s.comm.barrier()->wait();  // nobody still reads parameters
@@ -355,6 +370,14 @@ void ZeroOptimizer::step() {
     s.gather_parameters();
     if (s.mirrors) s.mirrors->copy_from(s.flat);  // the owner's values, bit for bit
   }
+  s.phase = UpdatePhase::idle;
+}
+
+void ZeroOptimizer::skip_step() {
+  auto& s = *impl_;
+  if (s.mirrors) s.mirrors->drop_gradients();
+  if (s.stage3()) s.units->release_all();  // as after an update: the next forward gathers the units
+  zero_grad();
   s.phase = UpdatePhase::idle;
 }
 

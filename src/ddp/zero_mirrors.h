@@ -36,6 +36,8 @@ class ZeroMirrors {
   void copy_from(const std::vector<torch::Tensor>& flat);
   // The gradients made the mirrors' own (the reducer's memory is about to go).
   void keep_gradients();
+  // This step's gradients dropped without an update (a skipped step); the next step takes new ones.
+  void drop_gradients() { gradients_in_ = false; }
 
   int owner() const { return owner_; }
   std::vector<torch::Tensor>& slices() { return slices_; }

@@ -117,8 +117,15 @@ TrainerCheckpoints::TrainerCheckpoints(Trainer::Impl& trainer) : t_(trainer) {}
 
 TrainerCheckpoints::~TrainerCheckpoints() = default;
 
-nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_position,
-                                                      const std::vector<std::string>& rng_states) const {
+TrainerCheckpoints::RankStates TrainerCheckpoints::gather_rank_states() const {
+  RankStates out{comm::allgather_strings(*t_.comm, rng_state_hex()), {}};
+  if (t_.args.fp16)
+    for (const auto& scale : comm::allgather_strings(*t_.comm, t_.loss_scale.to_json().dump()))
+      out.loss_scales.push_back(nlohmann::json::parse(scale));
+  return out;
+}
+
+nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_position, const RankStates& ranks) const {
   const TrainerState& s = t_.state;
   nlohmann::json j = {{"global_step", s.global_step},
           {"max_steps", s.max_steps},
@@ -129,11 +136,16 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
           {"sampler_offset", sampler_offset_},
           {"world_size", t_.world()},
           {"seed", t_.args.seed},
-          {"rng_states", rng_states},
+          {"rng_states", ranks.rngs},
           {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
           {"best_checkpoint", s.best_checkpoint},
           {"log_history", s.log_history}};
-  if (t_.args.fp16) j["loss_scale"] = t_.loss_scale.to_json();
+  if (t_.args.fp16) {
+    j["loss_scale"] = ranks.loss_scales.at(0);
+    // Local SGD: each machine skips its own overflowed steps and keeps its own scale (elsewhere
+    // every rank holds the same one).
+    if (t_.outer) j["loss_scales"] = ranks.loss_scales;
+  }
   return j;
 }
 
@@ -153,7 +165,7 @@ std::string TrainerCheckpoints::save(std::size_t sampler_position) {
 
 std::string TrainerCheckpoints::save_consolidated(std::size_t sampler_position) {
   const auto begin = Clock::now();
-  const std::vector<std::string> rngs = comm::allgather_strings(*t_.comm, rng_state_hex());
+  const RankStates ranks = gather_rank_states();
   const std::string name = name_this_step();
   const fs::path dir = fs::path(t_.args.output_dir) / name;
   // Under ZeRO the slices' state is put together first, into the file DDP would write.
@@ -164,7 +176,7 @@ std::string TrainerCheckpoints::save_consolidated(std::size_t sampler_position) 
   const std::vector<CheckpointFile> extra = extra_files(t_);
   std::string error;
   const SaveOutcome outcome = write_on_rank0(t_, t_.zero ? whole.get() : t_.optimizer.get(), dir,
-                                             trainer_state_json(sampler_position, rngs), extra, error);
+                                             trainer_state_json(sampler_position, ranks), extra, error);
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
   agree_on_outcome(*t_.comm, outcome, [&] {
     const std::string what = t_.rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
@@ -302,7 +314,7 @@ std::string TrainerCheckpoints::save_sharded(std::size_t sampler_position) {
   const auto begin = Clock::now();
   finish_background_save();
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(*t_.comm);
-  const std::vector<std::string> rngs = comm::allgather_strings(*t_.comm, rng_state_hex());
+  const RankStates ranks = gather_rank_states();
   const std::string name = name_this_step();
   const fs::path dir = fs::path(t_.args.output_dir) / name, tmp = fs::path(t_.args.output_dir) / (".tmp-" + name);
   prepare_temporary_dir(t_, tmp, dir);
@@ -313,7 +325,7 @@ std::string TrainerCheckpoints::save_sharded(std::size_t sampler_position) {
   const bool copy = t_.args.save_in_background;
   job.snapshot = t_.zero ? snapshot_zero(*t_.model.module, *t_.zero, t_.rank(), copy)
                          : snapshot_replicated(*t_.model.module, *t_.optimizer, t_.rank(), t_.world(), copy);
-  if (t_.rank() == 0) add_rank0_files(t_, trainer_state_json(sampler_position, rngs), job);
+  if (t_.rank() == 0) add_rank0_files(t_, trainer_state_json(sampler_position, ranks), job);
   writer_->submit(std::move(job));
   in_flight_ = dir.string();
   stall_seconds_ = seconds_between(begin, Clock::now());
@@ -396,6 +408,15 @@ void read_counters(const nlohmann::json& s, TrainerState& state) {
 
 }  // namespace
 
+// This rank's own scale when the checkpoint has one per rank (local SGD, the same world), else
+// the job's. A checkpoint of a run without --fp16 has none: the scale starts afresh.
+void TrainerCheckpoints::restore_loss_scale(const nlohmann::json& state, int saved_world) {
+  if (state.contains("loss_scales") && saved_world == t_.world())
+    t_.loss_scale.load_json(state["loss_scales"].at(static_cast<std::size_t>(t_.rank())));
+  else if (state.contains("loss_scale"))
+    t_.loss_scale.load_json(state["loss_scale"]);
+}
+
 void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler& sampler) {
   const auto begin = Clock::now();
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
@@ -405,9 +426,8 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
   int saved_world = 0;
   try {
     read_counters(s, state);
-    // A checkpoint of a run without --fp16 has none: the scale starts afresh.
-    if (t_.args.fp16 && s.contains("loss_scale")) t_.loss_scale.load_json(s["loss_scale"]);
     saved_world = s.at("world_size").get<int>();
+    if (t_.args.fp16) restore_loss_scale(s, saved_world);
     const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
                                    s.value("sampler_offset", std::size_t{0})};
     sampler.set_epoch(state.epoch);

@@ -60,7 +60,14 @@ class TrainerCheckpoints {
   std::string save_sharded(std::size_t sampler_position);
   // The checkpoint's name for this step; it becomes the best one if the metric improved.
   std::string name_this_step();
-  nlohmann::json trainer_state_json(std::size_t sampler_position, const std::vector<std::string>& rng_states) const;
+  // Collective: what each rank adds to trainer_state.json, in rank order.
+  struct RankStates {
+    std::vector<std::string> rngs;         // its generator's state
+    std::vector<nlohmann::json> loss_scales;  // --fp16: its loss scale (its machine's under local SGD)
+  };
+  RankStates gather_rank_states() const;
+  nlohmann::json trainer_state_json(std::size_t sampler_position, const RankStates& ranks) const;
+  void restore_loss_scale(const nlohmann::json& state, int saved_world);
   void load_state(const std::string& dir);
   void resume_outer(const std::string& dir);
   std::string optimizer_path(const std::string& dir) const;

@@ -173,9 +173,15 @@ void Trainer::Impl::log_window(RunProgress& run) {
     if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
   }
   if (args.fp16) {  // every rank skips the same steps: its own count is the job's
-    entry.loss_scale = loss_scale.scale();
-    entry.skipped_steps = static_cast<int>(loss_scale.overflows() - run.overflows_at_window_start);
+    double scale = loss_scale.scale();
+    double skipped = static_cast<double>(loss_scale.overflows() - run.overflows_at_window_start);
     run.overflows_at_window_start = loss_scale.overflows();
+    if (outer) {  // each machine its own: the lowest scale, and the most steps one machine skipped
+      comm->allreduce(&scale, 1, comm::DType::f64, comm::ReduceOp::min)->wait();
+      comm->allreduce(&skipped, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
+    }
+    entry.loss_scale = scale;
+    entry.skipped_steps = static_cast<int>(skipped);
   }
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;

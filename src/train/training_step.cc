@@ -79,9 +79,11 @@ void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, 
 }
 
 // --fp16: the gradients divided by the loss scale again, and whether every one is finite. Every
-// rank decides alike: it holds the same all-reduced gradients.
+// rank decides alike: it holds the same all-reduced gradients (under ZeRO, its slices of them,
+// and the ranks agree on the answer).
 bool unscale_gradients(Trainer::Impl& trainer) {
   const double inverse = 1.0 / trainer.loss_scale.scale();
+  if (trainer.zero) return trainer.zero->unscale_gradients(inverse);
   std::vector<torch::Tensor> finite;
   for (auto& p : trainer.model.module->parameters()) {
     if (!p.grad().defined()) continue;
@@ -95,10 +97,20 @@ bool unscale_gradients(Trainer::Impl& trainer) {
 bool skip_overflowed_step(Trainer::Impl& trainer) {
   const double scale = trainer.loss_scale.scale();
   if (trainer.loss_scale.update(!unscale_gradients(trainer))) return false;
-  trainer.optimizer->zero_grad();
-  if (trainer.rank() == 0)
+  if (trainer.zero)
+    trainer.zero->skip_step();
+  else
+    trainer.optimizer->zero_grad();
+  // Under local SGD each machine decides for itself: the first rank of each says so.
+  bool speaks = trainer.rank() == 0;
+  std::string where;
+  if (trainer.outer) {
+    speaks = trainer.machine_comm->rank() == 0;
+    where = " on machine " + std::to_string(trainer.comm->machine_of()[std::size_t(trainer.rank())]);
+  }
+  if (speaks)
     LOCKSTEP_LOG(warn, train) << "step " << trainer.state.global_step + 1 << ": a gradient overflowed float16 at loss scale "
-                              << scale << ": the update is skipped and the scale is now "
+                              << scale << where << ": the update is skipped and the scale is now "
                               << trainer.loss_scale.scale();
   return true;
 }

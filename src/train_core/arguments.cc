@@ -159,12 +159,6 @@ void TrainingArguments::validate() const {
                                         std::to_string(eval_every()) + ")");
   }
   if (fp16 && bf16) bad("fp16", "and --bf16 are two mixed precisions: choose one (bf16 needs no loss scaling)");
-  if (fp16 && zero_stage > 0)
-    bad("fp16", "does not combine with --zero-stage yet (its loss scaling checks whole gradients, which ZeRO "
-                "shards): use --bf16 with ZeRO, or --fp16 with --zero-stage 0");
-  if (fp16 && sync_every > 1)
-    bad("fp16", "does not combine with --sync-every above 1 yet (each machine would scale its loss its own way): "
-                "use --bf16, or --sync-every 1");
   if (zero_shared_parameters && zero_stage == 0)
     bad("zero-shared-parameters", "is a ZeRO mode: add --zero-stage 1, 2 or 3");
   if (sync_every > 1 && zero_stage > 0)

@@ -1,20 +1,27 @@
 // Local SGD / DiLoCo (--sync-every, ddp/local_sgd.h): ranks as threads over real communicators,
 // two machines declared so hier's two levels run in one process. The outer step against the
 // formula; whole Trainer runs: machines apart between meetings and equal after them, the bytes
-// between machines, and a resume from a checkpoint that needs the saved outer momentum.
+// between machines, a resume from a checkpoint that needs the saved outer momentum, and --fp16's
+// loss scale kept per machine.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "lockstep/ddp/local_sgd.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/datasets.h"
 #include "lockstep/train/trainer.h"
+#include "lockstep/train_core/loss_scale.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -141,7 +148,9 @@ struct Runs {
   std::vector<std::uint64_t> bytes_between_machines;
 };
 
-Runs train_two_machines(const TrainingArguments& args, std::int64_t watch_step) {
+// `prepare`, when given, sets each rank's trainer up (a loss of its own) before it trains.
+Runs train_two_machines(const TrainingArguments& args, std::int64_t watch_step,
+                        const std::function<void(Trainer&, int rank)>& prepare = {}) {
   auto train_set = std::make_shared<FashionMnistDataset>(data::FashionMnist::Split::train, data::kFashionMnistDir, 512);
   std::vector<Tiny> nets;
   for (int r = 0; r < 4; ++r) nets.push_back(seeded_tiny());
@@ -153,6 +162,7 @@ Runs train_two_machines(const TrainingArguments& args, std::int64_t watch_step) 
     const auto r = std::size_t(comm.rank());
     auto watch = std::make_shared<Watch>(*nets[r], watch_step);
     Trainer trainer(Model::of(nets[r]), train_set, nullptr, args, {watch}, &comm);
+    if (prepare) prepare(trainer, comm.rank());
     trainer.train();
     run.at_step[r] = watch->seen;
     run.end[r] = snapshot(*nets[r]);
@@ -204,6 +214,49 @@ TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
   args.max_steps = 8;
   args.resume_from_checkpoint = (fs::path(halves_dir.path()) / "checkpoint-4").string();
   const Runs resumed = train_two_machines(args, 8);
+  for (std::size_t r = 0; r < 4; ++r) EXPECT_TRUE(same(whole.end[r], resumed.end[r])) << "rank " << r;
+}
+
+nlohmann::json loss_scales_in(const fs::path& checkpoint) {
+  return nlohmann::json::parse(std::ifstream(checkpoint / "trainer_state.json")).at("loss_scales");
+}
+
+// --fp16 under local SGD: each machine decides on its own machine's gradients and keeps its own
+// loss scale (no collective between machines for it), so machine 1's overflow at step 3 halves
+// machine 1's scale only. Each rank's scale goes into the checkpoint; a resumed run takes its
+// own back and ends, scales and parameters, where the uninterrupted one does.
+TEST(LocalSgd, Fp16KeepsEachMachinesLossScaleThroughACheckpoint) {
+  if (!torch_compat::kCpuFloat16Autocast)
+    GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has no float16 CPU autocast";
+  auto loss = [](bool overflow_at_step_3) {
+    return [overflow_at_step_3](Trainer& trainer, int rank) {
+      auto calls = std::make_shared<int>(0);  // one micro-batch per step
+      trainer.set_loss([=](const torch::Tensor& out, const torch::Tensor& target) {
+        // Weighted down, no gradient comes near float16's limit on its own.
+        const torch::Tensor l = torch::nn::functional::cross_entropy(out, target) * 1e-3;
+        return ++*calls == 3 && rank == 2 && overflow_at_step_3 ? l * std::numeric_limits<float>::infinity() : l;
+      });
+    };
+  };
+  lockstep::testing::TempDir whole_dir("fp16-whole"), resumed_dir("fp16-resumed");
+  auto args = local_args(whole_dir.path(), 2);
+  args.fp16 = true;
+  args.max_steps = 6;
+  args.save_strategy = "steps";
+  args.save_steps = 2;
+  const Runs whole = train_two_machines(args, 6, loss(true));
+  const nlohmann::json at4 = loss_scales_in(fs::path(whole_dir.path()) / "checkpoint-4");
+  ASSERT_EQ(at4.size(), 4u) << at4;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const bool machine1 = r >= 2;
+    EXPECT_EQ(at4[r].at("scale").get<double>(), LossScale::kInitialScale * (machine1 ? 0.5 : 1)) << at4;
+    EXPECT_EQ(at4[r].at("clean_steps").get<int>(), machine1 ? 1 : 4) << at4;
+  }
+  args.output_dir = resumed_dir.path();
+  args.resume_from_checkpoint = (fs::path(whole_dir.path()) / "checkpoint-4").string();
+  const Runs resumed = train_two_machines(args, 6, loss(false));
+  EXPECT_EQ(loss_scales_in(fs::path(resumed_dir.path()) / "checkpoint-6"),
+            loss_scales_in(fs::path(whole_dir.path()) / "checkpoint-6"));
   for (std::size_t r = 0; r < 4; ++r) EXPECT_TRUE(same(whole.end[r], resumed.end[r])) << "rank " << r;
 }
 #endif

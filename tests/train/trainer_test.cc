@@ -23,6 +23,7 @@
 #include "lockstep/train/datasets.h"
 #include "lockstep/train/device.h"
 #include "lockstep/train/foreach_adamw.h"
+#include "lockstep/ddp/parameter_units.h"
 #include "lockstep/ddp/torch_compat.h"
 #include "lockstep/train_core/loss_scale.h"
 #include "testing.h"
@@ -75,6 +76,17 @@ TrainingArguments quiet_args(const std::string& out) {
   a.disable_tqdm = true;
   a.max_grad_norm = 0;
   a.lr_scheduler_type = "constant";
+  return a;
+}
+
+// --fp16, 6 steps of SGD on batches of 8 per rank.
+TrainingArguments fp16_args(const std::string& out) {
+  TrainingArguments a = quiet_args(out);
+  a.fp16 = true;
+  a.optim = "sgd";
+  a.learning_rate = 0.05;
+  a.max_steps = 6;
+  a.per_device_train_batch_size = 8;
   return a;
 }
 
@@ -194,12 +206,7 @@ class ParameterRecorder : public TrainerCallback {
 // checkpoint carries the scale. A libtorch without float16 CPU autocast refuses --fp16 on the CPU.
 TEST(Trainer, Fp16SkipsAnOverflowedStepOnEveryRankAndHalvesTheLossScale) {
   lockstep::testing::TempDir out_dir("fp16");
-  auto args = quiet_args(out_dir.path());
-  args.fp16 = true;
-  args.optim = "sgd";
-  args.learning_rate = 0.05;
-  args.max_steps = 6;
-  args.per_device_train_batch_size = 8;
+  auto args = fp16_args(out_dir.path());
   auto train_set = fashion(data::FashionMnist::Split::train, 512);
   comm::CommOptions options;
   options.backend = "shm";
@@ -245,6 +252,78 @@ TEST(Trainer, Fp16SkipsAnOverflowedStepOnEveryRankAndHalvesTheLossScale) {
   const auto state = nlohmann::json::parse(std::ifstream(checkpoint + "/trainer_state.json"));
   EXPECT_EQ(state.at("loss_scale").at("scale").get<double>(), LossScale::kInitialScale / 2) << state.dump();
   EXPECT_EQ(state.at("loss_scale").at("clean_steps").get<int>(), 3) << state.dump();
+}
+
+namespace {
+
+// Tiny with fc1 as a ZeRO stage 3 unit (fc2 is the root's): the same parameters, seeded alike.
+struct UnitTinyImpl : TinyImpl {
+  std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return {fc1.ptr()}; }
+  void set_unit_runner(UnitRunner r) { runner = std::move(r); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2(torch::relu(run_unit(runner, 0, [this](const torch::Tensor& h) { return fc1(h); }, x.flatten(1))));
+  }
+  UnitRunner runner;
+};
+TORCH_MODULE(UnitTiny);
+
+UnitTiny seeded_unit_tiny() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(1234);
+  return UnitTiny();
+}
+
+struct Fp16Run {
+  std::vector<torch::Tensor> parameters;  // the checkpoint's, after 6 steps
+  nlohmann::json loss_scale;
+};
+
+// 2 ranks, --fp16, 6 steps of SGD; rank 1's loss overflows at step 3.
+Fp16Run train_fp16_with_an_overflow(int zero_stage) {
+  lockstep::testing::TempDir out_dir("fp16-zero");
+  auto args = fp16_args(out_dir.path());
+  args.zero_stage = zero_stage;
+  auto train_set = fashion(data::FashionMnist::Split::train, 512);
+  comm::CommOptions options;
+  options.backend = "shm";
+  std::vector<UnitTiny> nets = {seeded_unit_tiny(), seeded_unit_tiny()};
+  std::string checkpoint;
+  lockstep::testing::run_ranks_as_threads(2, options, [&](comm::Communicator& comm) {
+    Trainer trainer(Model::of(nets[static_cast<std::size_t>(comm.rank())]), train_set, nullptr, args, {}, &comm);
+    int calls = 0;
+    trainer.set_loss([&calls, rank = comm.rank()](const torch::Tensor& out, const torch::Tensor& target) {
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(out, target) * 1e-3;
+      return ++calls == 3 && rank == 1 ? loss * std::numeric_limits<float>::infinity() : loss;
+    });
+    trainer.train();
+    const std::string dir = trainer.save_checkpoint();
+    if (comm.rank() == 0) checkpoint = dir;
+  });
+  Tiny saved = seeded_tiny();
+  load_module(*saved, checkpoint + "/model.pt");
+  const auto state = nlohmann::json::parse(std::ifstream(checkpoint + "/trainer_state.json"));
+  return {snapshot(*saved), state.at("loss_scale")};
+}
+
+}  // namespace
+
+// --fp16 under ZeRO: each rank unscales and checks only its slices of the gradients, and one
+// all-reduce has every rank skip the overflowed step. Every stage then trains as DDP does: a rank
+// that applied the overflowed update, or one left unscaled, or ranks that disagreed (a hang's
+// timeout) would each end elsewhere.
+TEST(Trainer, Fp16UnderEveryZeroStageSkipsTheOverflowedStepAsDdpDoes) {
+  if (!torch_compat::kCpuFloat16Autocast)
+    GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has no float16 CPU autocast (the test above checks the refusal)";
+  const Fp16Run ddp = train_fp16_with_an_overflow(0);
+  EXPECT_EQ(ddp.loss_scale.at("scale").get<double>(), LossScale::kInitialScale / 2) << ddp.loss_scale;
+  EXPECT_EQ(ddp.loss_scale.at("clean_steps").get<int>(), 3) << ddp.loss_scale;
+  EXPECT_GT(max_difference(ddp.parameters, snapshot(*seeded_tiny())), 0);
+  for (int stage : {1, 2, 3}) {
+    const Fp16Run zero = train_fp16_with_an_overflow(stage);
+    EXPECT_EQ(zero.loss_scale, ddp.loss_scale) << "stage " << stage;
+    EXPECT_LT(max_difference(zero.parameters, ddp.parameters), 1e-6) << "stage " << stage;
+  }
 }
 
 TEST(Trainer, EvaluationCountsEveryRealSampleOnceAcrossRanks) {

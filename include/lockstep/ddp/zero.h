@@ -172,8 +172,14 @@ class ZeroOptimizer {
   // Collective: the global gradient norm over all slices (one all-reduce); scales the gradients
   // down to max_norm when it is larger, as torch::nn::utils::clip_grad_norm_. Returns the norm.
   double clip_grad_norm(double max_norm);
+  // Collective (--fp16's loss scaling): multiplies every slice's gradient by `factor` and returns
+  // whether all are finite on every rank (one all-reduce), so that every rank decides alike.
+  bool unscale_gradients(double factor);
   // Collective: updates this rank's slices and brings every rank the new parameters.
   void step();
+  // Instead of step(), when the update is skipped (an overflowed --fp16 step): this step's
+  // gradients are dropped and the parameters stay as they are.
+  void skip_step();
   void zero_grad();
   // The optimizer over this rank's slices (its param_groups take the learning rate).
   torch::optim::Optimizer& shard_optimizer();

@@ -67,8 +67,11 @@
   X(double, loss, "training loss over the window, averaged over samples on every rank")               \
   X(double, learning_rate, "the learning rate of the window's last step")                               \
   X(std::optional<double>, grad_norm, "global gradient norm before clipping (when --max-grad-norm > 0)") \
-  X(std::optional<double>, loss_scale, "--fp16: the loss scale after the window's last step") \
-  X(std::optional<int>, skipped_steps, "--fp16: the window's steps whose gradients overflowed (no update)") \
+  X(std::optional<double>, loss_scale,                                                                  \
+    "--fp16: the loss scale after the window's last step (--sync-every: the lowest machine's)")         \
+  X(std::optional<int>, skipped_steps,                                                                 \
+    "--fp16: the window's steps whose gradients overflowed (no update; --sync-every: the most any one "  \
+    "machine skipped)")                                                                                 \
   X(double, samples_per_second, "samples of all workers per second of wall time over the window")      \
   X(std::optional<double>, tokens_per_second, "target tokens of all workers per second (per-token targets only)") \
   X(std::optional<double>, model_flops_per_second, "model FLOPs of all workers per second (train_begin's model_flops_per_sample x samples_per_second)") \
