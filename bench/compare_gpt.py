@@ -3,7 +3,8 @@
 
 Both sides train the same byte-level GPT on the same fortune blocks with the same initialisation,
 AdamW, schedule and clipping (examples/gpt.cc against bench/torch_gpt.py), per-worker batch 16
-blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. Four parts:
+blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. PyTorch 2.x steps with
+AdamW(fused=True), the kernel lockstep's Trainer uses on a 2.x libtorch (1.13 has none). Four parts:
 
   throughput  tokens/s of lockstep 1 process, lockstep DDP 2 workers, PyTorch 1 process and
               PyTorch DDP (gloo) 2 workers, for PyTorch 1.13 (Debian's) and 2.x (the venv's python,
@@ -101,6 +102,8 @@ SIDE_NAMES = {"lockstep": "lockstep", "pytorch": "PyTorch 1.13", "pytorch2": "Py
 
 def run_pytorch(build, world, flags, env, side="pytorch"):
     cmd = [PYTHONS[side], os.path.join(HERE, "torch_gpt.py"), "--warmup", str(WARMUP)] + flags
+    if side == "pytorch2":  # its fastest AdamW on the CPU, the kernel lockstep's Trainer uses on a 2.x libtorch
+        cmd.append("--fused-adamw")
     if world > 1:
         cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", str(world)] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
@@ -250,7 +253,7 @@ def main():
         kernels = f"OpenBLAS kernels {detected or 'unknown'}, as OpenBLAS picked them"
     print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes, 1 intra-op + 1 BLAS thread per worker; "
           f"{cpu_model()}, {os.cpu_count()} cores; lockstep and PyTorch 1.13: BLAS {compare_ddp.blas()}; {kernels}; "
-          f"PyTorch 2.x: {compare_ddp.torch_build(PYTHONS.get('pytorch2'))}; "
+          f"PyTorch 2.x: {compare_ddp.torch_build(PYTHONS.get('pytorch2'))}, AdamW(fused=True); "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
     results = {}
     for part in args.parts.split(","):
