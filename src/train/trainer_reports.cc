@@ -172,7 +172,7 @@ void Trainer::Impl::log_window(RunProgress& run) {
     const double rate = args.bf16 ? flops.bf16_rate : flops.fp32_rate;
     if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
   }
-  if (args.fp16) {  // every rank skips the same steps: its own count is the job's
+  if (args.fp16) {  // the ranks skip the same steps (under local SGD, those of their machine)
     double scale = loss_scale.scale();
     double skipped = static_cast<double>(loss_scale.overflows() - run.overflows_at_window_start);
     run.overflows_at_window_start = loss_scale.overflows();
