@@ -13,6 +13,7 @@
 
 #include "cgroup.h"
 #include "cluster.h"
+#include "metrics_file.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -110,17 +111,6 @@ std::vector<std::string> sharded_job(const std::string& out, int steps, const st
                                    "--save-format", "sharded", "--logging-steps", "5", "--output-dir", out};
   argv.insert(argv.end(), more.begin(), more.end());
   return argv;
-}
-
-std::vector<nlohmann::json> metrics_events(const std::string& metrics, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.value("event", "") == kind) out.push_back(j);
-    }
-  return out;
 }
 
 // What a resumed run must show: the checkpoint read at `step`, written by `saved` workers and read

@@ -11,11 +11,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "metrics_file.h"
 #include "testing.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using lockstep::testing::metrics_events;
 using lockstep::testing::Process;
 using lockstep::testing::TempDir;
 
@@ -32,16 +34,6 @@ std::vector<std::string> pretrain_flags(const std::string& out) {
   return {"--train-limit", "320",  "--eval-limit", "64",           "--max-steps",  "20",
           "--eval-steps",  "10",   "--save-steps", "10",           "--logging-steps", "5",
           "--disable-tqdm", "--output-dir", out};
-}
-
-std::vector<nlohmann::json> events(const std::string& metrics, const std::string& event) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == event) out.push_back(j);
-  }
-  return out;
 }
 
 // The replica fingerprint the Trainer prints at the end: a hash of every parameter's bytes.
@@ -85,8 +77,8 @@ std::string* GptExample::output_ = nullptr;
 // Per-token metrics: tokens/s is samples/s times the block, perplexity is exp(eval_loss), every
 // validation byte is evaluated, and the loss falls below a uniform guess over 256 bytes.
 TEST_F(GptExample, PretrainingLogsTokensAndPerplexityAndLearns) {
-  const auto logs = events(out() + "/metrics.jsonl", "log");
-  const auto evals = events(out() + "/metrics.jsonl", "eval");
+  const auto logs = metrics_events(out() + "/metrics.jsonl", "log");
+  const auto evals = metrics_events(out() + "/metrics.jsonl", "eval");
   ASSERT_EQ(logs.size(), 4u) << *output_;
   ASSERT_EQ(evals.size(), 2u) << *output_;
   for (const auto& l : logs) {
@@ -101,7 +93,7 @@ TEST_F(GptExample, PretrainingLogsTokensAndPerplexityAndLearns) {
   EXPECT_LT(evals[1]["eval_loss"].get<double>(), evals[0]["eval_loss"].get<double>());
   EXPECT_LT(evals[1]["eval_loss"].get<double>(), std::log(256.0));
   EXPECT_NE(output_->find("tokens/s"), std::string::npos) << "the progress line counts tokens";
-  const auto begin = events(out() + "/metrics.jsonl", "train_begin");
+  const auto begin = metrics_events(out() + "/metrics.jsonl", "train_begin");
   ASSERT_EQ(begin.size(), 1u);
   EXPECT_GT(begin[0]["parameter_bytes"].get<double>(), 0);
   EXPECT_FALSE(begin[0]["gradient_checkpointing"].get<bool>());
@@ -123,12 +115,14 @@ TEST_F(GptExample, AResumedRunEndsBitwiseEqual) {
 TEST_F(GptExample, GradientCheckpointingTrainsTheSameUnderDdp) {
   TempDir ckpt("gpt-ckpt");
   run_ok(gpt({kSmallModel, pretrain_flags(ckpt.path()), {"--gradient-checkpointing"}}));
-  const auto plain = events(out() + "/metrics.jsonl", "eval"), recomputed = events(ckpt / "metrics.jsonl", "eval");
+  const auto plain = metrics_events(out() + "/metrics.jsonl", "eval");
+  const auto recomputed = metrics_events(ckpt / "metrics.jsonl", "eval");
   ASSERT_EQ(recomputed.size(), plain.size());
   for (std::size_t i = 0; i < plain.size(); ++i)
     EXPECT_NEAR(recomputed[i]["eval_loss"].get<double>(), plain[i]["eval_loss"].get<double>(),
                 1e-4 * plain[i]["eval_loss"].get<double>());
-  EXPECT_TRUE(events(ckpt / "metrics.jsonl", "train_begin").at(0)["gradient_checkpointing"].get<bool>());
+  const auto begin = metrics_events(ckpt / "metrics.jsonl", "train_begin");
+  EXPECT_TRUE(begin.at(0)["gradient_checkpointing"].get<bool>());
 }
 
 // Sampling is reproducible for a seed, continues the prompt, and a checkpoint carries its shape.

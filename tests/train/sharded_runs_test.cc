@@ -10,11 +10,13 @@
 #include <nlohmann/json.hpp>
 
 #include "elastic_records.h"
+#include "metrics_file.h"
 #include "testing.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using lockstep::testing::metrics_events;
 using lockstep::testing::Process;
 using lockstep::testing::TempDir;
 
@@ -36,17 +38,6 @@ std::string run_ok(const std::vector<std::string>& argv) {
   const int code = p.wait(300);
   EXPECT_EQ(code, 0) << p.output();
   return p.output();
-}
-
-std::vector<nlohmann::json> events(const std::string& metrics, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == kind) out.push_back(j);
-  }
-  return out;
 }
 
 // What `fashion_mnist evaluate` prints of a checkpoint: "test accuracy A on N images, loss L".
@@ -94,7 +85,7 @@ TEST(ShardedRuns, EachRankWritesItsShardAndConsolidateMakesTheSameModel) {
   EXPECT_NE(from_shards.find("test accuracy"), std::string::npos) << from_shards;
 
   // Both saves are in metrics.jsonl, written in the background.
-  const auto saves = events(out / "metrics.jsonl", "checkpoint");
+  const auto saves = metrics_events(out / "metrics.jsonl", "checkpoint");
   ASSERT_EQ(saves.size(), 2u);
   EXPECT_EQ(saves[1]["step"], 10);
   EXPECT_EQ(saves[1]["format"], "sharded");
@@ -141,12 +132,12 @@ TEST(ShardedRuns, AStageTwoCheckpointOfTwoResumesUnderDdpOnThreeTrainingEachSamp
   const auto steps = lockstep::testing::trained_samples(record.path());
   EXPECT_EQ(lockstep::testing::each_sample_once_per_epoch(steps, 15, 1, 640), "");
   // The loss goes on from the checkpoint's, not from an untrained model's (ln 10 = 2.3).
-  const auto before = events(out / "metrics.jsonl", "log"),
-             after = events(out / "resumed/metrics.jsonl", "log");
+  const auto before = metrics_events(out / "metrics.jsonl", "log"),
+             after = metrics_events(out / "resumed/metrics.jsonl", "log");
   ASSERT_FALSE(before.empty());
   ASSERT_FALSE(after.empty());
   EXPECT_LT(after.front()["loss"].get<double>(), 0.8 * 2.3);
-  const auto loads = events(out / "resumed/metrics.jsonl", "checkpoint");
+  const auto loads = metrics_events(out / "resumed/metrics.jsonl", "checkpoint");
   ASSERT_FALSE(loads.empty());
   EXPECT_EQ(loads.front()["action"], "resume");
   EXPECT_EQ(loads.front()["saved_world_size"], 2);

@@ -12,11 +12,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "metrics_file.h"
 #include "testing.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using lockstep::testing::metrics_events;
 using lockstep::testing::Process;
 using lockstep::testing::TempDir;
 
@@ -41,17 +43,6 @@ const std::vector<std::string> kShortRun = {"--train-limit", "640", "--eval-limi
 std::string fingerprint(const std::string& output) {
   const auto at = output.rfind("(fingerprint ");
   return at == std::string::npos ? "" : output.substr(at + 13, 16);
-}
-
-std::vector<nlohmann::json> events(const std::string& metrics, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == kind) out.push_back(j);
-  }
-  return out;
 }
 
 std::string run_ok(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {}) {
@@ -104,7 +95,7 @@ TEST(ZeroRuns, ACheckpointResumesUnderDdpAndWithOneOrThreeWorkers) {
   const auto flags = with(kShortRun, {"--model", "mlp", "--max-steps", "30", "--save-strategy", "steps",
                                       "--save-steps", "10", "--logging-steps", "10", "--learning-rate", "3e-3"});
   run_ok(launch(2, with(flags, {"--zero-stage", "2", "--output-dir", base.path()})));
-  const auto straight = events(base / "metrics.jsonl", "log");
+  const auto straight = metrics_events(base / "metrics.jsonl", "log");
   ASSERT_EQ(straight.size(), 3u);
   const double untrained = 2.3;  // ln 10: a guess among ten classes
   ASSERT_LT(straight[0]["loss"].get<double>(), 0.8 * untrained);
@@ -118,7 +109,7 @@ TEST(ZeroRuns, ACheckpointResumesUnderDdpAndWithOneOrThreeWorkers) {
     const std::string o = run_ok(launch(
         r.workers, with(with(flags, r.flags), {"--resume-from-checkpoint", base / "checkpoint-10", "--output-dir", out.path()})));
     EXPECT_NE(o.find("resumed from " + base.path() + "/checkpoint-10 at step 10"), std::string::npos) << o;
-    const auto logs = events(out / "metrics.jsonl", "log");
+    const auto logs = metrics_events(out / "metrics.jsonl", "log");
     ASSERT_EQ(logs.size(), 2u) << o;  // steps 20 and 30
     const double before = straight[0]["loss"].get<double>(), after = logs[0]["loss"].get<double>();
     EXPECT_LT(after, before * 1.25) << r.workers << " workers started over instead of resuming";
@@ -164,7 +155,7 @@ TEST(ZeroRuns, TrainBeginRecordsWhatEachWorkerHolds) {
     run_ok(launch(2, with(with(kShortRun, {"--model", "mlp", "--max-steps", "2", "--save-strategy", "no",
                                            "--output-dir", out.path()}),
                           extra)));
-    begin[name] = events(out / "metrics.jsonl", "train_begin").at(0);
+    begin[name] = metrics_events(out / "metrics.jsonl", "train_begin").at(0);
   }
   const double params = begin["ddp"]["parameter_bytes"].get<double>();
   auto held = [&](const std::string& run, const char* field) { return begin[run][field].get<double>() / params; };
@@ -194,7 +185,8 @@ TEST(ZeroRuns, AccumulationBf16AndEvaluationWorkUnderStageTwo) {
           "--output-dir", out.path()}));
   EXPECT_NE(o.find("2 workers x 8 per device x 2 accumulation = 32 samples per step"), std::string::npos) << o;
   EXPECT_NE(o.find("all 2 replicas hold the same parameters"), std::string::npos) << o;
-  const auto logs = events(out / "metrics.jsonl", "log"), evals = events(out / "metrics.jsonl", "eval");
+  const auto logs = metrics_events(out / "metrics.jsonl", "log");
+  const auto evals = metrics_events(out / "metrics.jsonl", "eval");
   ASSERT_EQ(logs.size(), 4u);
   EXPECT_LT(logs.back()["loss"].get<double>(), logs.front()["loss"].get<double>());
   ASSERT_EQ(evals.size(), 2u);
@@ -220,7 +212,8 @@ TEST(SyncBatchNormRuns, TwoWorkersTrainAsOneWithTheirBatchesTogether) {
                                                  "4", "--save-strategy", "no", "--output-dir", out.path()}),
                                 extra)));
     std::vector<double> out_losses;
-    for (const auto& j : events(out / "metrics.jsonl", "log")) out_losses.push_back(j["loss"].get<double>());
+    for (const auto& j : metrics_events(out / "metrics.jsonl", "log"))
+      out_losses.push_back(j["loss"].get<double>());
     return out_losses;
   };
   const auto one = losses(1, 32, {});
@@ -252,7 +245,7 @@ TEST(StragglerRuns, ARankWithSlowDataIsNamedOnTheLogLines) {
   const std::string o = run_ok(launch(2, with(kShortRun, {"--model", "mlp", "--max-steps", "10", "--logging-steps", "5",
                                                           "--save-strategy", "no", "--data-delay-ms", "40",
                                                           "--data-delay-rank", "1", "--output-dir", out.path()})));
-  const auto logs = events(out / "metrics.jsonl", "log");
+  const auto logs = metrics_events(out / "metrics.jsonl", "log");
   ASSERT_EQ(logs.size(), 2u);
   for (const auto& j : logs) {
     ASSERT_TRUE(j.contains("straggler_rank")) << j.dump();
