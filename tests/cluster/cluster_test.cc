@@ -14,6 +14,7 @@
 
 #include "cgroup.h"
 #include "lockstep/train/checkpoint.h"
+#include "metrics_file.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -282,13 +283,21 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClusterConformance,
 
 // One machine of two limited to half a core: the Trainer on rank 0 names rank 1 (machine 1's
 // only worker) as the straggler, and says its compute is what is slow, not its data.
+// - The two machines share this host's cores. Each gets one thread (two pools of a thread per core
+//   would take cores from each other), and both run in cgroups of the highest weight, so that on a
+//   loaded host machine 0 still has a core and machine 1 its half.
+// - A step is mostly compute (big batches over an unlimited link): otherwise machine 1 would idle
+//   in the all-reduce for long enough to stay within its half a core.
+// - Judged over the windows, as the doctor judges them.
 TEST(Cluster, AMachineLimitedToHalfACoreIsNamedAsTheStraggler) {
   REQUIRE_CLUSTER();
-  const Cgroup half = Cgroup::cpu(0.5);  // outlives the cluster: its processes are gone before it is removed
-  if (half.path().empty()) GTEST_SKIP() << "no cpu cgroup can be made here";
-  VirtualCluster cluster({2, "1gbit"});
+  // They outlive the cluster: its processes are gone before the cgroups are removed.
+  const Cgroup whole = Cgroup::cpu(0), half = Cgroup::cpu(0.5);
+  if (whole.path().empty() || half.path().empty()) GTEST_SKIP() << "no cpu cgroup can be made here";
+  VirtualCluster cluster({2, ""});
   TempDir out("cluster-straggler");
-  auto program = trainer(out.path(), {"--max-steps", "40", "--save-strategy", "no"});
+  auto program = trainer(out.path(), {"--max-steps", "60", "--save-strategy", "no", "--eval-strategy", "no",
+                                      "--per-device-train-batch-size", "2048", "--train-limit", "32768"});
   std::vector<std::unique_ptr<Process>> nodes;
   for (int m = 0; m < 2; ++m) {
     std::vector<std::string> argv = {LOCKSTEP_BINARY, "run", "--nnodes", "2", "--node-rank", std::to_string(m),
@@ -296,12 +305,20 @@ TEST(Cluster, AMachineLimitedToHalfACoreIsNamedAsTheStraggler) {
                                      "--master-port", std::to_string(kPort)};
     argv.insert(argv.end(), program.begin(), program.end());
     // Into the cgroup before entering the machine: `ip netns exec` mounts a /sys of its own.
-    nodes.push_back(std::make_unique<Process>(m == 1 ? half.around(cluster.on(m, argv)) : cluster.on(m, argv),
-                                              std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "t"}}));
+    nodes.push_back(std::make_unique<Process>((m == 1 ? half : whole).around(cluster.on(m, argv)),
+                                              std::map<std::string, std::string>{{"LOCKSTEP_TOKEN", "t"},
+                                                                                 {"OMP_NUM_THREADS", "1"}}));
   }
   for (auto& n : nodes) EXPECT_EQ(n->wait(300), 0) << n->output();
-  EXPECT_NE(nodes[0]->output().find("rank 1 is the straggler: its compute"), std::string::npos) << nodes[0]->output();
-  EXPECT_EQ(nodes[0]->output().find("rank 0 is the straggler"), std::string::npos) << nodes[0]->output();
+  std::map<int, int> windows_naming;  // rank -> the windows that named it
+  const auto logs = metrics_events(out.path() + "/metrics.jsonl", "log");
+  for (const auto& log : logs)
+    if (log.contains("straggler_rank")) ++windows_naming[log["straggler_rank"].get<int>()];
+  std::printf("of %zu windows, %d named rank 1 and %d rank 0\n", logs.size(), windows_naming[1], windows_naming[0]);
+  const std::string said = nodes[0]->output();
+  EXPECT_GE(2 * windows_naming[1], static_cast<int>(logs.size())) << said;
+  EXPECT_LT(windows_naming[0], windows_naming[1]) << said;
+  EXPECT_NE(said.find("rank 1 is the straggler: its compute"), std::string::npos) << said;
 }
 
 TEST(Cluster, GlooSocketIfnameIsHonouredAndABadOneIsNamed) {

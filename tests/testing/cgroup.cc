@@ -27,12 +27,14 @@ std::string make(const std::string& controller, const std::string& v1_probe) {
 Cgroup Cgroup::cpu(double share) {
   Cgroup g;
   g.path_ = make("cpu", "cpu.cfs_quota_us");
-  const int quota = static_cast<int>(share * 100000);
+  const int quota = share > 0 ? static_cast<int>(share * 100000) : -1;
   if (fs::exists(g.path_ + "/cpu.cfs_quota_us")) {
     std::ofstream(g.path_ + "/cpu.cfs_period_us") << 100000;
     std::ofstream(g.path_ + "/cpu.cfs_quota_us") << quota;
+    std::ofstream(g.path_ + "/cpu.shares") << 262144;  // the highest
   } else if (!g.path_.empty()) {
-    std::ofstream(g.path_ + "/cpu.max") << quota << " 100000";
+    std::ofstream(g.path_ + "/cpu.max") << (quota > 0 ? std::to_string(quota) : "max") << " 100000";
+    std::ofstream(g.path_ + "/cpu.weight") << 10000;  // the highest
   }
   return g;
 }

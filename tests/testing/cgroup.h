@@ -11,6 +11,8 @@ namespace lockstep::testing {
 
 class Cgroup {
  public:
+  // At most `share_of_one_core` of a core (0: no limit), at the highest weight: a process in it
+  // gets its share before the rest of a loaded host does.
   static Cgroup cpu(double share_of_one_core);
   static Cgroup memory(std::int64_t bytes);  // no swap either
   Cgroup(Cgroup&& other) noexcept;
