@@ -14,6 +14,7 @@
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/ddp/optimizer_state.h"
+#include "device_collectives.h"
 #include "tensor_alias.h"
 #include "zero3_units.h"
 #include "zero_mirrors.h"
@@ -108,6 +109,7 @@ struct ZeroOptimizer::Impl {
   std::int64_t offset_of(int owner, std::size_t b) const { return owner * slice_length(b); }
   std::int64_t my_offset(std::size_t b) const { return offset_of(rank, b); }
   void check_reducer() const;
+  void check_device() const;
   void check_one_machine() const;
   void allocate_flat();
   void move_parameters_in();
@@ -119,6 +121,21 @@ struct ZeroOptimizer::Impl {
   HeldShard held(int owner, const std::vector<torch::Tensor>& slices, const torch::optim::Optimizer& o) const;
 };
 
+// On a GPU each rank keeps its own slices and gathers into its own memory: what is shared
+// between ranks, or sent to a mirror, lives in host memory.
+void ZeroOptimizer::Impl::check_device() const {
+  const auto params = module.parameters();
+  if (params.empty() || params.front().is_cpu()) return;
+  const std::string device = params.front().device().str();
+  if (options.shared_parameters)
+    throw ConfigError("ZeRO with one copy of the parameters per machine (--zero-shared-parameters) keeps it in host "
+                      "memory the workers map, and the model is on " + device +
+                      ": leave out --zero-shared-parameters on a GPU (each worker keeps its slices there)");
+  if (mirrored())
+    throw ConfigError("ZeRO in an elastic job mirrors each rank's slices in host memory, and the model is on " +
+                      device + ": run elastic jobs with ZeRO on the CPU, or with DDP (--zero-stage 0) on the GPU");
+}
+
 void ZeroOptimizer::Impl::check_reducer() const {
   if (options.stage < 1 || options.stage > 3)
     throw ConfigError("ZeRO stage " + std::to_string(options.stage) + " is not one lockstep has: use 1, 2 or 3");
@@ -128,6 +145,7 @@ void ZeroOptimizer::Impl::check_reducer() const {
     throw ConfigError(stage3() ? "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size(), model, "
                                  "units) for stage 3"
                                : "ZeroOptimizer: build its Reducer with zero_bucket_sharding(zero, comm.size())");
+  for (const auto& b : buckets) float_dtype_of(b.params.front());
   if (one_copy()) check_one_machine();
   if (stage3() && mirrored())
     throw ConfigError("ZeRO stage 3 in elastic jobs (mirrored slices) is not built yet: use stage 2 there");
@@ -212,8 +230,7 @@ void ZeroOptimizer::Impl::move_parameters_in() {
           .zero_();  // the padding
       // Rank 0's values, one unit at a time (the reducer left this to us: broadcast whole, the
       // model would exist twice for a moment).
-      if (comm.size() > 1)
-        comm.broadcast(flat[b].data_ptr(), std::size_t(flat[b].numel()), float_dtype_of(flat[b]), 0)->wait();
+      if (comm.size() > 1) ddp_detail::finish(ddp_detail::broadcast_anywhere(comm, flat[b], 0));
       shards.push_back(flat[b].narrow(0, my_offset(b), slice_length(b)).clone());
       ddp_detail::free_storage(flat[b]);
       ::malloc_trim(0);  // the bucket's parameters, freed as they moved in, go back now: see below
@@ -256,9 +273,8 @@ void ZeroOptimizer::Impl::make_units() {
 void ZeroOptimizer::Impl::gather_parameters() {
   std::vector<comm::WorkPtr> works;
   for (std::size_t b = 0; b < buckets.size(); ++b)
-    works.push_back(comm.allgather(shards[b].data_ptr(), flat[b].data_ptr(), std::size_t(slice_length(b)),
-                                   float_dtype_of(flat[b])));
-  for (auto& w : works) w->wait();
+    works.push_back(ddp_detail::allgather_anywhere(comm, shards[b], flat[b]));
+  for (auto& w : works) ddp_detail::finish(w);
 }
 
 // This rank's state for bucket b's slice (empty before the optimizer's first step).
@@ -293,6 +309,7 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::
                              ZeroOptions options, Factory make)
     : impl_(std::make_unique<Impl>(module, reducer, comm, options)) {
   impl_->check_reducer();
+  impl_->check_device();
   impl_->allocate_flat();
   impl_->move_parameters_in();
   impl_->optimizer = make(impl_->shards);
@@ -453,7 +470,7 @@ std::unique_ptr<torch::optim::Optimizer> ZeroOptimizer::consolidated(const Facto
     const ParamState mine = s.shard_state(b);
     for (const auto& [name, slice] : mine.tensors) {
       auto all = torch::empty({s.buckets[b].numel}, slice.options());
-      s.comm.allgather(slice.data_ptr(), all.data_ptr(), std::size_t(slice.numel()), float_dtype_of(slice))->wait();
+      ddp_detail::finish(ddp_detail::allgather_anywhere(s.comm, slice, all));
       if (s.comm.rank() != 0) continue;
       for (std::size_t k = 0; k < s.buckets[b].params.size(); ++k) {
         const auto& p = s.buckets[b].params[k];
@@ -555,8 +572,10 @@ void ZeroOptimizer::load_slices(const RangeReader& read, const std::vector<std::
   for (std::size_t b = 0; b < s.buckets.size(); ++b) {
     const std::int64_t lo = s.my_offset(b), hi = lo + s.slice_length(b);
     auto& shard = s.shards[b];
+    // Read into host memory: on a GPU, copied there once the bucket's slices are read.
+    auto host = shard.is_cpu() ? shard : torch::empty_like(shard, shard.options().device(torch::kCPU));
     ParamState st{step, {}};
-    for (const auto& name : state) st.tensors[name] = torch::zeros_like(shard);
+    for (const auto& name : state) st.tensors[name] = torch::zeros_like(host);
     const auto esize = std::int64_t(shard.element_size());
     for (std::size_t k = 0; k < s.buckets[b].params.size(); ++k) {
       const auto& p = s.buckets[b].params[k];
@@ -565,8 +584,12 @@ void ZeroOptimizer::load_slices(const RangeReader& read, const std::vector<std::
       if (from >= to) continue;
       const int at = place.at(p.unsafeGetTensorImpl());
       auto into = [&](const torch::Tensor& t) { return static_cast<char*>(t.data_ptr()) + (from - lo) * esize; };
-      read(at, "value", from - p_lo, to - from, into(shard));
+      read(at, "value", from - p_lo, to - from, into(host));
       for (auto& [name, t] : st.tensors) read(at, name, from - p_lo, to - from, into(t));
+    }
+    if (!shard.is_cpu()) {
+      shard.copy_(host);
+      for (auto& [name, t] : st.tensors) t = t.to(shard.device());
     }
     if (!state.empty()) s.optimizer->state()[key_of(shard)] = make_state(s.kind, st);
   }

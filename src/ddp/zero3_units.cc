@@ -13,6 +13,7 @@
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
+#include "device_collectives.h"
 
 namespace lockstep::ddp_detail {
 namespace {
@@ -23,6 +24,16 @@ void point_storage(const torch::Tensor& flat, void* data, std::size_t bytes) {
   auto* storage = flat.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(data, data, [](void*) {}, c10::Device(c10::kCPU)));
   storage->set_nbytes(bytes);
+}
+
+// Gives the flat array fresh memory from its GPU's allocator, which keeps freed blocks for reuse
+// itself (the pool below is for host memory).
+void take_device_memory(const torch::Tensor& flat) {
+  auto fresh = torch::empty({flat.numel()}, flat.options());
+  auto* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(
+      fresh.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, flat.device())));
+  storage->set_nbytes(std::size_t(flat.numel()) * flat.element_size());
 }
 
 // The identity in forward; in backward, first gathers its unit again (its backward comes next).
@@ -49,7 +60,10 @@ torch::Tensor gather_before_backward(const torch::Tensor& out, std::function<voi
 }  // namespace
 
 void free_storage(const torch::Tensor& flat) {
-  at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), 0);
+  auto* storage = flat.storage().unsafeGetStorageImpl();
+  if (flat.is_cpu()) return at::native::resize_bytes_cpu(storage, 0);
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, flat.device()));  // the old one's deleter frees it
+  storage->set_nbytes(0);
 }
 
 // Blocks of memory the units take turns in. Units come and go many times a step; through malloc
@@ -116,16 +130,22 @@ std::int64_t ParameterUnits::bytes_of(int b) const {
 void ParameterUnits::prefetch(int b) {
   if (b < 0 || gathered_[std::size_t(b)]) return;
   const auto& flat = flat_[std::size_t(b)];
-  point_storage(flat, pool_.take(std::size_t(bytes_of(b))), std::size_t(bytes_of(b)));
-  from_pool_[std::size_t(b)] = 1;
+  if (flat.is_cpu()) {
+    point_storage(flat, pool_.take(std::size_t(bytes_of(b))), std::size_t(bytes_of(b)));
+    from_pool_[std::size_t(b)] = 1;
+  } else {
+    take_device_memory(flat);
+  }
   gathered_[std::size_t(b)] = 1;
   gathered_bytes_ += bytes_of(b);
   high_water_ = std::max(high_water_, gathered_bytes_);
   const auto& shard = shards_[std::size_t(b)];
-  const auto count = std::size_t(shard.numel());
-  const auto dtype = *comm_dtype_of(flat.scalar_type());
-  works_[std::size_t(b)] = pool_.shared() ? comm_.allgather_machine(shard.data_ptr(), flat.data_ptr(), count, dtype)
-                                          : comm_.allgather(shard.data_ptr(), flat.data_ptr(), count, dtype);
+  if (pool_.shared()) {
+    const auto dtype = *comm_dtype_of(flat.scalar_type());
+    works_[std::size_t(b)] = comm_.allgather_machine(shard.data_ptr(), flat.data_ptr(), std::size_t(shard.numel()), dtype);
+  } else {
+    works_[std::size_t(b)] = allgather_anywhere(comm_, shard, flat);  // from a GPU to the host backends: done already
+  }
 }
 
 void ParameterUnits::finish(int b) {

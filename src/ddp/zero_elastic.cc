@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "lockstep/comm/elastic.h"
-#include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/ddp/optimizer_state.h"
+#include "device_collectives.h"
 
 namespace lockstep {
 namespace {
@@ -218,9 +218,8 @@ RecoveredState recover_sharded_state(comm::Communicator& comm, torch::nn::Module
   if (mine.whole) held = {whole_shard(l, *mine.whole)};
   contribute(held, mine_to_send, values, state);
 
-  const auto dtype = comm_dtype_of(l.options.dtype().toScalarType()).value();
-  comm.allreduce(values.data_ptr(), std::size_t(l.numel), dtype, comm::ReduceOp::sum)->wait();
-  for (auto& [name, t] : state) comm.allreduce(t.data_ptr(), std::size_t(l.numel), dtype, comm::ReduceOp::sum)->wait();
+  ddp_detail::finish(ddp_detail::allreduce_sum_anywhere(comm, values));
+  for (auto& [name, t] : state) ddp_detail::finish(ddp_detail::allreduce_sum_anywhere(comm, t));
   install(l, values, state, optimizer_steps, *out.optimizer);
   return out;
 }

@@ -384,9 +384,6 @@ void Trainer::Impl::place_model() {
   if (args.device == "cpu") return;
   device = training_device(args.device, local_rank());
   if (device.is_cpu()) return;
-  if (zero_plan.sharded())
-    throw ConfigError("--zero-stage " + std::to_string(zero_plan.stage) + " with --device " + args.device +
-                      ": ZeRO keeps its shards in host memory; use DDP (--zero-stage 0) on the GPU, or --device cpu");
   model.module->to(device);
   if (rank() == 0) LOCKSTEP_LOG(info, train) << "training on " << device.str() << " (worker 0)";
 }
