@@ -326,6 +326,41 @@ TEST(Trainer, Fp16UnderEveryZeroStageSkipsTheOverflowedStepAsDdpDoes) {
   }
 }
 
+// ZeRO on a GPU (scripts/gpu-check runs it where there is one): one worker, each stage against
+// DDP on the same GPU. The flat arrays and the slices live on the device, stage 3's units take
+// GPU memory and give it back, and the collectives go through host memory (shm). Two workers
+// sharing one GPU need processes (see the test above): gpu-check trains the GPT so under every stage.
+TEST(Trainer, DeviceCudaUnderEveryZeroStageTrainsAsDdpDoes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here: scripts/gpu-check runs this where there is one";
+  auto train = [](int stage) {
+    lockstep::testing::TempDir out_dir("zero-cuda");
+    auto args = quiet_args(out_dir.path());
+    args.device = "cuda";
+    args.optim = "adamw";
+    args.learning_rate = 1e-2;
+    args.max_steps = 4;
+    args.per_device_train_batch_size = 16;
+    args.zero_stage = stage;
+    auto train_set = fashion(data::FashionMnist::Split::train, 512);
+    UnitTiny net = seeded_unit_tiny();
+    comm::CommOptions options;
+    options.backend = "shm";
+    std::vector<torch::Tensor> result;
+    lockstep::testing::run_ranks_as_threads(1, options, [&](comm::Communicator& comm) {
+      Trainer trainer(Model::of(net), train_set, nullptr, args, {}, &comm);
+      trainer.train();
+      const std::string dir = trainer.save_checkpoint();
+      Tiny saved = seeded_tiny();
+      load_module(*saved, dir + "/model.pt");
+      result = snapshot(*saved);
+    });
+    return result;
+  };
+  const auto ddp = train(0);
+  EXPECT_GT(max_difference(ddp, snapshot(*seeded_tiny())), 1e-3);  // it trained at all
+  for (int stage : {1, 2, 3}) EXPECT_LT(max_difference(train(stage), ddp), 1e-5) << "stage " << stage;
+}
+
 TEST(Trainer, EvaluationCountsEveryRealSampleOnceAcrossRanks) {
   auto eval_set = fashion(data::FashionMnist::Split::test, 101);  // 101 = 3 x 34 - 1: padding
   auto train_set = fashion(data::FashionMnist::Split::train, 64);
