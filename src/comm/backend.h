@@ -37,6 +37,8 @@ struct Collective {
   // allgather only: recv is machine memory (Communicator::allocate_machine_memory), filled once
   // per machine by its ranks together. Backends without machine memory treat it as allgather.
   bool machine_memory = false;
+  // allreduce and reduce_scatter, on a backend that takes device memory: see DeviceReady.
+  DeviceReady ready;
 
   // "allreduce #12 (f32 x 1000, sum)": used in every error message.
   std::string describe() const;

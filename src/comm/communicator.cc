@@ -233,6 +233,13 @@ void require_buffer(const Backend& backend, const void* p, std::size_t count, co
     require_host_memory(p, what, collective, "the " + backend.name() + " backend", ", or use the nccl backend");
 }
 
+void require_device_backend(const Backend& backend, DeviceReady ready, const char* collective) {
+  if (ready.event && !backend.takes_device_memory())
+    throw ConfigError(std::string(collective) + ": an event to wait for on the GPU was given to the " + backend.name() +
+                      " backend, which reads host memory only: copy the buffers to the host once the device is done "
+                      "with them, or use the nccl backend");
+}
+
 void require_reduction(ReduceOp op, DType dtype, const char* collective) {
   if (!is_valid_reduction(op, dtype))
     throw ConfigError(std::string(collective) + ": " + reduce_op_name(op) + " is bitwise and applies to i32 and i64, not " +
@@ -272,10 +279,12 @@ WorkPtr Communicator::enqueue(Collective c) {
 }
 
 
-WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                DeviceReady ready) {
   require_buffer(*backend_, send, count, "send buffer", "allreduce");
   require_buffer(*backend_, recv, count, "recv buffer", "allreduce");
   require_reduction(op, dtype, "allreduce");
+  require_device_backend(*backend_, ready, "allreduce");
   Collective c;
   c.kind = CollectiveKind::allreduce;
   c.send = send;
@@ -283,6 +292,7 @@ WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count,
   c.count = count;
   c.dtype = dtype;
   c.op = op;
+  c.ready = ready;
   return enqueue(c);
 }
 
@@ -344,10 +354,11 @@ WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_
 }
 
 WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                                     ReduceOp op) {
+                                     ReduceOp op, DeviceReady ready) {
   require_buffer(*backend_, send, count, "send buffer", "reduce_scatter");
   require_buffer(*backend_, recv, count, "recv buffer", "reduce_scatter");
   require_reduction(op, dtype, "reduce_scatter");
+  require_device_backend(*backend_, ready, "reduce_scatter");
   Collective c;
   c.kind = CollectiveKind::reduce_scatter;
   c.send = send;
@@ -355,6 +366,7 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t c
   c.count = count;
   c.dtype = dtype;
   c.op = op;
+  c.ready = ready;
   return enqueue(c);
 }
 

@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <map>
@@ -141,6 +142,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     comm::WorkPtr work;
     SteadyTime queued{};
     bool shared = false;  // the tensor sent lives in the communicator's shared memory
+    std::unique_ptr<c10::Event> written;  // on a GPU over nccl: recorded after backward wrote the bucket
   };
 
   Impl(std::shared_ptr<torch::nn::Module> m, comm::Communicator& c, DdpOptions o, std::optional<BucketSharding> sh)
@@ -197,7 +199,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void on_ready(int index);
   void launch_ready();
   void launch(int b);
-  comm::WorkPtr reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec);
+  comm::WorkPtr reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec,
+                       comm::DeviceReady written = {});
+  comm::DeviceReady record_written(Bucket& bucket, const torch::Tensor& send);
   std::shared_ptr<BucketCodec> codec_for(int b) const;
   void queue_end_of_backward();
   void finish_backward();
@@ -556,9 +560,7 @@ void Reducer::Impl::launch(int b) {
   if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
   bucket.queued = Clock::now();
   if (!send.is_cpu() && comm.takes_device_memory()) {
-    // nccl reads the GPU's memory on a stream of its own: backward's kernels must be done first.
-    torch::cuda::synchronize(send.device().index());
-    bucket.work = reduce(send, bucket.codec);
+    bucket.work = reduce(send, bucket.codec, record_written(bucket, send));
   } else if (!send.is_cpu()) {
     // A device bucket goes through host memory to the host backends.
     auto host = send.to(torch::kCPU);
@@ -571,17 +573,35 @@ void Reducer::Impl::launch(int b) {
   if (on_launched) on_launched(b);
 }
 
+// nccl reads the GPU's memory on a stream of its own, and backward's kernels that write the
+// bucket may still be queued on the current one: an event after them, which nccl's stream waits
+// for on the GPU while backward goes on. (A codec's all-reduce takes no event: the device
+// finishes first.)
+comm::DeviceReady Reducer::Impl::record_written(Bucket& bucket, const torch::Tensor& send) {
+  if (bucket.codec && !reduce_scatter) {
+    torch::cuda::synchronize(send.device().index());
+    return {};
+  }
+  if (!bucket.written) bucket.written = std::make_unique<c10::Event>(send.device().type());
+  const c10::impl::VirtualGuardImpl guard(send.device().type());
+  bucket.written->record(guard.getStream(send.device()));
+  void* handle = torch_compat::event_handle(*bucket.written);
+  if (!handle) torch::cuda::synchronize(send.device().index());  // libtorch 1.x: no handle to give
+  return {handle};
+}
+
 // The average of `flat` over the ranks: all of it (through the bucket's codec between machines,
 // when it has one), or under reduce_scatter this rank's slice (in place, at the rank's offset).
-comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec) {
+comm::WorkPtr Reducer::Impl::reduce(const torch::Tensor& flat, const std::shared_ptr<BucketCodec>& codec,
+                                    comm::DeviceReady written) {
   const auto dtype = comm_dtype(flat.scalar_type(), "a bucket");
   if (codec && !reduce_scatter)
     return comm.allreduce(flat.data_ptr<float>(), std::size_t(flat.numel()), comm::ReduceOp::avg, as_comm_codec(codec));
   if (!reduce_scatter)
-    return comm.allreduce(flat.data_ptr(), flat.numel(), dtype, comm::ReduceOp::avg);
+    return comm.allreduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), dtype, comm::ReduceOp::avg, written);
   const std::int64_t n = flat.numel() / comm.size();
   void* mine = static_cast<char*>(flat.data_ptr()) + comm.rank() * n * flat.element_size();
-  return comm.reduce_scatter(flat.data_ptr(), mine, std::size_t(n), dtype, comm::ReduceOp::avg);
+  return comm.reduce_scatter(flat.data_ptr(), mine, std::size_t(n), dtype, comm::ReduceOp::avg, written);
 }
 
 // Zeros stand in for gradients that never arrived, so the peers' all-reduce completes either

@@ -62,7 +62,9 @@ class Communicator {
   // there too). Elsewhere a GPU tensor's bytes must be copied to the host first.
   bool takes_device_memory() const;
 
-  WorkPtr allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  // `ready`: see DeviceReady (types.h); only for a backend that takes device memory.
+  WorkPtr allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                    DeviceReady ready = {});
   WorkPtr allreduce(void* buffer, std::size_t count, DType dtype, ReduceOp op) {
     return allreduce(buffer, buffer, count, dtype, op);
   }
@@ -74,7 +76,8 @@ class Communicator {
   // recv holds size() * count elements, rank r's contribution at offset r * count.
   WorkPtr allgather(const void* send, void* recv, std::size_t count, DType dtype);
   // send holds size() * count elements; recv gets the reduction of block rank().
-  WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  WorkPtr reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                         DeviceReady ready = {});
   WorkPtr barrier();
 
   // Point-to-point, outside the collective order: a send and a recv are matched by (source,

@@ -73,4 +73,13 @@ void divide_elements(DType dtype, void* buffer, std::size_t count, int by);
 // A recv's source that matches a message from any rank (Communicator::kAnySource).
 inline constexpr int kAnySource = -1;
 
+// A collective's GPU buffers that kernels still queued on a CUDA stream write: an event (a
+// CUevent, the same as a cudaEvent_t) recorded on that stream after those kernels. A backend
+// that takes device memory (nccl) has its own stream wait for the event on the GPU, so the
+// caller goes on at once, and the event may be recorded again once the collective is done.
+// Empty: the buffers are ready when the collective is called.
+struct DeviceReady {
+  void* event = nullptr;
+};
+
 }  // namespace lockstep::comm

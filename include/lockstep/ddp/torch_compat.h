@@ -12,9 +12,12 @@
 //     deprecated there, an error under -Werror) and CPU- or GPU-named ones before:
 //     autocast_enabled(device type) and friends. Overloads cannot tell these apart, so here the
 //     version decides.
+//   - c10::Event gives out its handle (a cudaEvent_t on CUDA) in 2.x and not in 1.13:
+//     event_handle(), null where it cannot.
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -128,5 +131,20 @@ inline bool cpu_autocast_enabled() { return autocast_enabled(at::kCPU); }
 inline void set_cpu_autocast_enabled(bool on) { set_autocast_enabled(at::kCPU, on); }
 inline at::ScalarType cpu_autocast_dtype() { return autocast_dtype(at::kCPU); }
 inline void set_cpu_autocast_dtype(at::ScalarType t) { set_autocast_dtype(at::kCPU, t); }
+
+template <typename E, typename = void>
+struct has_event_id : std::false_type {};
+template <typename E>
+struct has_event_id<E, std::void_t<decltype(std::declval<const E&>().eventId())>> : std::true_type {};
+
+// The device's own handle of a recorded event, or null where this libtorch does not give it out
+// (the caller then synchronises the device instead).
+template <typename E = c10::Event>
+void* event_handle(const E& event) {
+  if constexpr (has_event_id<E>::value)
+    return event.eventId();
+  else
+    return nullptr;
+}
 
 }  // namespace lockstep::torch_compat

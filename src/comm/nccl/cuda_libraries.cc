@@ -45,6 +45,7 @@ CudaDriver load_cuda_driver() {
   resolve(h, kSoname, "cuStreamCreate", d.stream_create);
   resolve(h, kSoname, "cuStreamDestroy_v2", d.stream_destroy);
   resolve(h, kSoname, "cuStreamQuery", d.stream_query);
+  resolve(h, kSoname, "cuStreamWaitEvent", d.stream_wait_event);
   resolve(h, kSoname, "cuMemAlloc_v2", d.mem_alloc);
   resolve(h, kSoname, "cuMemFree_v2", d.mem_free);
   resolve(h, kSoname, "cuMemcpyHtoD_v2", d.memcpy_htod);

@@ -27,6 +27,7 @@ struct CudaDriver {
   decltype(&::cuStreamCreate) stream_create;
   decltype(&::cuStreamDestroy_v2) stream_destroy;
   decltype(&::cuStreamQuery) stream_query;
+  decltype(&::cuStreamWaitEvent) stream_wait_event;
   decltype(&::cuMemAlloc_v2) mem_alloc;
   decltype(&::cuMemFree_v2) mem_free;
   decltype(&::cuMemcpyHtoD_v2) memcpy_htod;

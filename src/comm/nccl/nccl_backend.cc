@@ -281,6 +281,7 @@ class NcclBackend final : public Backend {
     const bool host_send = bytes.send && !on_device(c.send, c), host_recv = bytes.recv && !on_device(c.recv, c);
     const void* send = c.send;
     void* recv = c.recv;
+    wait_on_gpu_for(c);
     if (host_recv) recv = reinterpret_cast<void*>(recv_scratch_->at_least(bytes.recv));
     if (c.kind == CollectiveKind::broadcast && host_recv) copy_in(recv, c.recv, bytes.recv, c);
     if (c.kind == CollectiveKind::barrier) recv = reinterpret_cast<void*>(recv_scratch_->at_least(8));
@@ -295,6 +296,15 @@ class NcclBackend final : public Backend {
     if (host_recv) copy_out(c.recv, recv, bytes.recv, c);
     wait_for(c);
     if (reduction.divide_after) divide_on_host(c, host_recv ? c.recv : recv);
+  }
+
+  // The caller's kernels that write the buffers, ordered before everything on this stream:
+  // the GPU waits, not the host.
+  void wait_on_gpu_for(const Collective& c) {
+    if (!c.ready.event) return;
+    if (CUresult r = driver_.stream_wait_event(stream_, static_cast<CUevent>(c.ready.event), 0); r != CUDA_SUCCESS)
+      throw SystemError("nccl: " + c.describe() + " could not wait for the caller's event on GPU " +
+                        std::to_string(device_) + ": " + cuda_error_text(r));
   }
 
   void enqueue(const Collective& c, const void* send, void* recv, const Reduction& reduction) {
