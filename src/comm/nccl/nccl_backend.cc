@@ -9,8 +9,9 @@
 // communicator (ncclCommAbort) and fail the collective with PeerError or TimeoutError, as on
 // gloo. Host buffers (the Trainer's scalars, a CPU tensor) are staged through device memory, so
 // every caller works unchanged; GPU buffers go straight to NCCL. The caller orders its GPU work
-// before the call (the Reducer synchronises its device first) and finds the result in place once
-// the Work is done. What differs from the host backends: NCCL sums f16 and bf16 in their own
+// before the call: done when the call is made, or followed by an event it recorded (DeviceReady,
+// as the Reducer does), which the backend's stream waits for on the GPU. It finds the result in
+// place once the Work is done. What differs from the host backends: NCCL sums f16 and bf16 in their own
 // precision, not in f32 rounded once, and has no bitwise reductions (ConfigError).
 #include <chrono>
 #include <cstring>
@@ -374,7 +375,7 @@ class NcclBackend final : public Backend {
   }
 
   // After a failure the NCCL communicator is aborted at once: its kernels would otherwise spin on
-  // the GPU, and a device-wide synchronise (DDP's) would wait for them forever.
+  // the GPU, and a device-wide synchronise (a caller's, ZeRO's) would wait for them forever.
   void abort_communicator() {
     failed_ = true;
     if (comm_) nccl_.comm_abort(comm_);
