@@ -1,7 +1,7 @@
 // ZeRO's collectives over tensors wherever they live: host memory or a GPU's (issue 40).
 // - On a communicator that takes device memory (nccl), a GPU tensor's own memory goes in, once
 //   the device has run the kernels queued before: nccl runs on a stream of its own.
-// - On any other (shm, gloo, hier, mpi), GPU tensors go through host copies, and the result is
+// - On any other (the host backends), GPU tensors go through host copies, and the result is
 //   back on the GPU before the call returns: the work returned is null, nothing to wait for.
 // - Host tensors go in as they are, and the work returned is the collective's.
 #pragma once
