@@ -7,6 +7,7 @@
 
 #include "lockstep/ddp/gradient_checkpoint.h"
 #include "lockstep/models/dropout.h"
+#include "lockstep/models/linear.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
@@ -22,7 +23,7 @@ void zero_init(torch::Tensor& t) {
   t.zero_();
 }
 
-torch::nn::Linear linear(int in, int out, double std, bool bias = true) {
+torch::nn::Linear initialised_linear(int in, int out, double std, bool bias = true) {
   torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
   normal_init(l->weight, std);
   if (bias) zero_init(l->bias);
@@ -112,29 +113,31 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
     : n_head_(c.n_head), attn_dropout_(c.attention_dropout()), dropout_(c.dropout) {
   const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, 0.02));
-  c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, residual_std));
+  c_attn = register_module("c_attn", initialised_linear(c.n_embd, 3 * c.n_embd, 0.02));
+  c_proj = register_module("c_proj", initialised_linear(c.n_embd, c.n_embd, residual_std));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
-  auto qkv = c_attn(x).split(c, /*dim=*/2);
+  auto qkv = fast_linear(x, c_attn->weight, c_attn->bias).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& m) { return m.view({b, t, n_head_, d}).transpose(1, 2); };  // [B, H, T, d]
   const auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout_, is_training())
                      .transpose(1, 2)
                      .contiguous()
                      .view({b, t, c});
-  return fast_dropout(c_proj(y), dropout_, is_training());
+  return fast_dropout(fast_linear(y, c_proj->weight, c_proj->bias), dropout_, is_training());
 }
 
 MlpImpl::MlpImpl(const GptConfig& c)
     : approximate_(c.activation == "gelu_new" ? "tanh" : "none"), dropout_(c.dropout) {
-  c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, 0.02));
-  c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, 0.02 / std::sqrt(2.0 * c.n_layer)));
+  c_fc = register_module("c_fc", initialised_linear(c.n_embd, 4 * c.n_embd, 0.02));
+  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  c_proj = register_module("c_proj", initialised_linear(4 * c.n_embd, c.n_embd, residual_std));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return fast_dropout(c_proj(torch::gelu(c_fc(x), approximate_)), dropout_, is_training());
+  const auto hidden = torch::gelu(fast_linear(x, c_fc->weight, c_fc->bias), approximate_);
+  return fast_dropout(fast_linear(hidden, c_proj->weight, c_proj->bias), dropout_, is_training());
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
@@ -203,7 +206,7 @@ GptLmHeadModelImpl::GptLmHeadModelImpl(const GptConfig& c) {
 
 torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
   // The head shares the token embedding's weights (weight tying).
-  return torch::nn::functional::linear(transformer(tokens), transformer->wte->weight);
+  return fast_linear(transformer(tokens), transformer->wte->weight);
 }
 
 std::vector<train::Matmul> GptLmHeadModelImpl::forward_matmuls(std::int64_t samples) const {
@@ -216,7 +219,7 @@ GptForSequenceClassificationImpl::GptForSequenceClassificationImpl(const GptConf
     : pad_token_(pad_token) {
   if (num_labels < 2) throw ConfigError("a classifier needs at least 2 labels (got " + std::to_string(num_labels) + ")");
   transformer = register_module("transformer", GptModel(c));
-  score = register_module("score", linear(c.n_embd, num_labels, 0.02, /*bias=*/false));
+  score = register_module("score", initialised_linear(c.n_embd, num_labels, 0.02, /*bias=*/false));
 }
 
 torch::Tensor GptForSequenceClassificationImpl::forward(const torch::Tensor& tokens) {
