@@ -34,9 +34,10 @@ torch::nn::LayerNormOptions layer_norm(const GptConfig& c) {
   return torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
 }
 
-// The strictly upper triangle: position t may not attend to positions after it.
-torch::Tensor causal_mask(std::int64_t t, const torch::Device& device) {
-  return torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+// Added to the attention scores: -inf in the strictly upper triangle (position t may not attend to
+// positions after it), 0 elsewhere.
+torch::Tensor causal_mask(std::int64_t t, const torch::TensorOptions& options) {
+  return torch::full({t, t}, -std::numeric_limits<float>::infinity(), options).triu(1);
 }
 
 }  // namespace
@@ -51,10 +52,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   if (!(training && p > 0) && fused_is_faster)
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
 #endif
-  const auto t = q.size(2);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  att = att.masked_fill(causal_mask(t, q.device()), -std::numeric_limits<float>::infinity());
-  return torch::matmul(fast_dropout(torch::softmax(att, -1), p, training), v);
+  const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  // The mask plus the scaled products in one batched product: the scale is its alpha, the mask its
+  // addend. Separate passes for the scale and the mask took a fifth of the attention's time.
+  const auto scores = at::baddbmm(causal_mask(t, q.options()), q.reshape({b * h, t, d}),
+                                  k.reshape({b * h, t, d}).transpose(1, 2), /*beta=*/1,
+                                  /*alpha=*/1.0 / std::sqrt(static_cast<double>(d)));
+  return torch::matmul(fast_dropout(torch::softmax(scores.view({b, h, t, t}), -1), p, training), v);
 }
 
 void GptConfig::validate() const {
@@ -119,9 +123,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
-  auto qkv = fast_linear(x, c_attn->weight, c_attn->bias).split(c, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& m) { return m.view({b, t, n_head_, d}).transpose(1, 2); };  // [B, H, T, d]
-  const auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout_, is_training())
+  // One copy to [3, B, H, T, d], runs of d elements at a time: q, k and v each contiguous, which the
+  // batched products take as they are (k transposed too). Views of [B, T, H, d] were copied by each
+  // product instead, k element by element.
+  const auto qkv = fast_linear(x, c_attn->weight, c_attn->bias)
+                       .view({b, t, 3, n_head_, d})
+                       .permute({2, 0, 3, 1, 4})
+                       .contiguous()
+                       .unbind(0);
+  const auto y = causal_attention(qkv[0], qkv[1], qkv[2], attn_dropout_, is_training())
                      .transpose(1, 2)
                      .contiguous()
                      .view({b, t, c});
