@@ -122,6 +122,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  return fast_dropout(projected(x), dropout_, is_training());
+}
+
+torch::Tensor CausalSelfAttentionImpl::residual_forward(const torch::Tensor& residual,
+                                                        const torch::Tensor& x) {
+  return fast_dropout_add(residual, projected(x), dropout_, is_training());
+}
+
+torch::Tensor CausalSelfAttentionImpl::projected(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
   // One copy to [3, B, H, T, d], runs of d elements at a time: q, k and v each contiguous, which the
   // batched products take as they are (k transposed too). Views of [B, T, H, d] were copied by each
@@ -135,7 +144,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                      .transpose(1, 2)
                      .contiguous()
                      .view({b, t, c});
-  return fast_dropout(fast_linear(y, c_proj->weight, c_proj->bias), dropout_, is_training());
+  return fast_linear(y, c_proj->weight, c_proj->bias);
 }
 
 MlpImpl::MlpImpl(const GptConfig& c)
@@ -146,8 +155,16 @@ MlpImpl::MlpImpl(const GptConfig& c)
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return fast_dropout(projected(x), dropout_, is_training());
+}
+
+torch::Tensor MlpImpl::residual_forward(const torch::Tensor& residual, const torch::Tensor& x) {
+  return fast_dropout_add(residual, projected(x), dropout_, is_training());
+}
+
+torch::Tensor MlpImpl::projected(const torch::Tensor& x) {
   const auto hidden = torch::gelu(fast_linear(x, c_fc->weight, c_fc->bias), approximate_);
-  return fast_dropout(fast_linear(hidden, c_proj->weight, c_proj->bias), dropout_, is_training());
+  return fast_linear(hidden, c_proj->weight, c_proj->bias);
 }
 
 BlockImpl::BlockImpl(const GptConfig& c) {
@@ -158,8 +175,8 @@ BlockImpl::BlockImpl(const GptConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+  const auto h = attn->residual_forward(x, ln_1(x));
+  return mlp->residual_forward(h, ln_2(h));
 }
 
 GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {

@@ -53,3 +53,45 @@ TEST(Dropout, OffInEvaluationAtZeroAndAllAtOneAndTheGradientIsTheMask) {
   EXPECT_THROW(fast_dropout(x, 1.5, true), lockstep::ConfigError);
   EXPECT_THROW(fast_dropout(x, -0.1, true), lockstep::ConfigError);
 }
+
+// The fused sum: residual + fast_dropout(x) to the bit, forward and both gradients, for the types
+// the GPT adds (an fp32 residual stream and bf16 products under autocast, fp32 alone, bf16 alone).
+TEST(Dropout, TheFusedSumIsTheSumOfTheDroppedValuesToTheBit) {
+  using lockstep::models::fast_dropout_add;
+  for (auto [residual_type, x_type] : {std::pair{torch::kFloat, torch::kBFloat16},
+                                       {torch::kFloat, torch::kFloat},
+                                       {torch::kBFloat16, torch::kBFloat16}}) {
+    SCOPED_TRACE(std::string(c10::toString(residual_type)) + " + " + c10::toString(x_type));
+    torch::manual_seed(1);
+    const auto r0 = torch::randn({3, 50, 77}).to(residual_type), x0 = torch::randn({3, 50, 77}).to(x_type);
+    const auto upstream = torch::randn({3, 50, 77}).to(residual_type);
+    auto run = [&](bool fused) {
+      auto r = r0.clone().requires_grad_(), x = x0.clone().requires_grad_();
+      torch::manual_seed(9);
+      auto y = fused ? fast_dropout_add(r, x, 0.3, true) : r + fast_dropout(x, 0.3, true);
+      y.backward(upstream);
+      return std::vector<torch::Tensor>{y, r.grad(), x.grad()};
+    };
+    const auto fused = run(true), steps = run(false);
+    EXPECT_GT((fused[2] == 0).to(torch::kFloat).mean().item<float>(), 0.2) << "it drops";
+    for (std::size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_EQ(fused[i].scalar_type(), steps[i].scalar_type()) << "output " << i;
+      EXPECT_TRUE(torch::equal(fused[i], steps[i])) << "output " << i;
+    }
+  }
+}
+
+TEST(Dropout, TheFusedSumOffInEvaluationAndElsewhereTheTwoSteps) {
+  using lockstep::models::fast_dropout_add;
+  const auto r = torch::randn({4, 8}), x = torch::randn({4, 8});
+  EXPECT_TRUE(torch::equal(fast_dropout_add(r, x, 0.5, /*training=*/false), r + x));
+  EXPECT_TRUE(torch::equal(fast_dropout_add(r, x, 0.0, true), r + x));
+  EXPECT_TRUE(torch::equal(fast_dropout_add(r, x, 1.0, true), r));
+  // A residual that broadcasts takes the two steps: the same values from the same generator state.
+  const auto row = torch::randn({8});
+  torch::manual_seed(4);
+  const auto broadcast = fast_dropout_add(row, x, 0.5, true);
+  torch::manual_seed(4);
+  EXPECT_TRUE(torch::equal(broadcast, row + fast_dropout(x, 0.5, true)));
+  EXPECT_THROW(fast_dropout_add(r, x, 1.5, true), lockstep::ConfigError);
+}

@@ -19,4 +19,11 @@ namespace lockstep::models {
 // 1/(1-p), in x's dtype, which autograd keeps for backward. ConfigError for p outside [0, 1].
 torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training);
 
+// residual + fast_dropout(x, p, training): the same values to the bit, the same mask from the same
+// generator state, in one pass forward and one back, where the two steps took four passes and a
+// stored mask (the mask is recomputed from its seed in backward). Elsewhere (a GPU, shapes that
+// broadcast, a sum in a wider type than residual's) the two steps as written.
+torch::Tensor fast_dropout_add(const torch::Tensor& residual, const torch::Tensor& x, double p,
+                               bool training);
+
 }  // namespace lockstep::models

@@ -67,10 +67,14 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
+  // residual + forward(x), the output's dropout and the sum in one pass (models/dropout.h).
+  torch::Tensor residual_forward(const torch::Tensor& residual, const torch::Tensor& x);
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
+  torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
+
   int n_head_;
   double attn_dropout_;  // on the attention probabilities (models/dropout.h)
   double dropout_;       // on the output
@@ -81,10 +85,14 @@ class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
+  // residual + forward(x), the output's dropout and the sum in one pass (models/dropout.h).
+  torch::Tensor residual_forward(const torch::Tensor& residual, const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
 
  private:
+  torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
+
   std::string approximate_;  // torch::gelu's: "none" or "tanh"
   double dropout_;
 };
