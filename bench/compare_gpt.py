@@ -4,7 +4,7 @@
 Both sides train the same byte-level GPT on the same fortune blocks with the same initialisation,
 AdamW, schedule and clipping (examples/gpt.cc against bench/torch_gpt.py), per-worker batch 16
 blocks of 128 bytes, one intra-op thread and one BLAS thread per worker. PyTorch 2.x steps with
-AdamW(fused=True), the kernel lockstep's Trainer uses on a 2.x libtorch (1.13 has none). Four parts:
+AdamW(fused=True), the kernel lockstep's Trainer uses on a 2.x libtorch (1.13 has none). Five parts:
 
   throughput  tokens/s of lockstep 1 process, lockstep DDP 2 workers, PyTorch 1 process and
               PyTorch DDP (gloo) 2 workers, for PyTorch 1.13 (Debian's) and 2.x (the venv's python,
@@ -21,8 +21,11 @@ AdamW(fused=True), the kernel lockstep's Trainer uses on a 2.x libtorch (1.13 ha
               model's shapes (LOCKSTEP_PROBE_MATMUL=1), PyTorch's from the same FLOPs and rates.
   loss        2 workers, default model, --loss-steps steps on both sides, then the validation
               loss over the whole validation split: lockstep's against PyTorch's.
+  bf16-loss   2 workers, default model, --loss-steps steps in fp32 and with --bf16, lockstep and
+              PyTorch 2.x: the validation loss each side's bf16 autocast reaches against its own
+              fp32 (PyTorch's gap is the yardstick for lockstep's).
 
-    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,precision,loss]
+    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,precision,loss,bf16-loss]
         [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x]
         [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 
@@ -227,6 +230,20 @@ def loss(args, env):
     return got
 
 
+def bf16_loss(args, env):
+    flags = ["--max-steps", str(args.loss_steps)]
+    sides = ["lockstep"] + (["pytorch2"] if "pytorch2" in PYTHONS else [])
+    got = {(side, bf16): run_side(side, args.build, 2, flags + (["--bf16"] if bf16 else []), env)
+           for side in sides for bf16 in (False, True)}
+    print(f"\n### bf16 against fp32: validation loss after {args.loss_steps} steps, 2 workers, default model\n")
+    print("| side | fp32 eval loss (nats/byte) | bf16 eval loss | bf16 vs fp32 |")
+    print("|---|---|---|---|")
+    for side in sides:
+        fp32, bf16 = got[side, False]["eval_loss"], got[side, True]["eval_loss"]
+        print(f"| {SIDE_NAMES[side]} | {fp32:.4f} | {bf16:.4f} | {100 * (bf16 - fp32) / fp32:+.2f}% |")
+    return {f"{side} {'bf16' if bf16 else 'fp32'}": r for (side, bf16), r in got.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -257,7 +274,8 @@ def main():
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
     results = {}
     for part in args.parts.split(","):
-        results[part] = {"throughput": throughput, "memory": memory, "precision": precision, "loss": loss}[part](args, env)
+        results[part] = {"throughput": throughput, "memory": memory, "precision": precision, "loss": loss,
+                         "bf16-loss": bf16_loss}[part](args, env)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
