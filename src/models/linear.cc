@@ -95,7 +95,7 @@ torch::Tensor weight_gradient(const torch::Tensor& g, const torch::Tensor& x) {
   return transpose_contiguous(transpose_contiguous(x).mm(g));
 }
 
-// y = x W^T + b in bf16 on the CPU, with the weight's gradient as (grad_y^T, made contiguous) x.
+// y = x W^T + b in bf16 on the CPU, with the weight's gradient from contiguous operands.
 struct Bf16Linear : torch::autograd::Function<Bf16Linear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {

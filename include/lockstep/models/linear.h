@@ -4,9 +4,11 @@
 // goes to oneDNN as is, and its AMX kernels run that product at about half the rate of the same
 // product with both operands contiguous (PyTorch 2.15, the 512-wide GPT's shapes: 430-560 against
 // 900-1100 GFLOP/s). libtorch's own transposing copy of a bf16 matrix is about as slow as the
-// difference. Here the backward transposes grad_output with a blocked kernel near the memory's
-// speed and multiplies contiguous operands; the forward, the input gradient and the bias gradient
-// are libtorch's. In the GPT's bf16 step that halves the weight gradients' time (bench/RESULTS.md).
+// difference. Here the backward transposes the narrower of grad_output and x (then, for x, the
+// product) with a blocked kernel near the memory's speed and multiplies contiguous operands; the
+// forward (ATen's linear: the bias inside the product, as PyTorch's), the input gradient and the
+// bias gradient are libtorch's. In the GPT's bf16 step that halves the weight gradients' time
+// (bench/RESULTS.md).
 //
 // Everything else (float32, a GPU, no gradient wanted) is torch::nn::functional::linear.
 #pragma once
@@ -15,7 +17,7 @@
 
 namespace lockstep::models {
 
-// x W^T + bias, as torch::nn::functional::linear; bias may be undefined. Takes the path above
+// x W^T + bias; bias may be undefined. Takes the path above
 // when x is on the CPU, the weight needs a gradient, and the product is in bf16 (CPU autocast to
 // bf16, or x and the weight both bf16).
 torch::Tensor fast_linear(const torch::Tensor& x, const torch::Tensor& weight,
