@@ -593,4 +593,25 @@ std::unique_ptr<Communicator> Communicator::machine_communicator() {
   return create(store_, local_rank, local_size, std::move(options));
 }
 
+std::unique_ptr<Communicator> Communicator::group(const std::vector<int>& members, const std::string& name) {
+  const std::string what = "group '" + name + "' of communicator '" + options_.name + "'";
+  if (!store_ || machine_of_.empty())
+    throw ConfigError(what + ": this communicator has no store (mpi started without one), so it cannot make groups");
+  int index = -1;
+  std::vector<int> machines;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const int r = members[i];
+    if (r < 0 || r >= size_) throw ConfigError(what + " names rank " + std::to_string(r) + " of " + std::to_string(size_));
+    if (r == rank_) index = static_cast<int>(i);
+    machines.push_back(machine_of_[static_cast<std::size_t>(r)]);
+  }
+  if (index < 0) throw ConfigError(what + ": rank " + std::to_string(rank_) + " is not one of its members");
+  CommOptions options = options_;
+  options.name = options_.name + "/" + name;
+  const std::string& backend = backend_name();
+  options.backend = backend == "hier" || options_.backend == "auto" ? "auto" : backend == "mpi" ? "gloo" : backend;
+  options.machine_of = std::move(machines);
+  return create(store_, index, static_cast<int>(members.size()), std::move(options));
+}
+
 }  // namespace lockstep::comm

@@ -164,6 +164,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<int> arrival;  // readiness order of the first synchronised step
   std::size_t next_launch = 0;
   bool sync = true;
+  bool caller_finishes = false;  // set_caller_finishes: no end-of-backward callback
   bool armed = false;  // this forward's backward reduces
   bool callback_queued = false;
   bool rebuilt = false;
@@ -522,7 +523,7 @@ void Reducer::Impl::on_ready(int index) {
   if (!armed) return;
   auto now = Clock::now();
   if (!backward_seen) backward_seen = true, backward_begin = now;
-  queue_end_of_backward();
+  if (!caller_finishes) queue_end_of_backward();
   auto& p = params[index];
   if (ready[index]) {
     broken = true;
@@ -797,6 +798,15 @@ void Reducer::set_sync(bool enabled) {
 bool Reducer::sync() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->sync;
+}
+
+void Reducer::set_caller_finishes(bool enabled) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->caller_finishes = enabled;
+}
+
+void Reducer::finish() {
+  if (impl_->armed) impl_->finish_backward();
 }
 
 const DdpStats& Reducer::stats() const {

@@ -25,7 +25,11 @@ std::uint64_t mix(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The innermost DropoutSeeds of this thread, if any.
+thread_local DropoutSeeds* current_seeds = nullptr;
+
 std::uint64_t seed_from_default_generator() {
+  if (current_seeds) return current_seeds->next();
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
@@ -235,6 +239,18 @@ void check_probability(double p) {
 }
 
 }  // namespace
+
+DropoutSeeds::DropoutSeeds(std::uint64_t seed) : seed_(seed), outer_(current_seeds) {
+  current_seeds = this;
+}
+
+DropoutSeeds::~DropoutSeeds() {
+  current_seeds = outer_;
+}
+
+std::uint64_t DropoutSeeds::next() {
+  return mix(seed_ + kGolden * ++calls_);
+}
 
 torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
   check_probability(p);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "lockstep/ddp/cpu_rng.h"
 #include "lockstep/ddp/gradient_checkpoint.h"
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/linear.h"
@@ -32,6 +33,14 @@ torch::nn::Linear initialised_linear(int in, int out, double std, bool bias = tr
 
 torch::nn::LayerNormOptions layer_norm(const GptConfig& c) {
   return torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
+}
+
+// The dropout seed of part `index` of a forward (0: the embeddings, i + 1: block i).
+std::uint64_t part_seed(std::uint64_t seed, int index) {
+  std::uint64_t z = seed ^ (0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(index + 1));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 // Added to the attention scores: -inf in the strictly upper triangle (position t may not attend to
@@ -191,20 +200,32 @@ GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
 }
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
+  const std::uint64_t seed = is_training() ? draw_cpu_seed() : 0;
+  auto x = embed(tokens, seed);
+  for (int i = 0; i < int(h->size()); ++i) x = block(i, x, seed);
+  return ln_f(x);
+}
+
+torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, std::uint64_t seed) {
   const auto t = tokens.size(1);
   if (t > config_.block_size)
     throw ConfigError("a sequence of " + std::to_string(t) + " tokens is longer than the model's context (block_size " +
                       std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
+  DropoutSeeds masks(part_seed(seed, 0));
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = fast_dropout(wte(tokens) + wpe(positions), config_.dropout, is_training());
-  for (std::size_t i = 0; i < h->size(); ++i) {
-    auto block = h[i]->as<BlockImpl>();
-    const UnitForward unit = [this, i, block](const torch::Tensor& in) {
-      return run_unit(runner_, int(i), [block](const torch::Tensor& y) { return block->forward(y); }, in);
-    };
-    x = checkpointing_ && is_training() ? gradient_checkpoint(unit, x) : unit(x);
-  }
-  return ln_f(x);
+  return fast_dropout(wte(tokens) + wpe(positions), config_.dropout, is_training());
+}
+
+torch::Tensor GptModelImpl::block(int i, const torch::Tensor& x, std::uint64_t seed) {
+  auto block = h[std::size_t(i)]->as<BlockImpl>();
+  // The seed is captured, so a checkpointed block's recomputation draws the same masks.
+  const UnitForward unit = [this, i, block, seed](const torch::Tensor& in) {
+    return run_unit(runner_, i, [block, i, seed](const torch::Tensor& y) {
+      DropoutSeeds masks(part_seed(seed, i + 1));
+      return block->forward(y);
+    }, in);
+  };
+  return checkpointing_ && is_training() ? gradient_checkpoint(unit, x) : unit(x);
 }
 
 std::vector<train::Matmul> GptModelImpl::forward_matmuls(std::int64_t samples) const {
@@ -234,6 +255,28 @@ GptLmHeadModelImpl::GptLmHeadModelImpl(const GptConfig& c) {
 torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
   // The head shares the token embedding's weights (weight tying).
   return fast_linear(transformer(tokens), transformer->wte->weight);
+}
+
+std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {
+  auto named = [](const torch::nn::Module& m, const std::string& prefix) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
+    return out;
+  };
+  GptModelImpl* body = transformer.get();
+  std::vector<pipe::PipelineUnit> units;
+  units.push_back({"embedding",
+                   {{"transformer.wte.weight", body->wte->weight}, {"transformer.wpe.weight", body->wpe->weight}},
+                   [body](const torch::Tensor& tokens, std::uint64_t seed) { return body->embed(tokens, seed); }});
+  for (int i = 0; i < int(body->h->size()); ++i)
+    units.push_back({"h." + std::to_string(i), named(*body->h[std::size_t(i)], "transformer.h." + std::to_string(i) + "."),
+                     [body, i](const torch::Tensor& x, std::uint64_t seed) { return body->block(i, x, seed); }});
+  auto head = named(*body->ln_f, "transformer.ln_f.");
+  head.emplace_back("transformer.wte.weight", body->wte->weight);
+  units.push_back({"head", head, [body](const torch::Tensor& x, std::uint64_t) {
+                     return fast_linear(body->ln_f(x), body->wte->weight);
+                   }});
+  return units;
 }
 
 std::vector<train::Matmul> GptLmHeadModelImpl::forward_matmuls(std::int64_t samples) const {

@@ -6,11 +6,11 @@
 #include <csignal>
 
 #include "lockstep/base/log.h"
+#include "lockstep/ddp/autocast.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/train_core/metrics.h"
-#include "autocast.h"
 #include "dataset_loader.h"
 #include "trainer_impl.h"
 

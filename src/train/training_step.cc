@@ -4,8 +4,8 @@
 // the learning rate of this step, and the optimiser.
 #include <torch/torch.h>
 
-#include "autocast.h"
 #include "lockstep/base/log.h"
+#include "lockstep/ddp/autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"

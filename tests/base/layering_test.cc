@@ -18,10 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Bottom to top; doctor sits beside train_core (it reads what a Trainer program writes).
+// Bottom to top; doctor sits beside train_core (it reads what a Trainer program writes), and
+// pipe_core (schedules, the mesh, the partitioner) beside both.
 const std::map<std::string, int> kLayerHeight = {
-    {"base", 0}, {"comm", 1}, {"launch", 2}, {"data", 3}, {"train_core", 4},
-    {"doctor", 4}, {"ddp", 5}, {"models", 6}, {"train", 7}};
+    {"base", 0}, {"comm", 1},   {"launch", 2}, {"data", 3},   {"train_core", 4}, {"pipe_core", 4},
+    {"doctor", 4}, {"ddp", 5}, {"pipe", 6},   {"models", 7}, {"train", 8}};
 constexpr int kHighestTorchFree = 4;
 
 struct Source {

@@ -126,6 +126,14 @@ class Communicator {
   // this one spans them (local SGD's inner steps). Its name is this one's plus "/machine-<m>".
   // ConfigError when the machines are unknown (mpi without a store).
   std::unique_ptr<Communicator> machine_communicator();
+  // A communicator of some of this one's ranks (a pipeline's stage or replica, pipe/pipeline.h):
+  // every rank in `members` calls it with the same list (this communicator's ranks; the new one's
+  // rank r is members[r]) and the same `name`, which no other group made from this communicator
+  // may use; ranks outside the list do not call it. The machines are this one's (not probed
+  // again), and the backend is this one's, or auto where this one is auto or hier (a group may
+  // sit on one machine); on mpi, whose communicators come from mpirun, gloo. ConfigError when this
+  // rank is not in `members`, a member is not a rank, or the machines are unknown.
+  std::unique_ptr<Communicator> group(const std::vector<int>& members, const std::string& name);
   // Which machine each rank is on (0, 0, 1, 1, ...), numbered by each machine's lowest rank;
   // empty when unknown.
   const std::vector<int>& machine_of() const { return machine_of_; }

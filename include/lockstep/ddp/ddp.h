@@ -133,6 +133,14 @@ class Reducer {
   void set_sync(bool enabled);
   bool sync() const;
 
+  // For a caller that runs the backward passes itself, several per step (a pipeline stage,
+  // pipe/pipeline.h): buckets still launch from the gradient hooks as they fill, but no callback
+  // waits at the end of a backward; finish() waits for every bucket instead. Arm with set_sync(true)
+  // and before_forward() before the backward pass(es) that complete the step's gradients, then call
+  // finish() once they have run.
+  void set_caller_finishes(bool enabled);
+  void finish();
+
   // Uneven inputs (ddp/join.h drives these). How many ranks contribute real gradients to the
   // coming reductions: the average divides by that many instead of the world size, since the
   // other ranks reduce zeros. Collective in effect: every rank must set the same number.

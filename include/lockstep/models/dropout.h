@@ -13,7 +13,26 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+
 namespace lockstep::models {
+
+// For its scope on this thread, each fast_dropout call's mask seed comes from `seed` (the n-th
+// call's: a hash of seed and n) instead of the default CPU generator: a model unit's masks then
+// depend on the seed it was given, not on what ran before it on this process. How a GPT's units
+// get the same masks on a pipeline stage as in one process (pipe/units.h). Scopes nest.
+class DropoutSeeds {
+ public:
+  explicit DropoutSeeds(std::uint64_t seed);
+  ~DropoutSeeds();
+  DropoutSeeds(const DropoutSeeds&) = delete;
+  DropoutSeeds& operator=(const DropoutSeeds&) = delete;
+  std::uint64_t next();
+
+ private:
+  std::uint64_t seed_, calls_ = 0;
+  DropoutSeeds* outer_;
+};
 
 // x unchanged when not training or p is 0; zeros when p is 1; else x times a mask of zeros and
 // 1/(1-p), in x's dtype, which autograd keeps for backward. ConfigError for p outside [0, 1].

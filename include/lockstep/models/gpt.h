@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "lockstep/ddp/parameter_units.h"
+#include "lockstep/pipe/units.h"
 #include "lockstep/train_core/matmuls.h"
 
 namespace lockstep::models {
@@ -119,6 +120,11 @@ class GptModelImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units();
   void set_unit_runner(UnitRunner runner) { runner_ = std::move(runner); }
   const GptConfig& config() const { return config_; }
+  // What forward runs, in parts a pipeline can cut between (GptLmHeadModel::pipeline_units): the
+  // embeddings, then block i. `seed` is the forward's one draw from the default CPU generator
+  // (while training); each part takes its dropout masks from it and its own index (models/dropout.h).
+  torch::Tensor embed(const torch::Tensor& tokens, std::uint64_t seed);
+  torch::Tensor block(int i, const torch::Tensor& x, std::uint64_t seed);
   // The blocks' products for `samples` sequences of block_size tokens: per block the QKV and
   // output projections, attention's two batched products (full T x T: no causal skipping), the
   // MLP's two.
@@ -144,6 +150,9 @@ class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
   void set_unit_runner(UnitRunner runner) { transformer->set_unit_runner(std::move(runner)); }
   const GptConfig& config() const { return transformer->config(); }
+  // The model as a pipeline's units (pipe/units.h): "embedding" (wte, wpe), "h.0" ... "h.{n-1}",
+  // and "head" (ln_f and the tied head, which reads wte again): forward to the bit, in order.
+  std::vector<pipe::PipelineUnit> pipeline_units();
 
   GptModel transformer{nullptr};
 };

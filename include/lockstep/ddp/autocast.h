@@ -1,5 +1,6 @@
 // Autocast for a scope on the device the model trains on (CPU or CUDA): the Trainer's --bf16 or
-// --fp16 around forward and the loss, in training and evaluation alike.
+// --fp16 around forward and the loss, in training and evaluation alike, and a pipeline stage's
+// around its forwards (pipe/pipeline.h).
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -8,7 +9,7 @@
 
 #include "lockstep/ddp/torch_compat.h"
 
-namespace lockstep::train {
+namespace lockstep {
 
 // Autocast to `dtype` on `device` for the scope, as torch.autocast(device, dtype) does; none:
 // nothing.
@@ -38,4 +39,4 @@ class Autocast {
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
-}  // namespace lockstep::train
+}  // namespace lockstep

@@ -1,0 +1,204 @@
+// One step as the schedule table has it: this rank's actions in order. Recvs block (the bubble),
+// sends return at once, and each stage's replicas start reducing its gradients from the hooks of
+// its last micro-batch's backward; the step ends when every send is on its way and every
+// reduction done.
+#include <torch/torch.h>
+
+#include "lockstep/base/clock.h"
+#include "lockstep/ddp/autocast.h"
+#include "lockstep/ddp/cpu_rng.h"
+#include "lockstep/error.h"
+#include "pipeline_impl.h"
+
+namespace lockstep::pipe {
+namespace {
+
+using Key = std::pair<int, int>;  // stage, micro-batch
+
+torch::Tensor take(std::map<Key, torch::Tensor>& from, const Action& a) {
+  const auto it = from.find({a.stage, a.micro_batch});
+  if (it == from.end()) throw std::logic_error("pipeline: " + to_string(a) + " has nothing to work on");
+  torch::Tensor t = std::move(it->second);
+  from.erase(it);
+  return t;
+}
+
+int kind_of(Op op) {
+  switch (op) {
+    case Op::forward: return 0;
+    case Op::backward: return 1;
+    case Op::backward_input: return 2;
+    default: return 3;
+  }
+}
+
+// Seconds of one call, added to `total`.
+template <class F>
+auto timed(double& total, F&& f) {
+  const auto begin = Clock::now();
+  struct Add {
+    double& total;
+    Clock::time_point begin;
+    ~Add() { total += seconds_between(begin, Clock::now()); }
+  } add{total, begin};
+  return f();
+}
+
+}  // namespace
+
+PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
+  const auto step_begin = Clock::now();
+  const int m = int(batches.size());
+  if (m < 1 || m > kMaxMicroBatches)
+    throw ConfigError("a pipeline step needs 1 to " + std::to_string(kMaxMicroBatches) + " micro-batches (got " +
+                      std::to_string(m) + ")");
+  const ScheduleTable& t = table(m);
+  PipelineStepStats st;
+  st.micro_batches = m;
+  timed(st.wait_seconds, [&] { take_tied_values(); });
+  // One seed per micro-batch, as the unpipelined model draws one per forward (units.h).
+  std::vector<std::uint64_t> seeds;
+  for (int k = 0; k < m; ++k) seeds.push_back(draw_cpu_seed());
+  // The action that ends each stage's gradients: its last micro-batch's whole backward, or weight
+  // half (earlier weight halves may come after the last input half, so it cannot be that).
+  const Op last_grad_op = t.weight_op();
+  std::map<Key, torch::Tensor> received, to_send, output_grads;
+  for (const Action& a : t.actions[std::size_t(prank)]) {
+    const int s = a.stage, k = a.micro_batch;
+    switch (a.op) {
+      case Op::recv_activation:
+        received[{s, k}] = timed(st.wait_seconds, [&] { return channel->recv(rank_of(s - 1), tag_of(Channel::activation, s, k), device); });
+        break;
+      case Op::recv_gradient:
+        output_grads[{s, k}] = timed(st.wait_seconds, [&] { return channel->recv(rank_of(s + 1), tag_of(Channel::gradient, s, k), device); });
+        break;
+      case Op::recv_tied:
+        timed(st.wait_seconds, [&] {
+          auto& grads = tied_received[k];
+          for (std::size_t i = 0; i < tied.size(); ++i)
+            grads.push_back(channel->recv(rank_of(last_stage()), tag_of(Channel::tied_gradient, int(i), k), device));
+        });
+        break;
+      case Op::forward: {
+        StageChunk& chunk = *chunks.at(s);
+        const torch::Tensor input = s == 0 ? batches[std::size_t(k)].input.to(device) : take(received, a);
+        double& seconds = times[s].seconds[0];
+        const auto begin = Clock::now();
+        {
+          Autocast autocast(options.autocast, device.type());
+          if (chunk.last()) {
+            const torch::Tensor value = chunk.forward_loss(k, input, seeds[std::size_t(k)], batches[std::size_t(k)], loss);
+            const double targets = double(batches[std::size_t(k)].target.numel());
+            st.loss_sum += value.item<double>() * targets;
+            st.loss_targets += targets;
+          } else {
+            to_send[{s, k}] = chunk.forward(k, input, seeds[std::size_t(k)]);
+          }
+        }
+        const double took = seconds_between(begin, Clock::now());
+        seconds += took, times[s].count[0] += 1, st.compute_seconds += took;
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input:
+      case Op::backward_weight: {
+        StageChunk& chunk = *chunks.at(s);
+        // The stage's last backward of the step: its replicas reduce from the gradient hooks on.
+        if (a.op == last_grad_op && k == m - 1 && !reducers.empty())
+          if (auto& reducer = reducers[std::size_t(s / options.pipeline_parallel)]) {
+            reducer->set_sync(true);
+            reducer->before_forward();
+          }
+        running_micro_batch = k;
+        const auto begin = Clock::now();
+        if (a.op == Op::backward_weight) {
+          chunk.backward_weight(k);
+        } else {
+          const auto grad = chunk.last() ? torch::Tensor() : take(output_grads, a);
+          const auto input_grad = a.op == Op::backward ? chunk.backward(k, grad) : chunk.backward_input(k, grad);
+          if (s > 0) to_send[{s, k}] = input_grad;
+        }
+        const double took = seconds_between(begin, Clock::now());
+        const int kind = kind_of(a.op);
+        times[s].seconds[kind] += took, times[s].count[kind] += 1, st.compute_seconds += took;
+        if (a.op != Op::backward_input) tied_received.erase(k);
+        break;
+      }
+      case Op::send_activation:
+        timed(st.send_seconds, [&] { channel->send(take(to_send, a), rank_of(s + 1), tag_of(Channel::activation, s + 1, k)); });
+        break;
+      case Op::send_gradient:
+        timed(st.send_seconds, [&] { channel->send(take(to_send, a), rank_of(s - 1), tag_of(Channel::gradient, s - 1, k)); });
+        break;
+      case Op::send_tied:
+        timed(st.send_seconds, [&] {
+          auto& grads = tied_captured[k];
+          if (grads.size() != tied.size())
+            throw std::logic_error("pipeline: the last stage has no gradient of a tied parameter for micro-batch " + std::to_string(k));
+          for (std::size_t i = 0; i < grads.size(); ++i)
+            channel->send(grads[i], rank_of(0), tag_of(Channel::tied_gradient, int(i), k));
+          tied_captured.erase(k);
+        });
+        break;
+    }
+  }
+  running_micro_batch = -1;
+  timed(st.send_seconds, [&] { channel->wait_sends(); });
+  timed(st.reduce_seconds, [&] {
+    for (auto& r : reducers)
+      if (r) r->finish();
+  });
+  st.step_seconds = seconds_between(step_begin, Clock::now());
+  return st;
+}
+
+void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
+                            const std::function<void(int, const torch::Tensor&)>& consume) {
+  Impl& s = *impl_;
+  const int m = int(batches.size());
+  if (m == 0) return;
+  if (m > kMaxMicroBatches) throw ConfigError("a pipeline pass takes at most " + std::to_string(kMaxMicroBatches) + " micro-batches");
+  s.take_tied_values();
+  const ScheduleTable t = make_forward_schedule(s.options.pipeline_parallel, m, s.options.virtual_stages);
+  std::map<Key, torch::Tensor> received, to_send;
+  torch::NoGradGuard no_grad;
+  for (const Action& a : t.actions[std::size_t(s.prank)]) {
+    const int stage = a.stage, k = a.micro_batch;
+    if (a.op == Op::recv_activation) {
+      received[{stage, k}] = s.channel->recv(s.rank_of(stage - 1), tag_of(Channel::activation, stage, k), s.device);
+    } else if (a.op == Op::send_activation) {
+      s.channel->send(take(to_send, a), s.rank_of(stage + 1), tag_of(Channel::activation, stage + 1, k));
+    } else {
+      const torch::Tensor input = stage == 0 ? batches[std::size_t(k)].input.to(s.device) : take(received, a);
+      Autocast autocast(s.options.autocast, s.device.type());
+      torch::Tensor out = s.chunks.at(stage)->forward_only(input, 0);
+      if (stage == s.last_stage())
+        consume(k, out);
+      else
+        to_send[{stage, k}] = out;
+    }
+  }
+  s.channel->wait_sends();
+}
+
+std::vector<double> Pipeline::analytic_bubbles(int micro_batches) {
+  Impl& s = *impl_;
+  const int stages = s.stages();
+  std::vector<double> means(std::size_t(stages) * 4, 0);
+  for (auto& [stage, times] : s.times)
+    for (int kind = 0; kind < 4; ++kind)
+      if (times.count[kind] > 0) means[std::size_t(stage) * 4 + std::size_t(kind)] = times.seconds[kind] / times.count[kind];
+  s.times.clear();
+  s.pipeline_comm->allreduce(means.data(), means.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  std::vector<ActionCosts> costs(static_cast<std::size_t>(stages));
+  for (int stage = 0; stage < stages; ++stage) {
+    const double* m = &means[std::size_t(stage) * 4];
+    costs[std::size_t(stage)] = ActionCosts{m[0], m[1], m[2], m[3], 0};
+  }
+  const Timeline timeline = simulate(s.table(micro_batches), costs);
+  std::vector<double> out;
+  for (int r = 0; r < s.options.pipeline_parallel; ++r) out.push_back(timeline.bubble(r));
+  return out;
+}
+
+}  // namespace lockstep::pipe

@@ -1,0 +1,97 @@
+// The Pipeline's insides, shared by the files that implement it:
+//   pipeline.cc     set-up: groups, plan, stages, owners, tied parameters, reducers; the norm
+//   executor.cc     one step: a schedule table run action by action
+//   unit_costs.cc   the units' measured costs, for the plan
+// Threading: the training thread only (the tied hooks run inside backward, on that thread).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/pipe/pipeline.h"
+#include "lockstep/pipe_core/schedule_check.h"
+#include "stage_chunk.h"
+#include "tensor_channel.h"
+
+namespace lockstep::pipe {
+
+// What crosses between stages, as the tag of its messages on the pipeline group.
+enum class Channel : int { activation = 0, gradient = 1, tied_gradient = 2, tied_value = 3 };
+constexpr int kMaxStages = 256;
+constexpr int kMaxMicroBatches = 65536;
+inline int tag_of(Channel c, int stage, int micro_batch) {
+  return (static_cast<int>(c) * kMaxStages + stage) * kMaxMicroBatches + micro_batch;
+}
+
+// This rank's running sums since the last report, per stage it holds and action kind.
+struct ActionTimes {
+  double seconds[4] = {0, 0, 0, 0};  // forward, backward, backward_input, backward_weight
+  double count[4] = {0, 0, 0, 0};
+};
+
+struct Pipeline::Impl {
+  Impl(comm::Communicator& w, PipelineOptions o, LossFn l) : world(w), options(std::move(o)), loss(std::move(l)) {}
+  ~Impl();  // takes its hooks off the tied parameters, which outlive it
+
+  comm::Communicator& world;
+  PipelineOptions options;
+  LossFn loss;
+  PipelineMesh mesh;
+  int prank = 0, replica = 0;
+  std::unique_ptr<comm::Communicator> stage_comm, pipeline_comm;
+  std::unique_ptr<TensorChannel> channel;
+
+  std::vector<PipelineUnit> units;
+  StagePlan plan;
+  std::vector<double> unit_costs;
+  std::string cost_unit;
+  std::vector<std::pair<std::string, int>> owners;      // every parameter: its pipeline rank
+  std::vector<std::pair<std::string, torch::Tensor>> owned;  // this rank's, model order
+  std::map<int, std::unique_ptr<StageChunk>> chunks;    // by stage
+  std::vector<std::unique_ptr<Reducer>> reducers;       // per stage held (D > 1), as `chunks`' order
+  std::vector<std::shared_ptr<torch::nn::Module>> chunk_modules;
+  torch::Device device = torch::kCPU;
+
+  // Tied parameters (pipeline.h): the first stage's own tensors, and the last stage's copies.
+  bool has_tied = false;  // the model has a parameter both the first and the last stage read
+  std::vector<torch::Tensor> tied;
+  std::vector<unsigned> tied_hooks;
+  std::map<int, std::vector<torch::Tensor>> tied_received;  // first stage: micro-batch -> the last's grads
+  std::map<int, std::vector<torch::Tensor>> tied_captured;  // last stage: micro-batch -> its grads
+  int running_micro_batch = -1;  // whose backward runs now (the tied hooks read it)
+  bool tied_values_due = false;  // last stage: the first stage sent new values after its step
+
+  std::map<int, ScheduleTable> tables;  // by micro-batches per step
+  std::map<int, ActionTimes> times;     // by stage
+
+  int stages() const { return options.pipeline_parallel * options.virtual_stages; }
+  int last_stage() const { return stages() - 1; }
+  int rank_of(int stage) const { return stage % options.pipeline_parallel; }
+  bool holds(int stage) const { return chunks.count(stage) > 0; }
+  const ScheduleTable& table(int micro_batches);
+
+  // pipeline.cc
+  void make_groups();
+  void make_plan(const MicroBatch& sample);
+  void check_agreement();
+  void assign_owners();
+  void make_stages();
+  void tie_parameters();
+  void make_reducers();
+  void take_tied_values();
+
+  // executor.cc
+  PipelineStepStats run(const std::vector<MicroBatch>& batches);
+};
+
+// unit_costs.cc: forward + backward seconds of each unit on `sample` (the fastest of a few runs),
+// each unit fed the previous one's output; the parameters' gradients are dropped after.
+std::vector<double> measure_unit_costs(const std::vector<PipelineUnit>& units, const MicroBatch& sample,
+                                       const LossFn& loss, std::optional<torch::ScalarType> autocast);
+
+}  // namespace lockstep::pipe

@@ -1,0 +1,308 @@
+// The schedule tables. GPipe, 1F1B and interleaved 1F1B have closed forms (below, each with its
+// order); ZB-H1 is built by list scheduling (ZeroBubbleScheduler). Either way the result is only
+// an order of each rank's actions: the runtime keeps it whatever the real durations, and
+// schedule_check.h proves it complete and free of deadlock.
+#include "lockstep/pipe_core/schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "lockstep/error.h"
+
+namespace lockstep::pipe {
+namespace {
+
+struct Work {
+  Op op;
+  int stage, micro_batch;
+};
+
+// A rank's compute, with the recv each one needs before it and the send of what it produced.
+std::vector<Action> with_transfers(const std::vector<Work>& compute, int stages) {
+  std::vector<Action> out;
+  for (const Work& w : compute) {
+    const int s = w.stage, k = w.micro_batch;
+    if (w.op == Op::forward) {
+      if (s > 0) out.push_back({Op::recv_activation, s, k});
+      out.push_back({Op::forward, s, k});
+      if (s < stages - 1) out.push_back({Op::send_activation, s, k});
+    } else if (w.op == Op::backward || w.op == Op::backward_input) {
+      if (s < stages - 1) out.push_back({Op::recv_gradient, s, k});
+      out.push_back({w.op, s, k});
+      if (s > 0) out.push_back({Op::send_gradient, s, k});
+    } else {
+      out.push_back({w.op, s, k});
+    }
+  }
+  return out;
+}
+
+ScheduleTable table_of(ScheduleKind kind, int ranks, int chunks, int micro_batches,
+                       const std::vector<std::vector<Work>>& compute) {
+  ScheduleTable t;
+  t.kind = kind;
+  t.ranks = ranks;
+  t.chunks = chunks;
+  t.micro_batches = micro_batches;
+  for (const auto& rank : compute) t.actions.push_back(with_transfers(rank, ranks * chunks));
+  return t;
+}
+
+std::vector<std::vector<Work>> gpipe(int ranks, int m) {
+  std::vector<std::vector<Work>> out(static_cast<std::size_t>(ranks));
+  for (int s = 0; s < ranks; ++s) {
+    for (int k = 0; k < m; ++k) out[s].push_back({Op::forward, s, k});
+    for (int k = 0; k < m; ++k) out[s].push_back({Op::backward, s, k});
+  }
+  return out;
+}
+
+std::vector<std::vector<Work>> one_f_one_b(int ranks, int m) {
+  std::vector<std::vector<Work>> out(static_cast<std::size_t>(ranks));
+  for (int s = 0; s < ranks; ++s) {
+    const int warmup = std::min(ranks - 1 - s, m);
+    auto& w = out[static_cast<std::size_t>(s)];
+    for (int k = 0; k < warmup; ++k) w.push_back({Op::forward, s, k});
+    for (int k = warmup; k < m; ++k) {
+      w.push_back({Op::forward, s, k});
+      w.push_back({Op::backward, s, k - warmup});
+    }
+    for (int k = m - warmup; k < m; ++k) w.push_back({Op::backward, s, k});
+  }
+  return out;
+}
+
+// Megatron's interleaved order: the rank's forwards in rounds of micro-batches through chunk 0,
+// then chunk 1, ...; its backwards in the same rounds with the chunks reversed; a warm-up of
+// (v - 1) q + 2 (P - r - 1) forwards for rounds of q, then one forward and one backward in turn.
+// Rounds: floor(m / P) of them (at least one), as equal as can be, the larger first, so each holds
+// at least P micro-batches (or all m when m < P) and any m works, not only multiples of P.
+std::vector<int> round_sizes(int ranks, int m) {
+  const int rounds = std::max(1, m / ranks);
+  std::vector<int> out;
+  for (int i = 0; i < rounds; ++i) out.push_back(m / rounds + (i < m % rounds ? 1 : 0));
+  return out;
+}
+
+std::vector<std::vector<Work>> interleaved(int ranks, int chunks, int m) {
+  std::vector<std::vector<Work>> out(static_cast<std::size_t>(ranks));
+  const std::vector<int> rounds = round_sizes(ranks, m);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<Work> forwards, backwards;
+    for (int first = 0, i = 0; first < m; first += rounds[std::size_t(i++)]) {
+      const int last = first + rounds[std::size_t(i)];
+      for (int c = 0; c < chunks; ++c)
+        for (int k = first; k < last; ++k) forwards.push_back({Op::forward, c * ranks + r, k});
+      for (int c = chunks - 1; c >= 0; --c)
+        for (int k = first; k < last; ++k) backwards.push_back({Op::backward, c * ranks + r, k});
+    }
+    const int total = chunks * m;
+    const int warmup = std::min(total, 2 * (ranks - r - 1) + (chunks - 1) * rounds[0]);
+    auto& w = out[std::size_t(r)];
+    for (int i = 0; i < warmup; ++i) w.push_back(forwards[std::size_t(i)]);
+    for (int i = 0; i < total - warmup; ++i) {
+      w.push_back(forwards[std::size_t(warmup + i)]);
+      w.push_back(backwards[std::size_t(i)]);
+    }
+    for (int i = total - warmup; i < total; ++i) w.push_back(backwards[std::size_t(i)]);
+  }
+  return out;
+}
+
+// ZB-H1 by list scheduling: a simulation in unit time (F, Bi and W take 1 each) in which every
+// idle rank takes, in order of preference, its next backward-input if its gradient is there, its
+// next forward if its input is there and the rank holds fewer than P - r micro-batches between
+// forward and backward-input (1f1b's limit) and fewer than 2P - r - 1 between forward and weight
+// half, else its next weight half. The last stages thus run Bi as soon as it can go and put W off
+// (at most P - 1 of them) into the time 1f1b idles, and the idle time falls from (P - 1)(F + B)
+// to (P - 1)(F + Bi - W), the paper's bound, when the three take equal time.
+class ZeroBubbleScheduler {
+ public:
+  ZeroBubbleScheduler(int ranks, int m)
+      : ranks_(ranks), m_(m), forward_done_(cells(), kNever), input_done_(cells(), kNever), state_(std::size_t(ranks)) {}
+
+  std::vector<std::vector<Work>> run() {
+    std::vector<std::vector<Work>> order(static_cast<std::size_t>(ranks_));
+    std::size_t placed = 0;
+    const std::size_t total = 3 * std::size_t(ranks_) * std::size_t(m_);
+    for (long now = 0; placed < total; ++now) {
+      for (int r = 0; r < ranks_; ++r) {
+        RankState& st = state_[std::size_t(r)];
+        if (st.busy_until > now) continue;
+        const std::optional<Work> w = pick(r, now);
+        if (!w) continue;
+        finish(*w, now);
+        order[std::size_t(r)].push_back(*w);
+        ++placed;
+      }
+      if (now > long(total) + 4 * ranks_)  // every action takes one tick: a longer run is stuck
+        throw std::logic_error("pipeline schedule: the zero-bubble scheduler found no runnable action");
+    }
+    return order;
+  }
+
+ private:
+  static constexpr long kNever = std::numeric_limits<long>::max();
+  struct RankState {
+    int forwards = 0, inputs = 0, weights = 0;  // done so far, in micro-batch order
+    long busy_until = 0;
+  };
+
+  std::size_t cells() const { return std::size_t(ranks_) * std::size_t(m_); }
+  std::size_t cell(int s, int k) const { return std::size_t(s) * std::size_t(m_) + std::size_t(k); }
+
+  std::optional<Work> pick(int r, long now) const {
+    const RankState& st = state_[std::size_t(r)];
+    const int last = ranks_ - 1;
+    if (st.inputs < st.forwards && forward_done_[cell(r, st.inputs)] <= now &&
+        (r == last || input_done_[cell(r + 1, st.inputs)] <= now))
+      return Work{Op::backward_input, r, st.inputs};
+    if (st.forwards < m_ && st.forwards - st.inputs < ranks_ - r && st.forwards - st.weights < 2 * ranks_ - r - 1 &&
+        (r == 0 || forward_done_[cell(r - 1, st.forwards)] <= now))
+      return Work{Op::forward, r, st.forwards};
+    if (st.weights < st.inputs && input_done_[cell(r, st.weights)] <= now) return Work{Op::backward_weight, r, st.weights};
+    return std::nullopt;
+  }
+
+  void finish(const Work& w, long now) {
+    RankState& st = state_[std::size_t(w.stage)];
+    st.busy_until = now + 1;
+    if (w.op == Op::forward) {
+      forward_done_[cell(w.stage, w.micro_batch)] = now + 1;
+      ++st.forwards;
+    } else if (w.op == Op::backward_input) {
+      input_done_[cell(w.stage, w.micro_batch)] = now + 1;
+      ++st.inputs;
+    } else {
+      ++st.weights;
+    }
+  }
+
+  int ranks_, m_;
+  std::vector<long> forward_done_, input_done_;
+  std::vector<RankState> state_;
+};
+
+void check_shape(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+  if (ranks < 1) throw ConfigError("a pipeline needs at least 1 stage (got " + std::to_string(ranks) + ")");
+  if (micro_batches < 1)
+    throw ConfigError("--num-microbatches must be at least 1 (got " + std::to_string(micro_batches) + ")");
+  if (chunks < 1) throw ConfigError("--virtual-stages must be at least 1 (got " + std::to_string(chunks) + ")");
+  if (chunks > 1 && kind != ScheduleKind::interleaved)
+    throw ConfigError("--virtual-stages " + std::to_string(chunks) + " needs --pipeline-schedule interleaved (the " +
+                      schedule_name(kind) + " schedule runs one stage per rank)");
+}
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  return (h ^ v) * 1099511628211ull;
+}
+
+}  // namespace
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::gpipe;
+  if (name == "1f1b") return ScheduleKind::one_f_one_b;
+  if (name == "interleaved") return ScheduleKind::interleaved;
+  if (name == "zb") return ScheduleKind::zero_bubble;
+  throw ConfigError("unknown pipeline schedule '" + name + "': use gpipe, 1f1b, interleaved or zb");
+}
+
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return "gpipe";
+    case ScheduleKind::one_f_one_b: return "1f1b";
+    case ScheduleKind::interleaved: return "interleaved";
+    case ScheduleKind::zero_bubble: return "zb";
+  }
+  return "?";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::forward: return "F";
+    case Op::backward: return "B";
+    case Op::backward_input: return "Bi";
+    case Op::backward_weight: return "W";
+    case Op::send_activation: return "send-act";
+    case Op::recv_activation: return "recv-act";
+    case Op::send_gradient: return "send-grad";
+    case Op::recv_gradient: return "recv-grad";
+    case Op::send_tied: return "send-tied";
+    case Op::recv_tied: return "recv-tied";
+  }
+  return "?";
+}
+
+std::string to_string(const Action& a) {
+  return std::string(op_name(a.op)) + std::to_string(a.stage) + "." + std::to_string(a.micro_batch);
+}
+
+std::uint64_t ScheduleTable::digest() const {
+  std::uint64_t h = 14695981039346656037ull;
+  h = mix(mix(mix(mix(h, std::uint64_t(kind)), std::uint64_t(ranks)), std::uint64_t(chunks)), std::uint64_t(micro_batches));
+  for (const auto& rank : actions) {
+    h = mix(h, rank.size());
+    for (const Action& a : rank)
+      h = mix(mix(mix(h, std::uint64_t(a.op)), std::uint64_t(a.stage)), std::uint64_t(a.micro_batch));
+  }
+  return h;
+}
+
+ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+  check_shape(kind, ranks, micro_batches, chunks);
+  switch (kind) {
+    case ScheduleKind::gpipe:
+      return table_of(kind, ranks, 1, micro_batches, gpipe(ranks, micro_batches));
+    case ScheduleKind::one_f_one_b:
+      return table_of(kind, ranks, 1, micro_batches, one_f_one_b(ranks, micro_batches));
+    case ScheduleKind::interleaved:
+      // One chunk per rank is 1f1b itself (the interleaved warm-up would hold more for nothing).
+      if (chunks == 1) return table_of(kind, ranks, 1, micro_batches, one_f_one_b(ranks, micro_batches));
+      return table_of(kind, ranks, chunks, micro_batches, interleaved(ranks, chunks, micro_batches));
+    case ScheduleKind::zero_bubble:
+      return table_of(kind, ranks, 1, micro_batches, ZeroBubbleScheduler(ranks, micro_batches).run());
+  }
+  throw std::logic_error("make_schedule: unknown kind");
+}
+
+void add_tied_exchange(ScheduleTable& table) {
+  const int last = table.stages() - 1;
+  if (table.tied || last == 0) {
+    table.tied = true;
+    return;
+  }
+  const Op weight = table.weight_op();
+  for (auto& rank : table.actions) {
+    std::vector<Action> out;
+    for (const Action& a : rank) {
+      if (a.op == weight && a.stage == 0) out.push_back({Op::recv_tied, 0, a.micro_batch});
+      out.push_back(a);
+      if (a.op == weight && a.stage == last) out.push_back({Op::send_tied, last, a.micro_batch});
+    }
+    rank = std::move(out);
+  }
+  table.tied = true;
+}
+
+std::string describe(const ScheduleTable& table, int rank) {
+  std::string out;
+  for (const Action& a : table.actions.at(std::size_t(rank))) out += (out.empty() ? "" : " ") + to_string(a);
+  return out;
+}
+
+ScheduleTable make_forward_schedule(int ranks, int micro_batches, int chunks) {
+  check_shape(chunks > 1 ? ScheduleKind::interleaved : ScheduleKind::gpipe, ranks, micro_batches, chunks);
+  std::vector<std::vector<Work>> compute(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r)
+    for (int first = 0; first < micro_batches; first += ranks)
+      for (int c = 0; c < chunks; ++c)
+        for (int k = first; k < std::min(micro_batches, first + ranks); ++k)
+          compute[std::size_t(r)].push_back({Op::forward, c * ranks + r, k});
+  ScheduleTable t = table_of(ScheduleKind::gpipe, ranks, chunks, micro_batches, compute);
+  t.forward_only = true;
+  return t;
+}
+
+}  // namespace lockstep::pipe
