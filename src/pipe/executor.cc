@@ -96,7 +96,7 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
           }
         }
         const double took = seconds_between(begin, Clock::now());
-        seconds += took, times[s].count[0] += 1, st.compute_seconds += took;
+        seconds += took, times[s].count[0] += 1, st.compute_seconds += took, st.forward_seconds += took;
         break;
       }
       case Op::backward:

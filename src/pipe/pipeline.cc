@@ -260,6 +260,9 @@ comm::Communicator& Pipeline::stage_group() {
 std::vector<std::pair<std::string, torch::Tensor>> Pipeline::named_parameters() const {
   return impl_->owned;
 }
+std::shared_ptr<torch::nn::Module> Pipeline::module() const {
+  return module_of(impl_->owned);
+}
 std::vector<torch::Tensor> Pipeline::parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& p : impl_->owned) out.push_back(p.second);

@@ -91,10 +91,11 @@ nlohmann::json Trainer::Impl::evaluate() {
   broadcast_buffers(*model.module, *comm);
   if (fault("kill-during-eval", state.global_step)) std::raise(SIGKILL);
   const data::EvalTotals total =
-      evaluate_totals(model, *eval_set, *comm,
-                      {args.per_device_eval_batch_size, args.dataloader_num_workers, autocast_dtype(),
-                       stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr, device},
-                      loss_fn);
+      pipeline ? pipeline_eval_totals()
+               : evaluate_totals(model, *eval_set, *comm,
+                                 {args.per_device_eval_batch_size, args.dataloader_num_workers, autocast_dtype(),
+                                  stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr, device},
+                                 loss_fn);
   metrics::EvalLog m;
   m.step = state.global_step;
   m.epoch = state.fractional_epoch();

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <set>
 
 #include "lockstep/ddp/optimizer_state.h"
 #include "lockstep/error.h"
@@ -106,23 +108,28 @@ std::string shard_file_name(int rank, int world) {
   return name;
 }
 
-ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                  int rank, int world, bool copy) {
+namespace {
+
+// The parameters of `listed` that `mine` picks, laid end to end, cut in `world`: cut `rank`'s
+// pieces, with the optimizer's state, and (with `buffers`) the buffers.
+ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::size_t)>& mine,
+                           torch::optim::Optimizer& optimizer, int rank, int world, bool buffers, bool copy) {
   torch::NoGradGuard no_grad;
-  const Listed listed = list_tensors(module);
   ShardSnapshot s;
   s.copies = copy;
   s.tensors = listed.tensors;
   const Kind kind = ddp_detail::kind_of(optimizer);
   std::int64_t total = 0, step = 0;
-  for (std::size_t i = 0; i < listed.parameters; ++i) total += listed.live[i].numel();
+  std::vector<std::int64_t> offsets(listed.parameters, -1);
+  for (std::size_t i = 0; i < listed.parameters; ++i)
+    if (mine(i)) offsets[i] = total, total += listed.live[i].numel();
   const std::int64_t lo = total * rank / world, hi = total * (rank + 1) / world;
   for (std::size_t i = 0; i < listed.parameters; ++i) {
+    if (offsets[i] < 0) continue;
     const auto& p = listed.live[i];
-    const std::int64_t from = std::max(lo, listed.flat_offsets[i]),
-                       to = std::min(hi, listed.flat_offsets[i] + p.numel());
+    const std::int64_t from = std::max(lo, offsets[i]), to = std::min(hi, offsets[i] + p.numel());
     if (from >= to) continue;
-    ShardPiece piece{int(i), from - listed.flat_offsets[i], to - from, {}};
+    ShardPiece piece{int(i), from - offsets[i], to - from, {}};
     piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned, copy);
     auto it = optimizer.state().find(ddp_detail::key_of(p));
     if (it != optimizer.state().end()) {
@@ -133,10 +140,28 @@ ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim:
     }
     s.pieces.push_back(std::move(piece));
   }
-  if (rank == 0) add_buffers(listed, s);
+  if (buffers) add_buffers(listed, s);
   s.optimizer = optimizer_record(kind, optimizer, step);
   if (optimizer.state().empty()) s.optimizer["state"] = nlohmann::json::array();
   return s;
+}
+
+}  // namespace
+
+ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  int rank, int world, bool copy) {
+  return snapshot_cut(list_tensors(module), [](std::size_t) { return true; }, optimizer, rank, world, rank == 0, copy);
+}
+
+ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torch::nn::Module& owned,
+                                     torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
+                                     bool copy) {
+  std::set<std::string> names;
+  for (const auto& p : owned.named_parameters()) names.insert(p.key());
+  const Listed listed = list_tensors(module);
+  return snapshot_cut(
+      listed, [&](std::size_t i) { return names.count(listed.tensors[i].name) > 0; }, optimizer, replica, replicas,
+      buffers, copy);
 }
 
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy) {
@@ -183,7 +208,8 @@ namespace {
 
 // Where each of the model's tensors is in the checkpoint, after checking that they match: a
 // ConfigError naming the first that is missing, of another shape, or extra.
-std::vector<int> matching_tensors(const ShardedCheckpointReader& reader, const Listed& listed, const std::string& dir) {
+std::vector<int> matching_tensors(const ShardedCheckpointReader& reader, const Listed& listed, const std::string& dir,
+                                  bool part = false) {
   auto fail = [&](const std::string& what) {
     throw ConfigError("checkpoint " + dir + " does not fit this model: " + what +
                       "; load it into the model it was saved from");
@@ -200,6 +226,7 @@ std::vector<int> matching_tensors(const ShardedCheckpointReader& reader, const L
     found[i] = t;
   }
   for (const auto& saved : reader.tensors()) {
+    if (part) break;
     bool known = false;
     for (const auto& mine : listed.tensors) known |= mine.name == saved.name;
     if (!known) fail("it holds '" + saved.name + "', which the model does not have");
@@ -216,11 +243,11 @@ void check_optimizer_kind(const nlohmann::json& record, Kind kind, const std::st
 }  // namespace
 
 nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
-                            torch::optim::Optimizer* optimizer) {
+                            torch::optim::Optimizer* optimizer, bool part) {
   torch::NoGradGuard no_grad;
   ShardedCheckpointReader reader(dir);
   const Listed listed = list_tensors(module);
-  const std::vector<int> found = matching_tensors(reader, listed, dir);
+  const std::vector<int> found = matching_tensors(reader, listed, dir, part);
   auto read_tensor = [&](int t, const std::string& array) {
     const auto& saved = reader.tensors()[std::size_t(t)];
     auto out = torch::empty(saved.shape, torch::TensorOptions().dtype(scalar_type_of(saved.dtype)));

@@ -156,9 +156,13 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
                         "lockstep::gradient_checkpoint, as models/gpt.h's do)");
     model.set_gradient_checkpointing(true);
   }
-  build_reducer();  // before the optimizer: ZeRO shards the reducer's buckets
-  build_optimizer();
-  build_outer();  // before a resume, which restarts it from the loaded parameters
+  if (pipelined()) {
+    build_pipeline();
+  } else {
+    build_reducer();  // before the optimizer: ZeRO shards the reducer's buckets
+    build_optimizer();
+    build_outer();  // before a resume, which restarts it from the loaded parameters
+  }
   outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
 
   if (std::string from = checkpoints.resume_target(); !from.empty()) {
@@ -268,7 +272,7 @@ void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& ru
     position += step_samples;
     ++state.global_step;
     ++state.steps_in_epoch;
-    run.samples += static_cast<double>(step_samples) * world();
+    run.samples += static_cast<double>(step_samples) * data_world();
     after_step(position, num_samples, run);
   }
 }
@@ -335,6 +339,7 @@ WholeParameters::~WholeParameters() noexcept(false) {
 
 void Trainer::Impl::check_replicas() {
   if (world() == 1) return;
+  if (pipeline) return check_stage_replicas();
   const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr));
   if (rank() != 0) return;
   std::string differ;
@@ -354,8 +359,9 @@ void Trainer::Impl::check_replicas() {
 TrainResult Trainer::Impl::train() {
   if (elastic) return elastic->train();
   RunProgress run;
-  torch::manual_seed(args.seed + static_cast<std::uint64_t>(rank()));
-  data::DistributedSampler sampler(train_set->size(), rank(), world(), /*shuffle=*/true, args.seed);
+  // Under a pipeline every stage of a replica draws the replica's dropout seeds (pipe/units.h).
+  torch::manual_seed(args.seed + static_cast<std::uint64_t>(data_rank()));
+  data::DistributedSampler sampler(train_set->size(), data_rank(), data_world(), /*shuffle=*/true, args.seed);
   bool resumed_mid_epoch = false;
   prepare(sampler, resumed_mid_epoch);
   announce();

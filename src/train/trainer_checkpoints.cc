@@ -11,6 +11,7 @@
 #include "lockstep/error.h"
 #include "checkpoint_writer.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/ddp/optimizer_state.h"
 #include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train_core/durable_file.h"
 #include "lockstep/train_core/metrics.h"
@@ -135,6 +136,8 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
           {"sampler_position", sampler_position},
           {"sampler_offset", sampler_offset_},
           {"world_size", t_.world()},
+          {"data_world_size", t_.data_world()},
+          {"pipeline_parallel", t_.args.pipeline_parallel},
           {"seed", t_.args.seed},
           {"rng_states", ranks.rngs},
           {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
@@ -241,6 +244,7 @@ std::optional<nlohmann::json> TrainerCheckpoints::take_resume_record() {
 }
 
 bool TrainerCheckpoints::sharded_saves() const {
+  if (t_.pipeline) return true;  // each pipeline rank saves its stages' part
   if (t_.elastic) return false;  // the writer's reports need one communicator for the whole save
   return t_.args.save_format == "sharded" || (t_.args.save_format == "auto" && t_.zero_plan.sharded());
 }
@@ -292,6 +296,7 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
   job.extra = {{"optimizer", job.snapshot.optimizer},
                {"global_step", t.state.global_step},
                {"world_size", t.world()},
+               {"pipeline_parallel", t.args.pipeline_parallel},
                {"zero_stage", t.zero ? t.zero_plan.stage : 0}};
   job.files = {{"trainer_state.json", trainer_state.dump(2)},
                {"scheduler.json", scheduler_json(t).dump(2)},
@@ -323,8 +328,12 @@ std::string TrainerCheckpoints::save_sharded(std::size_t sampler_position) {
   job.final_dir = dir.string();
   // A synchronous save writes straight from the live tensors (no copy: the step waits for it).
   const bool copy = t_.args.save_in_background;
-  job.snapshot = t_.zero ? snapshot_zero(*t_.model.module, *t_.zero, t_.rank(), copy)
-                         : snapshot_replicated(*t_.model.module, *t_.optimizer, t_.rank(), t_.world(), copy);
+  if (t_.pipeline)
+    job.snapshot = snapshot_pipeline_rank(*t_.model.module, *t_.stage_module, *t_.optimizer, t_.data_rank(),
+                                          t_.data_world(), t_.rank() == 0, copy);
+  else
+    job.snapshot = t_.zero ? snapshot_zero(*t_.model.module, *t_.zero, t_.rank(), copy)
+                           : snapshot_replicated(*t_.model.module, *t_.optimizer, t_.rank(), t_.world(), copy);
   if (t_.rank() == 0) add_rank0_files(t_, trainer_state_json(sampler_position, ranks), job);
   writer_->submit(std::move(job));
   in_flight_ = dir.string();
@@ -346,10 +355,30 @@ std::string TrainerCheckpoints::resume_target() const {
   return r;
 }
 
+// A pipeline rank: the whole model's values (every rank holds the model; its stages train their
+// part), and the optimizer's state of the parameters it owns, from a checkpoint of any layout
+// (pipelined or not, sharded or consolidated).
+void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
+  Model& model = t_.model;
+  if (is_sharded_checkpoint(dir)) {
+    load_sharded(dir, *model.module, nullptr);
+    load_sharded(dir, *t_.stage_module, t_.optimizer.get(), /*part=*/true);
+    return;
+  }
+  load_module(*model.module, (fs::path(dir) / "model.pt").string());
+  auto whole = t_.make_optimizer(model.module->parameters());
+  load_optimizer(*whole, optimizer_path(dir));
+  for (const auto& p : t_.pipeline->parameters()) {
+    const auto it = whole->state().find(ddp_detail::key_of(p));
+    if (it != whole->state().end()) t_.optimizer->state()[ddp_detail::key_of(p)] = std::move(it->second);
+  }
+}
+
 // The model and the optimizer's state from either format, at any world size and ZeRO stage: each
 // rank reads the whole state and, under ZeRO, keeps its slices.
 void TrainerCheckpoints::load_state(const std::string& dir) {
   Model& model = t_.model;
+  if (t_.pipeline) return load_pipeline_rank(dir);
   if (t_.stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
     load_sharded_slices(dir, *model.module, *t_.zero);
     return;
@@ -423,7 +452,8 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
   load_state(dir);
   TrainerState& state = t_.state;
-  int saved_world = 0;
+  int saved_world = 0, saved_pipeline = 1;
+  bool same_layout = false;
   try {
     read_counters(s, state);
     saved_world = s.at("world_size").get<int>();
@@ -431,25 +461,30 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
     const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
                                    s.value("sampler_offset", std::size_t{0})};
     sampler.set_epoch(state.epoch);
-    if (saved_world == t_.world()) {
-      set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(t_.rank())).get<std::string>());
+    // The data is dealt over the replicas (every rank without a pipeline); the generators are per rank.
+    const int saved_data_world = s.value("data_world_size", saved_world);
+    saved_pipeline = s.value("pipeline_parallel", 1);
+    same_layout = saved_world == t_.world() && saved_pipeline == t_.args.pipeline_parallel;
+    if (same_layout) set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(t_.rank())).get<std::string>());
+    if (saved_data_world == t_.data_world()) {
       sampler.load_state(saved);
       sampler_offset_ = saved.offset;
     } else {  // the old world took the start of this epoch's permutation; this one deals the rest
-      sampler_offset_ = data::consumed_in_epoch(saved, saved_world, t_.train_set->size());
+      sampler_offset_ = data::consumed_in_epoch(saved, saved_data_world, t_.train_set->size());
       sampler.load_state({state.epoch, 0, sampler_offset_});
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(state_path + " lacks a field a checkpoint must have (" + first_line(e.what()) +
                     "): the file is damaged; start from another checkpoint");
   }
-  if (saved_world != t_.world()) {
+  if (!same_layout) {
     if (t_.rank() == 0)
-      LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers, this run has "
-                                << t_.world() << ": the " << sampler_offset_ << " samples of epoch " << state.epoch
-                                << " already trained on stay done, the rest are dealt over " << t_.world()
-                                << "; each rank's RNG stream starts afresh";
-    torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.rank()));
+      LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers"
+                                << (saved_pipeline > 1 ? " (" + std::to_string(saved_pipeline) + " pipeline ranks)" : "")
+                                << ", this run has " << t_.world() << ": the " << sampler_offset_ << " samples of epoch "
+                                << state.epoch << " already trained on stay done, the rest are dealt over "
+                                << t_.data_world() << "; each rank's RNG stream starts afresh";
+    torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.data_rank()));
   }
   record(dir, "resume", is_sharded_checkpoint(dir), false, seconds_between(begin, Clock::now()), 0, saved_world);
   if (t_.rank() == 0)

@@ -69,6 +69,7 @@ class TrainerCheckpoints {
   nlohmann::json trainer_state_json(std::size_t sampler_position, const RankStates& ranks) const;
   void restore_loss_scale(const nlohmann::json& state, int saved_world);
   void load_state(const std::string& dir);
+  void load_pipeline_rank(const std::string& dir);
   void resume_outer(const std::string& dir);
   std::string optimizer_path(const std::string& dir) const;
   // A checkpoint record (metrics.jsonl) for `dir`: its files' bytes, this run's world.

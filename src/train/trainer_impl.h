@@ -1,6 +1,7 @@
 // The Trainer's insides, shared by the files that implement it:
 //   trainer.cc              construction, the run (set-up, epochs, what follows each step)
 //   training_step.cc        one optimiser step: micro-batches, backward, clipping, the optimiser
+//   pipeline_run.cc         the same under --pipeline-parallel: the pipeline's set-up, step, evaluation
 //   elastic_run.cc          ElasticRun: the run of an elastic job, through members lost and joined
 //   trainer_checkpoints.cc  TrainerCheckpoints: saving, finding and resuming from checkpoints
 //   evaluate.cc             distributed evaluation
@@ -20,11 +21,13 @@
 #include "lockstep/base/clock.h"
 #include "lockstep/comm/elastic.h"
 #include "lockstep/data/elastic_sampler.h"
+#include "lockstep/data/evaluation.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/local_sgd.h"
 #include "lockstep/ddp/zero.h"
+#include "lockstep/pipe/pipeline.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/blas.h"
 #include "lockstep/train_core/loss_scale.h"
@@ -82,6 +85,15 @@ struct RunFlops {
   double fp32_rate = 0, bf16_rate = 0;
 };
 
+// --pipeline-parallel: each pipeline rank's times over a logging window (PipelineStepStats summed),
+// and each step's span: from its first action to the end of the gradient norm's all-reduce, which
+// every stage leaves together (what the schedule's makespan is to its simulation).
+struct PipelineWindow {
+  double compute = 0, wait = 0, send = 0, reduce = 0, span = 0;
+  std::int64_t steps = 0;
+  int micro_batches = 0;  // of the last step
+};
+
 struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
@@ -94,7 +106,12 @@ struct Trainer::Impl {
   torch::Device device = torch::kCPU;  // --device: where the model, its batches and its optimizer live
 
   std::unique_ptr<Reducer> reducer;                     // several workers
-  std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, or DDP
+  std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, DDP, or this pipeline rank's parameters
+  // --pipeline-parallel above 1: the stages this rank runs, and their own parameters as a module
+  // (by the model's names: what the optimizer updates and the checkpoints save of this rank).
+  std::unique_ptr<pipe::Pipeline> pipeline;
+  std::shared_ptr<torch::nn::Module> stage_module;
+  PipelineWindow pipeline_window;
   std::unique_ptr<ZeroOptimizer> zero;                  // --zero-stage 1 or 2 on several workers
   // --sync-every above 1 (local SGD): the reducer spans this machine's ranks only, and the
   // machines meet through the outer optimizer.
@@ -117,6 +134,11 @@ struct Trainer::Impl {
   bool stage3() const { return zero && zero_plan.shards_parameters(); }
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
+  bool pipelined() const { return args.pipeline_parallel > 1; }
+  // Data parallelism's view of the job: under --pipeline-parallel P its world / P replicas (the
+  // pipeline ranks of a replica read the same samples), else every rank.
+  int data_rank() const;
+  int data_world() const;
   // Samples one rank takes per optimiser step.
   std::size_t samples_per_step() const;
   double learning_rate_at(std::int64_t step) const { return args.learning_rate * schedule.multiplier(step); }
@@ -174,6 +196,13 @@ struct Trainer::Impl {
   };
   StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
   StepTimes train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
+
+  // pipeline_run.cc
+  void build_pipeline();
+  StepTimes pipeline_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
+  data::EvalTotals pipeline_eval_totals();
+  void add_pipeline_fields(metrics::StepLog& entry);  // collective: each pipeline rank's window
+  void check_stage_replicas();                         // collective: each stage's replicas agree
 
   // elastic_run.h: the run of an elastic job (lockstep run --nnodes MIN:MAX), when this is one.
   std::unique_ptr<ElasticRun> elastic;

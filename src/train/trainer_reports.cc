@@ -64,7 +64,7 @@ void Trainer::Impl::announce() {
       "%d worker%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
       "%lld steps), %s, lr %g (%s), backend %s",
       world(), world() == 1 ? "" : "s", args.per_device_train_batch_size, args.gradient_accumulation_steps,
-      static_cast<long long>(samples_per_step() * static_cast<std::size_t>(world())),
+      static_cast<long long>(samples_per_step() * static_cast<std::size_t>(data_world())),
       static_cast<long long>(state.max_steps),
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
@@ -123,6 +123,17 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
     begin.matmul_fp32_flops_per_second = flops.fp32_rate;
     begin.matmul_bf16_flops_per_second = flops.bf16_rate;
   }
+  if (pipeline) {
+    begin.pipeline_parallel = args.pipeline_parallel;
+    begin.pipeline_schedule = args.pipeline_schedule;
+    begin.virtual_stages = args.virtual_stages;
+    begin.pipeline_plan = pipeline->describe_plan();
+    // This worker's share: its stages' parameters, their gradients and optimizer state.
+    std::int64_t own = 0;
+    for (const auto& p : pipeline->parameters()) own += static_cast<std::int64_t>(p.nbytes());
+    begin.worker_parameter_bytes = begin.worker_gradient_bytes = own;
+    begin.worker_optimizer_state_bytes = own * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
+  }
   return begin;
 }
 
@@ -166,6 +177,7 @@ void Trainer::Impl::log_window(RunProgress& run) {
   comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
   entry.job_pss_bytes = pss;
   if (stage3()) entry.zero_gathered_high_water_bytes = static_cast<double>(zero->memory().gathered_high_water);
+  if (pipeline) add_pipeline_fields(entry);
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   if (flops.per_sample) {
     entry.model_flops_per_second = *flops.per_sample * entry.samples_per_second;

@@ -151,10 +151,11 @@ void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
 
 StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t step_samples,
                                     LogWindow& window) {
-  return train_step(loader, StepPlan{step_samples, static_cast<double>(step_samples) * world(), false}, window);
+  return train_step(loader, StepPlan{step_samples, static_cast<double>(step_samples) * data_world(), false}, window);
 }
 
 StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
+  if (pipeline) return pipeline_step(loader, plan, window);
   const auto begin = Clock::now();
   const std::int64_t tensors_at_start = tensor_bytes();
   reset_peak_tensor_bytes();

@@ -171,8 +171,36 @@ void TrainingArguments::validate() const {
   if (powersgd_rounds > 1 && powersgd_rounds % 2 != 0)
     bad("powersgd-rounds", "must be 1 or even (two exchanges per power iteration; got " +
                                std::to_string(powersgd_rounds) + ")");
+  validate_pipeline();
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
+}
+
+// What pipelining (--pipeline-parallel above 1) does not combine with yet, and the flags that
+// mean nothing without it.
+void TrainingArguments::validate_pipeline() const {
+  if (pipeline_parallel == 1) {
+    if (num_microbatches > 0) bad("num-microbatches", "cuts a pipeline's step: add --pipeline-parallel 2 or more");
+    if (virtual_stages > 1) bad("virtual-stages", "is a pipeline setting: add --pipeline-parallel 2 or more");
+    if (!pipeline_split.empty()) bad("pipeline-split", "is a pipeline setting: add --pipeline-parallel 2 or more");
+    return;
+  }
+  if (virtual_stages > 1 && pipeline_schedule != "interleaved")
+    bad("virtual-stages", "needs --pipeline-schedule interleaved (the " + pipeline_schedule +
+                              " schedule runs one stage per pipeline rank)");
+  const std::string with = "--pipeline-parallel " + std::to_string(pipeline_parallel);
+  if (zero_stage > 0)
+    bad("zero-stage", "does not combine with " + with + " yet: each stage's replicas reduce its gradients with DDP");
+  if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
+  if (fp16)
+    bad("fp16", "does not combine with " + with + " yet (the loss scale's overflow check across stages is not built): "
+                "use --bf16, which needs no loss scaling");
+  if (save_format == "consolidated")
+    bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
+                           " each stage saves its part (sharded; `lockstep checkpoint consolidate` makes model.pt of one)");
+  if (gradient_checkpointing && pipeline_schedule == "zb")
+    bad("gradient-checkpointing", "does not combine with --pipeline-schedule zb: a recomputed block computes its "
+                                  "weight gradients with its input gradient, which zb splits; use 1f1b or interleaved");
 }
 
 nlohmann::json TrainingArguments::to_json() const {

@@ -37,9 +37,16 @@ template <class T>
 struct is_optional<std::optional<T>> : std::true_type {};
 
 template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+template <class T>
 std::string type_name() {
   if constexpr (is_optional<T>::value)
     return type_name<typename T::value_type>() + ", optional";
+  else if constexpr (is_vector<T>::value)
+    return "array of " + type_name<typename T::value_type>();
   else if constexpr (std::is_same_v<T, std::string>)
     return "string";
   else if constexpr (std::is_same_v<T, bool>)

@@ -87,6 +87,7 @@ struct PipelineStepStats {
   int micro_batches = 0;
   double loss_sum = 0, loss_targets = 0;  // the last stage's: sum of loss x targets, and targets
   double compute_seconds = 0;   // forwards, backwards, weight halves
+  double forward_seconds = 0;   // ... of which forwards (the loss included)
   double wait_seconds = 0;      // blocked in recvs: the schedule's bubble, and transfers not hidden
   double send_seconds = 0;      // handing activations and gradients to the transport
   double reduce_seconds = 0;    // waiting at the end for the replicas' gradient reduction
@@ -122,6 +123,9 @@ class Pipeline {
   // owns, in the model's order, by the model's names.
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
   std::vector<torch::Tensor> parameters() const;
+  // The same as a module whose named_parameters() are those names (for an optimizer's state by
+  // name, and checkpoints); it shares the tensors.
+  std::shared_ptr<torch::nn::Module> module() const;
   // Every parameter of the model, in the model's order, and the pipeline rank that owns it.
   const std::vector<std::pair<std::string, int>>& owners() const;
 

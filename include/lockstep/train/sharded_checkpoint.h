@@ -43,6 +43,13 @@ std::string shard_file_name(int rank, int world);  // "shard-00003-of-00008.bin"
 // optimizer's state for them, and (rank 0) the buffers.
 ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                   int rank, int world, bool copy = true);
+// A pipeline rank (pipe/pipeline.h): the `replica`-th of `replicas` cuts of the parameters in
+// `owned` (its stages' own, by name, laid end to end) with the optimizer's state for them; every
+// tensor of `module` (the whole model, which every rank builds) is listed, so that the shards of all
+// pipeline ranks make one checkpoint; `buffers`: this rank writes the buffers too (one rank does).
+ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torch::nn::Module& owned,
+                                     torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
+                                     bool copy = true);
 // ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true);
 
@@ -50,8 +57,10 @@ ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer
 // model's name, shape and dtype: a ConfigError naming the first that differs) and, when given,
 // the whole optimizer state into `optimizer` (built over module.parameters(), of the kind the
 // checkpoint names). Returns the checkpoint's optimizer record.
+// `part`: the module is part of the checkpoint's model (a pipeline rank's parameters): tensors the
+// checkpoint holds beyond the module's are not an error.
 nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
-                            torch::optim::Optimizer* optimizer);
+                            torch::optim::Optimizer* optimizer, bool part = false);
 
 // Under ZeRO stage 3: the buffers into the module and this rank's slices into `zero`, reading
 // nothing else (a model that barely fits its machines resumes without the whole state anywhere).

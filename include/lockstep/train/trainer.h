@@ -32,6 +32,7 @@
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/parameter_units.h"
+#include "lockstep/pipe/units.h"
 #include "lockstep/train_core/arguments.h"
 
 namespace lockstep::train {
@@ -52,7 +53,8 @@ class Dataset {
 };
 
 // A module plus how to call it, so the Trainer needs no template. A module with a
-// set_gradient_checkpointing(bool) method (models/gpt.h's) gets --gradient-checkpointing.
+// set_gradient_checkpointing(bool) method (models/gpt.h's) gets --gradient-checkpointing, one with
+// pipeline_units() (the GPT language model's) --pipeline-parallel.
 struct Model {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
@@ -60,16 +62,20 @@ struct Model {
   // ZeRO stage 3 (ddp/parameter_units.h); empty: the model names no units.
   std::function<std::vector<std::shared_ptr<torch::nn::Module>>()> parameter_units;
   std::function<void(UnitRunner)> set_unit_runner;
+  // --pipeline-parallel (pipe/units.h); empty: the model cannot be cut into stages.
+  std::function<std::vector<pipe::PipelineUnit>()> pipeline_units;
 
   template <class M>
   static Model of(std::shared_ptr<M> m) {
-    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr, nullptr, nullptr};
+    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr, nullptr, nullptr,
+                nullptr};
     if constexpr (has_checkpointing<M>(0))
       model.set_gradient_checkpointing = [raw = m.get()](bool on) { raw->set_gradient_checkpointing(on); };
     if constexpr (has_units<M>(0)) {
       model.parameter_units = [raw = m.get()] { return raw->parameter_units(); };
       model.set_unit_runner = [raw = m.get()](UnitRunner r) { raw->set_unit_runner(std::move(r)); };
     }
+    if constexpr (has_pipeline_units<M>(0)) model.pipeline_units = [raw = m.get()] { return raw->pipeline_units(); };
     return model;
   }
   template <class Holder, class = decltype(std::declval<Holder>().ptr())>
@@ -93,6 +99,14 @@ struct Model {
   }
   template <class M>
   static constexpr bool has_units(...) {
+    return false;
+  }
+  template <class M>
+  static constexpr auto has_pipeline_units(int) -> decltype(std::declval<M&>().pipeline_units(), true) {
+    return true;
+  }
+  template <class M>
+  static constexpr bool has_pipeline_units(...) {
     return false;
   }
 };

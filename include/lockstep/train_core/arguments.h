@@ -145,6 +145,21 @@ inline std::vector<std::string> comm_hook_names() {
     "ZeRO: one copy per machine in shared memory: stages 1, 2 the parameters (every worker on one machine), " \
     "3 the gathered units (shm, or hier across machines)",                                                     \
     any())                                                                                                     \
+  X(int, pipeline_parallel, 1,                                                                                 \
+    "pipeline ranks P: the model cut into stages on P workers each, the world P x D replicas; 1: no pipeline",  \
+    at_least(1))                                                                                               \
+  X(std::string, pipeline_schedule, "1f1b", "--pipeline-parallel: the schedule",                               \
+    one_of({"gpipe", "1f1b", "interleaved", "zb"}))                                                            \
+  X(int, virtual_stages, 1, "--pipeline-schedule interleaved: stages per pipeline rank", at_least(1))          \
+  X(int, num_microbatches, 0,                                                                                  \
+    "--pipeline-parallel: micro-batches per step, cut from the step's per-device-train-batch-size x "            \
+    "gradient-accumulation-steps samples (any number; 0: gradient-accumulation-steps of per-device-train-batch-size)", \
+    at_least(0))                                                                                               \
+  X(std::string, pipeline_split, "",                                                                           \
+    "--pipeline-parallel: units per stage by hand, e.g. 2,3,3,2 (empty: balanced by --pipeline-balance)", any()) \
+  X(std::string, pipeline_balance, "time",                                                                     \
+    "--pipeline-parallel: balance stages by each unit's measured forward + backward time, or its parameters",    \
+    one_of({"time", "parameters"}))                                                                            \
   X(std::string, backend, "auto", "the communication backend", backend_rule())                                \
   X(std::string, config, "", "YAML or JSON file of these settings (flags override it)", any())
 // clang-format on
@@ -156,6 +171,7 @@ struct TrainingArguments {
 
   // Throws ConfigError naming the first bad value (as its flag) and the fix.
   void validate() const;
+  void validate_pipeline() const;  // the part of validate() about --pipeline-parallel
   bool best_is_greater() const;
   std::int64_t eval_every() const {
     return eval_steps > 0 ? eval_steps : logging_steps;

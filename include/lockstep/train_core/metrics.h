@@ -59,7 +59,11 @@
     "absent when the model's products are unknown (docs/metrics.md says which models count)")           \
   X(std::optional<double>, matmul_fp32_flops_per_second,                                                \
     "rank 0's measured fp32 matmul rate at the model's shapes and threads (LOCKSTEP_PROBE_MATMUL=1)")    \
-  X(std::optional<double>, matmul_bf16_flops_per_second, "... and in bfloat16")
+  X(std::optional<double>, matmul_bf16_flops_per_second, "... and in bfloat16")                          \
+  X(std::optional<int>, pipeline_parallel, "--pipeline-parallel: pipeline ranks P (the world is P x replicas)") \
+  X(std::optional<std::string>, pipeline_schedule, "... the schedule (gpipe, 1f1b, interleaved, zb)")     \
+  X(std::optional<int>, virtual_stages, "... stages per pipeline rank (interleaved)")                    \
+  X(std::optional<std::string>, pipeline_plan, "... which units each stage holds, one line per stage")
 
 #define LOCKSTEP_STEP_LOG_FIELDS(X)                                                                     \
   X(std::int64_t, step, "optimiser steps done")                                                         \
@@ -98,6 +102,15 @@
   X(std::optional<double>, zero_gathered_high_water_bytes,                                                     \
     "ZeRO stage 3: the most parameter bytes rank 0 held gathered at once so far (with one copy per machine: " \
     "its machine's, shared)")                                                                                  \
+  X(std::optional<std::vector<double>>, pipeline_bubble,                                                       \
+    "--pipeline-parallel: per pipeline rank (averaged over its replicas), the share of each step it did not "   \
+    "compute, from the step's first action to the gradient norm every stage meets at (the bubble)")            \
+  X(std::optional<std::vector<double>>, pipeline_bubble_analytic,                                              \
+    "... the share its schedule idles when every action takes the time measured over the window")            \
+  X(std::optional<std::vector<double>>, pipeline_compute_seconds, "... per step, in forwards and backwards")   \
+  X(std::optional<std::vector<double>>, pipeline_wait_seconds, "... per step, waiting for a stage's transfer")  \
+  X(std::optional<std::vector<double>>, pipeline_send_seconds, "... per step, handing transfers to the network") \
+  X(std::optional<std::vector<double>>, pipeline_reduce_seconds, "... per step, waiting for the replicas' gradient reduction") \
   X(std::optional<int>, straggler_rank, "the rank the others waited for over the window, when one stood out") \
   X(std::optional<std::string>, straggler, "... why: its data loading or its compute, and by how much")
 

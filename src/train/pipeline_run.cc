@@ -1,0 +1,218 @@
+// The Trainer under --pipeline-parallel: the pipeline built from the model's units, one optimiser
+// step as micro-batches through it, evaluation through its forward-only table, and what each
+// pipeline rank reports. The rest of the Trainer (schedules, logging, checkpoints) runs as for DDP,
+// with the data dealt over the replicas instead of every rank.
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "dataset_loader.h"
+#include "lockstep/base/log.h"
+#include "lockstep/comm/collectives.h"
+#include "lockstep/comm/elastic.h"
+#include "lockstep/error.h"
+#include "lockstep/train/tensor_memory.h"
+#include "trainer_impl.h"
+
+namespace lockstep::train {
+
+int Trainer::Impl::data_rank() const {
+  return pipelined() ? pipe::PipelineMesh::of(world(), args.pipeline_parallel).replica_of(rank()) : rank();
+}
+
+int Trainer::Impl::data_world() const {
+  return pipelined() ? pipe::PipelineMesh::of(world(), args.pipeline_parallel).replicas : world();
+}
+
+namespace {
+
+pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optional<at::ScalarType> autocast) {
+  pipe::PipelineOptions o;
+  o.pipeline_parallel = args.pipeline_parallel;
+  o.schedule = pipe::parse_schedule_kind(args.pipeline_schedule);
+  o.virtual_stages = args.virtual_stages;
+  o.split = args.pipeline_split;
+  o.balance = args.pipeline_balance == "parameters" ? pipe::PipelineOptions::Balance::parameters
+                                                    : pipe::PipelineOptions::Balance::time;
+  o.autocast = autocast;
+  o.ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
+  o.ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
+  return o;
+}
+
+}  // namespace
+
+// Everything that does not combine with pipelining is refused here, before anything trains.
+void Trainer::Impl::build_pipeline() {
+  const std::string with = "--pipeline-parallel " + std::to_string(args.pipeline_parallel);
+  if (elastic)
+    throw ConfigError(with + " in an elastic job (lockstep run --nnodes MIN:MAX): a pipeline's stages do not follow "
+                             "membership changes yet; start a fixed number of workers");
+  if (!model.pipeline_units)
+    throw ConfigError(with + ": this model cannot be cut into stages (give it pipeline_units(), as "
+                             "models/gpt.h's GptLmHeadModel does: see lockstep/pipe/units.h)");
+  if (args.virtual_stages > 1 && args.pipeline_schedule != "interleaved")
+    throw ConfigError("--virtual-stages needs --pipeline-schedule interleaved");
+  const Batch first = train_set->get({0});
+  const pipe::MicroBatch sample{first.input.to(device), first.target.to(device), 1};
+  pipeline = std::make_unique<pipe::Pipeline>(model.pipeline_units(), *comm, pipeline_options(args, autocast_dtype()),
+                                              sample, loss_fn);
+  optimizer = make_optimizer(pipeline->parameters());
+  stage_module = pipeline->module();
+  if (rank() == 0)
+    LOCKSTEP_LOG(info, train) << "pipeline: " << pipeline->mesh().describe() << ", schedule " << args.pipeline_schedule
+                              << (args.virtual_stages > 1 ? " with " + std::to_string(args.virtual_stages) + " stages per rank" : "")
+                              << "\n"
+                              << pipeline->describe_plan();
+}
+
+// The step's samples (whole micro-batches of the loader) cut into --num-microbatches, each
+// weighted by its samples as the unpipelined step weighs its micro-batches.
+StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
+  const auto begin = Clock::now();
+  const std::int64_t tensors_at_start = tensor_bytes();
+  reset_peak_tensor_bytes();
+  StepTimes t;
+  const auto batch_size = std::size_t(args.per_device_train_batch_size);
+  std::vector<torch::Tensor> inputs, targets;
+  for (std::size_t taken = 0; taken < plan.samples; taken += batch_size) {
+    auto batch = loader.next();
+    if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
+    inputs.push_back(batch->input);
+    targets.push_back(batch->target);
+  }
+  const auto input = torch::cat(inputs), target = torch::cat(targets);
+  const auto loaded = Clock::now();
+  t.data = seconds_between(begin, loaded);
+  const std::int64_t samples = input.size(0);
+  const int wanted = args.num_microbatches > 0 ? args.num_microbatches : int(inputs.size());
+  const int m = int(std::min<std::int64_t>(wanted, samples));
+  const double mean_over = plan.all_ranks_samples / data_world();
+  std::vector<pipe::MicroBatch> batches;
+  const auto in_parts = input.tensor_split(m), target_parts = target.tensor_split(m);
+  for (int k = 0; k < m; ++k)
+    batches.push_back({in_parts[std::size_t(k)], target_parts[std::size_t(k)],
+                       double(in_parts[std::size_t(k)].size(0)) / mean_over});
+  const pipe::PipelineStepStats st = pipeline->train_step(batches);
+  if (st.loss_targets > 0) {
+    window.add_loss(st.loss_sum / st.loss_targets, st.loss_targets);
+    if (target.dim() >= 2) window.add_tokens(st.loss_targets);
+  }
+  t.forward = st.forward_seconds;
+  t.backward = st.compute_seconds - st.forward_seconds;
+  t.exposed_comm = st.wait_seconds + st.send_seconds + st.reduce_seconds;
+  t.comm = st.reduce_seconds;
+  const auto optimizer_begin = Clock::now();
+  const double max_norm = args.max_grad_norm;
+  const double norm = pipeline->clip_grad_norm(max_norm);
+  if (max_norm > 0) window.set_grad_norm(norm);
+  PipelineWindow& w = pipeline_window;
+  w.compute += st.compute_seconds, w.wait += st.wait_seconds, w.send += st.send_seconds;
+  w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps, w.micro_batches = m;
+  const double lr = learning_rate_at(state.global_step);
+  for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+  optimizer->step();
+  optimizer->zero_grad();
+  pipeline->after_optimizer_step();
+  t.optimizer = seconds_between(optimizer_begin, Clock::now());
+  t.total = seconds_between(begin, Clock::now());
+  if (TraceWriter* trace = this->trace()) {
+    trace->span("data wait", 1, begin, loaded);
+    trace->span("pipeline step", 1, loaded, optimizer_begin,
+                {{"micro_batches", m}, {"wait_seconds", st.wait_seconds}, {"compute_seconds", st.compute_seconds}});
+    trace->span("optimizer", 1, optimizer_begin, Clock::now());
+  }
+  window.add_step(t, plan.all_ranks_samples, 0, 0);
+  window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
+  return t;
+}
+
+// Evaluation through the pipeline: each replica's share of the eval set, in passes of a few
+// micro-batches (one per eval batch); the last stage counts loss and accuracy, the others
+// contribute zeros to the sum over the world.
+data::EvalTotals Trainer::Impl::pipeline_eval_totals() {
+  data::DistributedSampler sampler(eval_set->size(), data_rank(), data_world(), /*shuffle=*/false);
+  std::shared_ptr<const Dataset> ds(eval_set.get(), [](const Dataset*) {});
+  auto loader = make_loader(ds, sampler.indices(), args.per_device_eval_batch_size, args.dataloader_num_workers);
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  data::EvalTotals local;
+  std::vector<pipe::MicroBatch> pass;
+  auto run_pass = [&] {
+    pipeline->forward_only(pass, [&](int k, const torch::Tensor& output) {
+      const torch::Tensor out = output.to(torch::kFloat), y = pass[std::size_t(k)].target.to(out.device());
+      local.loss_sum += loss_fn(out, y).item<double>() * double(y.numel());
+      local.correct += out.argmax(-1).eq(y).sum().item<std::int64_t>();
+      local.count += y.numel();
+      local.samples += y.size(0);
+    });
+    pass.clear();
+  };
+  std::size_t k = 0;
+  while (auto batch = loader->next()) {
+    const std::int64_t n = batch->target.size(0);
+    std::vector<std::int64_t> real;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!sampler.is_padding(k + std::size_t(i))) real.push_back(i);
+    k += std::size_t(n);
+    if (real.empty()) continue;  // every pipeline rank of the replica skips it alike
+    auto keep = torch::tensor(real, torch::kLong);
+    pass.push_back({batch->input.index_select(0, keep), batch->target.index_select(0, keep), 1});
+    if (int(pass.size()) == 2 * args.pipeline_parallel * args.virtual_stages) run_pass();
+  }
+  if (!pass.empty()) run_pass();
+  model.module->train(was_training);
+  return data::allreduce_totals(*comm, local);
+}
+
+// Collective: each pipeline rank's window, averaged over its replicas: compute, waiting for
+// transfers, sending, the replicas' reduction; its bubble (the share of the steps' span it did not
+// compute), and the bubble its schedule has with these action times.
+void Trainer::Impl::add_pipeline_fields(metrics::StepLog& entry) {
+  const int p = args.pipeline_parallel, prank = pipeline->pipeline_rank();
+  PipelineWindow& w = pipeline_window;
+  const double steps = double(std::max<std::int64_t>(1, w.steps)), replicas = double(data_world());
+  std::vector<double> rows(std::size_t(p) * 5, 0);
+  const double mine[5] = {w.compute, w.wait, w.send, w.reduce, w.span};
+  for (int i = 0; i < 5; ++i) rows[std::size_t(prank) * 5 + std::size_t(i)] = mine[i] / steps / replicas;
+  comm->allreduce(rows.data(), rows.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  const std::vector<double> analytic = pipeline->analytic_bubbles(std::max(1, w.micro_batches));
+  std::vector<double> compute, wait, send, reduce, bubble;
+  for (int r = 0; r < p; ++r) {
+    const double* row = &rows[std::size_t(r) * 5];
+    compute.push_back(row[0]), wait.push_back(row[1]), send.push_back(row[2]), reduce.push_back(row[3]);
+    bubble.push_back(row[4] > 0 ? 1 - row[0] / row[4] : 0);
+  }
+  entry.pipeline_compute_seconds = compute;
+  entry.pipeline_wait_seconds = wait;
+  entry.pipeline_send_seconds = send;
+  entry.pipeline_reduce_seconds = reduce;
+  entry.pipeline_bubble = bubble;
+  entry.pipeline_bubble_analytic = analytic;
+  pipeline_window = PipelineWindow{};
+}
+
+// DDP's promise per stage: the replicas of each pipeline rank hold the same parameters.
+void Trainer::Impl::check_stage_replicas() {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const auto& p : pipeline->parameters()) {
+    const auto t = p.detach().contiguous().to(torch::kCPU);
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (std::size_t i = 0, n = std::size_t(t.nbytes()); i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  const auto all = comm::allgather_strings(*comm, std::to_string(h));
+  if (rank() != 0) return;
+  const auto mesh = pipeline->mesh();
+  std::string differ;
+  for (int r = 0; r < world(); ++r)
+    if (all[std::size_t(r)] != all[std::size_t(mesh.rank_at(mesh.pipeline_rank_of(r), 0))])
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (differ.empty())
+    LOCKSTEP_LOG(info, train) << "the " << mesh.replicas << " replicas of each of the " << mesh.pipeline
+                              << " pipeline ranks hold the same parameters";
+  else
+    LOCKSTEP_LOG(warn, train) << "the replicas diverged: rank(s) " << differ
+                              << " hold parameters that differ from their stage's first replica";
+}
+
+}  // namespace lockstep::train
