@@ -91,7 +91,7 @@ torch::Tensor SplitBackward::input_half(const torch::Tensor& output, const torch
     }
     if (!feeds_parameters) continue;
     node->add_pre_hook(std::make_unique<CaptureGrads>(captured_, split_nodes_.size()));
-    split_nodes_.push_back(node->shared_from_this());
+    split_nodes_.push_back(torch_compat::owning(node));
     cut.push_back(std::move(into_path));
   }
   captured_->grads.resize(split_nodes_.size());

@@ -22,6 +22,8 @@
 #include <memory>
 #include <vector>
 
+#include "lockstep/ddp/torch_compat.h"
+
 namespace lockstep::pipe {
 
 class SplitBackward {
@@ -36,7 +38,7 @@ class SplitBackward {
 
  private:
   torch::Tensor output_, grad_;  // the whole backward, when the input half found no input path
-  std::vector<std::shared_ptr<torch::autograd::Node>> split_nodes_;
+  std::vector<torch_compat::NodePtr> split_nodes_;
   std::shared_ptr<Captured> captured_;
 };
 

@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
+#include <sstream>
 
 #include "dataset_loader.h"
 #include "lockstep/base/log.h"
@@ -192,24 +194,30 @@ void Trainer::Impl::add_pipeline_fields(metrics::StepLog& entry) {
   pipeline_window = PipelineWindow{};
 }
 
-// DDP's promise per stage: the replicas of each pipeline rank hold the same parameters.
+// DDP's promise per stage: the replicas of each pipeline rank hold the same parameters; and the
+// model's fingerprint (the one an unpipelined run prints) from each parameter's hash.
 void Trainer::Impl::check_stage_replicas() {
-  std::uint64_t h = 14695981039346656037ull;
-  for (const auto& p : pipeline->parameters()) {
-    const auto t = p.detach().contiguous().to(torch::kCPU);
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-    for (std::size_t i = 0, n = std::size_t(t.nbytes()); i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  const auto all = comm::allgather_strings(*comm, std::to_string(h));
+  std::string mine;
+  for (const auto& [name, p] : pipeline->named_parameters()) mine += name + " " + std::to_string(parameter_hash(p)) + "\n";
+  const auto all = comm::allgather_strings(*comm, mine);
   if (rank() != 0) return;
   const auto mesh = pipeline->mesh();
   std::string differ;
-  for (int r = 0; r < world(); ++r)
+  std::map<std::string, std::uint64_t> hashes;
+  for (int r = 0; r < world(); ++r) {
     if (all[std::size_t(r)] != all[std::size_t(mesh.rank_at(mesh.pipeline_rank_of(r), 0))])
       differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    std::istringstream in(all[std::size_t(r)]);
+    std::string name;
+    std::uint64_t h = 0;
+    while (in >> name >> h) hashes.emplace(name, h);
+  }
+  std::vector<std::uint64_t> ordered;
+  for (const auto& [name, owner] : pipeline->owners()) ordered.push_back(hashes.at(name));
   if (differ.empty())
-    LOCKSTEP_LOG(info, train) << "the " << mesh.replicas << " replicas of each of the " << mesh.pipeline
-                              << " pipeline ranks hold the same parameters";
+    LOCKSTEP_LOG(info, train) << "all " << mesh.replicas << " replicas of each of the " << mesh.pipeline
+                              << " pipeline ranks hold the same parameters (fingerprint " << combined_fingerprint(ordered)
+                              << ")";
   else
     LOCKSTEP_LOG(warn, train) << "the replicas diverged: rank(s) " << differ
                               << " hold parameters that differ from their stage's first replica";

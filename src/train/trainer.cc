@@ -302,27 +302,39 @@ TrainResult Trainer::Impl::result(const RunProgress& run) const {
   return r;
 }
 
+// A hash of every parameter's bytes: FNV-1a of each parameter, then of those hashes in the
+// model's order. Equal on two ranks (or two runs) exactly when the parameters are bitwise equal,
+// which DDP promises; a check at the end catches what breaks it (an op that is not deterministic,
+// a rank that skipped a step) at the cost of one allgather. Per parameter, so that pipeline ranks,
+// each holding some, make the same fingerprint as one process holding all.
+std::uint64_t parameter_hash(const torch::Tensor& p) {
+  std::uint64_t h = 14695981039346656037ull;
+  const auto t = p.detach().contiguous().to(torch::kCPU);
+  const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+  for (std::size_t i = 0, n = static_cast<std::size_t>(t.nbytes()); i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string combined_fingerprint(const std::vector<std::uint64_t>& hashes) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (std::uint64_t x : hashes)
+    for (int b = 0; b < 8; ++b) h = (h ^ ((x >> (8 * b)) & 0xff)) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 namespace {
 
-// A hash of every parameter's bytes (FNV-1a): equal on every rank exactly when the replicas
-// are bitwise equal, which DDP promises. A check at the end catches what breaks it (an op
-// that is not deterministic, a rank that skipped a step) at the cost of one allgather.
 std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimizer* zero) {
-  std::uint64_t h = 14695981039346656037ull;
-  auto hash = [&](const torch::Tensor& p) {
-    const auto t = p.detach().contiguous().to(torch::kCPU);
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-    for (std::size_t i = 0, n = static_cast<std::size_t>(t.nbytes()); i < n; ++i)
-      h = (h ^ bytes[i]) * 1099511628211ull;
-  };
+  std::vector<std::uint64_t> hashes;
+  auto hash = [&](const torch::Tensor& p) { hashes.push_back(parameter_hash(p)); };
   if (zero) {  // a unit at a time under stage 3 (frozen parameters are not in it: none here)
     zero->visit_parameters(hash);
   } else {
     for (const auto& p : module.parameters()) hash(p);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return hex;
+  return combined_fingerprint(hashes);
 }
 
 }  // namespace
@@ -338,8 +350,12 @@ WholeParameters::~WholeParameters() noexcept(false) {
 }
 
 void Trainer::Impl::check_replicas() {
-  if (world() == 1) return;
   if (pipeline) return check_stage_replicas();
+  if (world() == 1) {  // nothing to compare; the fingerprint says what a run with more workers should match
+    LOCKSTEP_LOG(info, train) << "one worker holds the parameters (fingerprint "
+                              << parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr) << ")";
+    return;
+  }
   const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr));
   if (rank() != 0) return;
   std::string differ;

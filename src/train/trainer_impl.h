@@ -78,6 +78,12 @@ class WholeParameters {
   bool keep_values_;
 };
 
+// FNV-1a of one parameter's bytes, and the fingerprint of a model from its parameters' hashes in
+// the model's order: equal exactly when the parameters are bitwise equal, however they are spread
+// over ranks (trainer.cc).
+std::uint64_t parameter_hash(const torch::Tensor& p);
+std::string combined_fingerprint(const std::vector<std::uint64_t>& hashes);
+
 // The model's FLOPs per sample and the rates this worker multiplies at (0: not measured): what
 // the log's model_flops_per_second and mfu come from.
 struct RunFlops {

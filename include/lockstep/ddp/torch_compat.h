@@ -5,7 +5,7 @@
 //   - Optimizer::state() is keyed by a parameter's TensorImpl address written as text (1.x) or by
 //     the address itself (2.x): StateKey, state_key().
 //   - autograd nodes are owned by std::shared_ptr with deleteNode (1.x) or by c10::intrusive_ptr
-//     (2.x): NodePtr, make_node<N>().
+//     (2.x): NodePtr, make_node<N>(), owning(node).
 //   - c10::Allocator::allocate() is const (1.x) or not, and copy_data() is to be given (2.x):
 //     an allocator derives from torch_compat::Allocator and defines allocate_bytes().
 //   - Autocast's switches are per-device functions from 2.3 on (the device-named ones are
@@ -67,6 +67,15 @@ auto make_node(Args&&... args) {
   } else {
     return c10::make_intrusive<N>(std::forward<Args>(args)...);
   }
+}
+
+// An owning pointer to a node of a live graph, from the node itself.
+template <class Node>
+NodePtr owning(Node* node) {
+  if constexpr (is_shared_ptr<NodePtr>::value)
+    return node->shared_from_this();
+  else
+    return node->getptr();
 }
 
 template <bool kConstAllocate, class Base = c10::Allocator>
