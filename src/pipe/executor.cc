@@ -44,7 +44,37 @@ auto timed(double& total, F&& f) {
   return f();
 }
 
+const char* what_of(Channel c) {
+  switch (c) {
+    case Channel::activation: return "activations";
+    case Channel::gradient: return "gradient";
+    case Channel::tied_gradient: return "tied parameters' gradient";
+    case Channel::tied_value: return "tied parameters' new values";
+  }
+  return "?";
+}
+
 }  // namespace
+
+// A transfer into `stage` on tag (c, slot, micro_batch) (slot: the receiving stage, or a tied
+// parameter's index), its error (a dead sender, a deadline) naming both ends by stage and by
+// worker (the job's rank), not only by their place in the pipeline group.
+torch::Tensor Pipeline::Impl::receive(int from_stage, int stage, Channel c, int slot, int micro_batch) {
+  const int from = rank_of(from_stage);
+  auto context = [&] {
+    return "pipeline stage " + std::to_string(stage) + " (worker " + std::to_string(world.rank()) +
+           ") waited for the " + what_of(c) +
+           (c == Channel::tied_value ? "" : " of micro-batch " + std::to_string(micro_batch)) + " from stage " +
+           std::to_string(from_stage) + " (worker " + std::to_string(mesh.rank_at(from, replica)) + "): ";
+  };
+  try {
+    return channel->recv(from, tag_of(c, slot, micro_batch), device);
+  } catch (const PeerError& e) {
+    throw PeerError(context() + e.what());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context() + e.what());
+  }
+}
 
 PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
   const auto step_begin = Clock::now();
@@ -67,16 +97,16 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
     const int s = a.stage, k = a.micro_batch;
     switch (a.op) {
       case Op::recv_activation:
-        received[{s, k}] = timed(st.wait_seconds, [&] { return channel->recv(rank_of(s - 1), tag_of(Channel::activation, s, k), device); });
+        received[{s, k}] = timed(st.wait_seconds, [&] { return receive(s - 1, s, Channel::activation, s, k); });
         break;
       case Op::recv_gradient:
-        output_grads[{s, k}] = timed(st.wait_seconds, [&] { return channel->recv(rank_of(s + 1), tag_of(Channel::gradient, s, k), device); });
+        output_grads[{s, k}] = timed(st.wait_seconds, [&] { return receive(s + 1, s, Channel::gradient, s, k); });
         break;
       case Op::recv_tied:
         timed(st.wait_seconds, [&] {
           auto& grads = tied_received[k];
           for (std::size_t i = 0; i < tied.size(); ++i)
-            grads.push_back(channel->recv(rank_of(last_stage()), tag_of(Channel::tied_gradient, int(i), k), device));
+            grads.push_back(receive(last_stage(), 0, Channel::tied_gradient, int(i), k));
         });
         break;
       case Op::forward: {
@@ -165,7 +195,7 @@ void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
   for (const Action& a : t.actions[std::size_t(s.prank)]) {
     const int stage = a.stage, k = a.micro_batch;
     if (a.op == Op::recv_activation) {
-      received[{stage, k}] = s.channel->recv(s.rank_of(stage - 1), tag_of(Channel::activation, stage, k), s.device);
+      received[{stage, k}] = s.receive(stage - 1, stage, Channel::activation, stage, k);
     } else if (a.op == Op::send_activation) {
       s.channel->send(take(to_send, a), s.rank_of(stage + 1), tag_of(Channel::activation, stage + 1, k));
     } else {

@@ -189,7 +189,7 @@ void Pipeline::Impl::take_tied_values() {
   tied_values_due = false;
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < tied.size(); ++i)
-    tied[i].copy_(channel->recv(rank_of(0), tag_of(Channel::tied_value, int(i), 0), device));
+    tied[i].copy_(receive(0, last_stage(), Channel::tied_value, int(i), 0));
 }
 
 const ScheduleTable& Pipeline::Impl::table(int micro_batches) {

@@ -87,6 +87,7 @@ struct Pipeline::Impl {
 
   // executor.cc
   PipelineStepStats run(const std::vector<MicroBatch>& batches);
+  torch::Tensor receive(int from_stage, int stage, Channel c, int slot, int micro_batch);
 };
 
 // unit_costs.cc: forward + backward seconds of each unit on `sample` (the fastest of a few runs),

@@ -214,10 +214,12 @@ void Trainer::Impl::check_stage_replicas() {
   }
   std::vector<std::uint64_t> ordered;
   for (const auto& [name, owner] : pipeline->owners()) ordered.push_back(hashes.at(name));
-  if (differ.empty())
+  const std::string print = "(fingerprint " + combined_fingerprint(ordered) + ")";
+  if (differ.empty() && mesh.replicas == 1)
+    LOCKSTEP_LOG(info, train) << "the " << mesh.pipeline << " pipeline ranks hold the model's parameters " << print;
+  else if (differ.empty())
     LOCKSTEP_LOG(info, train) << "all " << mesh.replicas << " replicas of each of the " << mesh.pipeline
-                              << " pipeline ranks hold the same parameters (fingerprint " << combined_fingerprint(ordered)
-                              << ")";
+                              << " pipeline ranks hold the same parameters " << print;
   else
     LOCKSTEP_LOG(warn, train) << "the replicas diverged: rank(s) " << differ
                               << " hold parameters that differ from their stage's first replica";

@@ -162,7 +162,7 @@ void Trainer::Impl::show_progress(double loss, const std::string& rate, double e
 // Collective: the window's numbers averaged over ranks, as one metrics.jsonl line.
 void Trainer::Impl::log_window(RunProgress& run) {
   const double steps = static_cast<double>(std::max<std::int64_t>(1, run.window.steps()));
-  metrics::StepLog entry = run.window.summarise(*comm);
+  metrics::StepLog entry = run.window.summarise(*comm, /*find_straggler=*/!pipeline);
   const comm::NetworkStats network = comm->network_stats();
   if (network.bytes_sent > run.network_at_window_start.bytes_sent) {
     entry.network_bytes_per_step =

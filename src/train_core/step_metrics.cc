@@ -55,7 +55,7 @@ std::optional<Straggler> straggler_among(comm::Communicator& comm, const WindowS
 
 }  // namespace
 
-metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
+metrics::StepLog LogWindow::summarise(comm::Communicator& comm, bool find_straggler) const {
   global_ = local_;
   comm.allreduce(&global_, sizeof(WindowSums) / sizeof(double), comm::DType::f64, comm::ReduceOp::sum)
       ->wait();
@@ -77,7 +77,7 @@ metrics::StepLog LogWindow::summarise(comm::Communicator& comm) const {
   r.allreduce_bytes_per_step = bytes_ / steps;
   r.buckets_per_step = buckets_ / steps;
   if (grad_norm_ >= 0) r.grad_norm = grad_norm_;
-  if (auto s = straggler_among(comm, local_, steps)) {
+  if (auto s = find_straggler ? straggler_among(comm, local_, steps) : std::nullopt) {
     r.straggler_rank = s->rank;
     r.straggler = s->describe();
   }

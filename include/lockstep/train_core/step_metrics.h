@@ -60,7 +60,8 @@ class LogWindow {
   // Collective: one allreduce of every rank's sums; the record's loss is the mean over samples
   // on all ranks, its times the means over steps and ranks. step, epoch and learning_rate are
   // the caller's to fill.
-  metrics::StepLog summarise(comm::Communicator& comm) const;
+  // find_straggler false: ranks that differ by design (a pipeline's stages) are not compared.
+  metrics::StepLog summarise(comm::Communicator& comm, bool find_straggler = true) const;
   // The summed losses of every rank (valid after summarise), for the run's mean loss.
   const WindowSums& global_sums() const { return global_; }
 

@@ -1,0 +1,235 @@
+// examples/gpt pipelined (--pipeline-parallel) in whole runs, as a user runs it under `lockstep
+// run`: with dropout, its parameters end bitwise the unpipelined run's (one worker, or DDP for two
+// replicas); a checkpoint of one layout goes on under others and into the unpipelined GPT; a
+// stage killed at a random moment fails the job within seconds and `--max-restarts` resumes it
+// bitwise; without a launcher the killed stage's neighbour fails within seconds naming it; and
+// what pipelining does not take is refused before anything trains. Every worker multiplies on one
+// thread (OMP_NUM_THREADS=1) so that runs with different numbers of workers round alike.
+// Torch-free: it reads what the runs print (the Trainer's fingerprint of the final parameters is
+// equal exactly when they are bitwise equal) and write.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lockstep::testing::Process;
+using lockstep::testing::TempDir;
+
+using Flags = std::vector<std::string>;
+
+Flags operator+(Flags a, const Flags& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// 4 blocks (6 units), 16 bytes of context; steps of 4 micro-batches of 2 sequences.
+Flags tiny(const std::string& out, int steps, const std::string& dropout = "0.1") {
+  return {"--n-layer", "4", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--dropout", dropout,
+          "--train-limit", "400", "--eval-strategy", "no", "--per-device-train-batch-size", "2",
+          "--gradient-accumulation-steps", "4", "--disable-tqdm", "--logging-steps", "1", "--max-steps",
+          std::to_string(steps), "--output-dir", out};
+}
+
+Flags launch(int nproc, const Flags& flags, const Flags& launcher = {}) {
+  return Flags{LOCKSTEP_BINARY, "run", "--nproc-per-node", std::to_string(nproc)} + launcher + Flags{GPT_EXAMPLE} +
+         flags;
+}
+
+const std::map<std::string, std::string> kOneThread = {{"OMP_NUM_THREADS", "1"}};
+
+std::string run_ok(const Flags& argv) {
+  Process p(argv, kOneThread);
+  EXPECT_EQ(p.wait(300), 0) << p.output();
+  return p.output();
+}
+
+std::string fingerprint(const std::string& output) {
+  const auto at = output.rfind("(fingerprint ");
+  return at == std::string::npos ? "" : output.substr(at + 13, 16);
+}
+
+TEST(PipelineRuns, PipelinedRunsWithDropoutEndBitwiseOnTheUnpipelinedOnes) {
+  TempDir a("pp-one"), b("pp-zb"), c("pp-interleaved"), d("pp-ddp"), e("pp-2x2");
+  const std::string one = fingerprint(run_ok(launch(1, tiny(a.path(), 20) + Flags{"--save-strategy", "no"})));
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(fingerprint(run_ok(launch(2, tiny(b.path(), 20) + Flags{"--save-strategy", "no", "--pipeline-parallel", "2",
+                                                                  "--pipeline-schedule", "zb"}))),
+            one);
+  EXPECT_EQ(fingerprint(run_ok(launch(3, tiny(c.path(), 20) + Flags{"--save-strategy", "no", "--pipeline-parallel", "3",
+                                                                  "--pipeline-schedule", "interleaved",
+                                                                  "--virtual-stages", "2"}))),
+            one);
+  // Two replicas: DDP on 2 workers, and a 2-stage pipeline on each of 2 replicas.
+  const std::string ddp = fingerprint(run_ok(launch(2, tiny(d.path(), 20) + Flags{"--save-strategy", "no"})));
+  ASSERT_FALSE(ddp.empty());
+  EXPECT_NE(ddp, one) << "two replicas see other samples than one";
+  EXPECT_EQ(fingerprint(run_ok(launch(4, tiny(e.path(), 20) + Flags{"--save-strategy", "no", "--pipeline-parallel", "2",
+                                                                  "--pipeline-schedule", "gpipe"}))),
+            ddp);
+}
+
+// A pipelined checkpoint (each stage its part) goes on under another pipeline and without one,
+// ending where the uninterrupted run ends; the unpipelined GPT samples from it and exports it.
+TEST(PipelineRuns, ACheckpointGoesOnUnderAnyLayoutAndIntoTheUnpipelinedModel) {
+  TempDir base("pp-base"), flat("pp-flat"), three("pp-three"), hf("pp-hf");
+  const Flags save = {"--save-strategy", "steps", "--save-steps", "6"};
+  const std::string straight =
+      fingerprint(run_ok(launch(2, tiny(base.path(), 12, "0") + save + Flags{"--pipeline-parallel", "2"})));
+  ASSERT_FALSE(straight.empty());
+  const std::string from = base / "checkpoint-6";
+  ASSERT_TRUE(fs::exists(fs::path(from) / "index.json")) << "a pipelined save is sharded";
+  const std::string o1 = run_ok(launch(1, tiny(flat.path(), 12, "0") + Flags{"--resume-from-checkpoint", from}));
+  EXPECT_NE(o1.find("resumed from " + from + " at step 6"), std::string::npos) << o1;
+  EXPECT_EQ(fingerprint(o1), straight) << "unpipelined, from a 2-stage checkpoint";
+  const std::string o3 = run_ok(launch(3, tiny(three.path(), 12, "0") + Flags{"--resume-from-checkpoint", from,
+                                                                             "--pipeline-parallel", "3",
+                                                                             "--pipeline-schedule", "zb"}));
+  EXPECT_EQ(fingerprint(o3), straight) << "3 stages, from a 2-stage checkpoint";
+  // And the other way: the unpipelined run's checkpoint into a pipeline.
+  TempDir back("pp-back");
+  const std::string o4 = run_ok(launch(2, tiny(back.path(), 12, "0") + Flags{"--resume-from-checkpoint",
+                                                                            flat / "checkpoint-12", "--max-steps", "14",
+                                                                            "--pipeline-parallel", "2"}));
+  EXPECT_NE(o4.find("at step 12"), std::string::npos) << o4;
+  Process sample({GPT_EXAMPLE, "generate", "--checkpoint", base / "checkpoint-12", "--max-new-tokens", "16"});
+  EXPECT_EQ(sample.wait(60), 0) << sample.output();
+  Process exported({GPT_EXAMPLE, "export-hf", "--checkpoint", base / "checkpoint-12", "--output", hf.path() + "/gpt2"});
+  EXPECT_EQ(exported.wait(60), 0) << exported.output();
+  EXPECT_TRUE(fs::exists(hf / "gpt2/model.safetensors"));
+}
+
+// The workers `lockstep run` (process `launcher`) started.
+std::vector<pid_t> children_of(pid_t launcher) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    rest >> state >> parent;
+    if (parent == launcher) out.push_back(pid_t(std::stoi(name)));
+  }
+  return out;
+}
+
+// Random kill points (the seed is printed; LOCKSTEP_TEST_SEED replays it): a random stage of a
+// 3-stage pipeline killed at a random step; the launcher names it within seconds, restarts the
+// group, which resumes from the last checkpoint and ends bitwise on the uninterrupted run.
+TEST(PipelineRuns, AStageKilledAtRandomFailsTheJobWithinSecondsAndRestartsBitwise) {
+  const char* given = std::getenv("LOCKSTEP_TEST_SEED");
+  const unsigned seed = given ? unsigned(std::stoul(given)) : std::random_device{}();
+  std::printf("LOCKSTEP_TEST_SEED=%u\n", seed);
+  std::mt19937 rng(seed);
+  const Flags pipeline = {"--pipeline-parallel", "3", "--save-strategy", "steps", "--save-steps", "4"};
+  TempDir straight_dir("pp-straight");
+  const std::string straight = fingerprint(run_ok(launch(3, tiny(straight_dir.path(), 40) + pipeline)));
+  ASSERT_FALSE(straight.empty());
+  for (int trial = 0; trial < 2; ++trial) {
+    const int step = std::uniform_int_distribution<int>(5, 30)(rng);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", trial " + std::to_string(trial) + ": a kill after step " +
+                 std::to_string(step));
+    TempDir out("pp-killed");
+    Process job(launch(3, tiny(out.path(), 40) + pipeline, {"--max-restarts", "1"}), kOneThread);
+    ASSERT_TRUE(job.read_until("step " + std::to_string(step) + "/40", 180)) << job.output();
+    const auto workers = children_of(job.pid());
+    ASSERT_EQ(workers.size(), 3u) << job.output();
+    const pid_t victim = workers[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
+    ::kill(victim, SIGKILL);
+    const auto killed = std::chrono::steady_clock::now();
+    ASSERT_TRUE(job.read_until("SIGKILL", 30)) << job.output();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 10.0)
+        << "the launcher took long to notice";
+    EXPECT_EQ(job.wait(300), 0) << job.output();
+    EXPECT_NE(job.output().find("resumed from " + out.path() + "/checkpoint-"), std::string::npos) << job.output();
+    EXPECT_EQ(fingerprint(job.output()), straight) << job.output();
+  }
+}
+
+// Without a launcher to stop the others, the pipeline itself: a stage's neighbour waiting for its
+// activations or gradients fails within seconds, naming the rank that died.
+TEST(PipelineRuns, WithoutALauncherTheKilledStagesNeighbourFailsWithinSecondsNamingIt) {
+  lockstep::testing::LocalStore store;
+  TempDir out("pp-nolauncher");
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::string> env = kOneThread;
+    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = "2";
+    env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
+    env["LOCKSTEP_TOKEN"] = store.token();
+    ranks.push_back(std::make_unique<Process>(
+        Flags{GPT_EXAMPLE} + tiny(out.path(), 1000, "0") + Flags{"--save-strategy", "no", "--pipeline-parallel", "2"},
+        env));
+  }
+  ASSERT_TRUE(ranks[0]->read_until("step 3/", 120)) << ranks[0]->output();
+  ::kill(ranks[1]->pid(), SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const int code = ranks[0]->wait(60);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 15.0);
+  EXPECT_NE(code, 0) << ranks[0]->output();
+  EXPECT_NE(ranks[0]->output().find("from stage 1 (worker 1)"), std::string::npos) << ranks[0]->output();
+  ranks[1]->wait(10);
+}
+
+std::pair<int, std::string> run_fail(const Flags& argv) {
+  Process p(argv, kOneThread);
+  const int code = p.wait(120);
+  return {code, p.output()};
+}
+
+// Each a clear error, exit code 2, before a single step.
+TEST(PipelineRuns, WhatAPipelineCannotTakeIsRefusedBeforeTraining) {
+  TempDir out("pp-bad");
+  struct Case {
+    int workers;
+    Flags flags;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {2, {"--pipeline-parallel", "3"}, "does not divide the 2 workers"},
+      {2, {"--pipeline-parallel", "2", "--n-layer", "1", "--pipeline-schedule", "interleaved", "--virtual-stages", "2"},
+       "but the model has only 3 units"},
+      {2, {"--pipeline-parallel", "2", "--virtual-stages", "2"}, "needs --pipeline-schedule interleaved"},
+      {2, {"--pipeline-parallel", "2", "--zero-stage", "3"}, "--zero-stage does not combine with --pipeline-parallel 2"},
+      {2, {"--pipeline-parallel", "2", "--pipeline-split", "1,2"}, "holds 3 units, but the model has 6"},
+      {2, {"--pipeline-parallel", "2", "--gradient-checkpointing", "--pipeline-schedule", "zb"},
+       "does not combine with --pipeline-schedule zb"},
+      {1, {"--num-microbatches", "4"}, "add --pipeline-parallel 2 or more"},
+  };
+  for (const auto& c : cases) {
+    const auto [code, output] = run_fail(launch(c.workers, tiny(out.path(), 4) + c.flags));
+    EXPECT_EQ(code, 2) << output;
+    EXPECT_NE(output.find(c.says), std::string::npos) << output;
+    EXPECT_EQ(output.find("step 1/"), std::string::npos) << "it trained first: " << output;
+  }
+  // A checkpoint of another model (twice as wide) does not load into a pipeline's stages.
+  TempDir wide("pp-wide");
+  Flags wider = tiny(wide.path(), 2, "0");
+  *(std::find(wider.begin(), wider.end(), "--n-embd") + 1) = "64";
+  run_ok(launch(1, wider + Flags{"--save-strategy", "steps", "--save-steps", "2", "--save-format", "sharded"}));
+  const auto [code, output] = run_fail(launch(2, tiny(out.path(), 4, "0") + Flags{"--pipeline-parallel", "2",
+                                                                                   "--resume-from-checkpoint",
+                                                                                   wide / "checkpoint-2"}));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("does not fit this model"), std::string::npos) << output;
+}
+
+}  // namespace
