@@ -344,11 +344,45 @@ std::optional<Finding> utilisation(const Evidence& e) {
   return f;
 }
 
+// A pipelined run: the rank that idles most, against what its schedule idles with the measured
+// action times. Well above it: transfers the compute does not hide. Near it: the schedule's own
+// bubble, which more micro-batches (or the zero-bubble schedule) shrink; 1f1b's idle share is
+// (P - 1) / (m + P - 1), so twice the micro-batches predict that share at 2m.
+std::optional<Finding> pipeline_bubble(const Evidence& e) {
+  const RunSummary& s = e.many;
+  if (s.pipeline < 2 || s.bubble.empty() || s.bubble.size() != s.bubble_analytic.size()) return std::nullopt;
+  const auto worst = std::size_t(std::max_element(s.bubble.begin(), s.bubble.end()) - s.bubble.begin());
+  const double measured = s.bubble[worst], analytic = s.bubble_analytic[worst];
+  if (measured < 0.05) return std::nullopt;
+  Finding f;
+  f.kind = "pipeline";
+  f.problem = "pipeline rank " + std::to_string(worst) + " idles " + pct(measured) + " of each step; its schedule (" +
+              s.pipeline_schedule + ", " + std::to_string(s.micro_batches) + " micro-batches) idles " + pct(analytic) +
+              " with the action times measured";
+  const double p = s.pipeline, m = std::max(1, s.micro_batches);
+  if (measured - analytic > 0.05) {
+    f.action = "the other " + pct(measured - analytic) + " of the step go to transfers between stages that compute does "
+               "not hide (or a stage that computes unevenly): larger micro-batches send fewer, larger messages; on several "
+               "machines, check the link between the stages' machines";
+    f.predicted = "up to " + pct(measured - analytic) + " of the step";
+    f.saving = measured - analytic;
+  } else {
+    const double now = (p - 1) / (m + p - 1), doubled = (p - 1) / (2 * m + p - 1);
+    const double expected = analytic * doubled / now;
+    f.action = "run more micro-batches per step (--num-microbatches " + std::to_string(2 * s.micro_batches) +
+               ", a smaller --per-device-train-batch-size for the same batch)" +
+               (s.pipeline_schedule == "zb" ? "" : ", or --pipeline-schedule zb, whose weight halves fill the bubble");
+    f.predicted = "the schedule's idle share falls to about " + pct(expected) + " at twice the micro-batches";
+    f.saving = analytic - expected;
+  }
+  return f;
+}
+
 using Rule = std::optional<Finding> (*)(const Evidence&);
 constexpr Rule kRules[] = {blas_kernels,       oversubscribed_threads,  straggler_named, slow_link, data_wait,
                            larger_batch,       link_bound,              comm_competes_for_cores,
                            compress_gradients, shard_the_optimizer,     compute_slowed,
-                           bf16_matmuls,       utilisation};
+                           bf16_matmuls,       pipeline_bubble,         utilisation};
 
 }  // namespace
 

@@ -292,6 +292,14 @@ std::string format_report(const Evidence& e, const std::vector<Finding>& finding
       os << (m ? "," : "") << " machine " << m << " " << fmt("%.3f GB/s", e.link_out_gbps[m]);
     os << "\n";
   }
+  if (many.pipeline > 1 && !many.bubble.empty()) {
+    os << "  pipeline: " << many.pipeline << " ranks, " << many.pipeline_schedule << ", " << many.micro_batches
+       << " micro-batches; per rank, bubble (schedule's):";
+    for (std::size_t r = 0; r < many.bubble.size(); ++r)
+      os << (r ? "," : "") << " " << r << ": " << pct(many.bubble[r]) << " ("
+         << pct(r < many.bubble_analytic.size() ? many.bubble_analytic[r] : 0) << ")";
+    os << "\n";
+  }
   os << "\n";
   int n = 0;
   for (const auto& f : findings) {

@@ -211,6 +211,37 @@ void breakdown(std::ostream& o, const RunData& run) {
   if (!run.ranks.empty()) rank_table(o, run.ranks);
 }
 
+// A pipelined run's stages: per pipeline rank, averaged over the logged windows, its compute,
+// waits and sends per step, and its bubble against the schedule's with the measured times.
+void pipeline_section(std::ostream& o, const RunData& run) {
+  std::vector<double> compute, wait, send, bubble, analytic;
+  double n = 0;
+  for (const auto& e : run.logs) {
+    if (!e.pipeline_bubble || !e.pipeline_compute_seconds) continue;
+    auto add = [](std::vector<double>& sum, const std::optional<std::vector<double>>& v) {
+      if (!v) return;
+      sum.resize(std::max(sum.size(), v->size()), 0.0);
+      for (std::size_t r = 0; r < v->size(); ++r) sum[r] += (*v)[r];
+    };
+    add(compute, e.pipeline_compute_seconds), add(wait, e.pipeline_wait_seconds), add(send, e.pipeline_send_seconds);
+    add(bubble, e.pipeline_bubble), add(analytic, e.pipeline_bubble_analytic);
+    ++n;
+  }
+  if (n == 0) return;
+  o << "<h2>Pipeline stages</h2><p>Per pipeline rank, averaged over the logged windows"
+    << (run.begin && run.begin->pipeline_schedule ? " (schedule <b>" + esc(*run.begin->pipeline_schedule) + "</b>)" : "")
+    << ": the bubble is the share of each step a rank did not compute; the schedule's is what its table idles when "
+       "every action takes the time measured.</p>"
+    << "<table id='pipeline'><tr><th>pipeline rank</th><th>compute ms</th><th>waiting ms</th><th>sending ms</th>"
+       "<th>bubble %</th><th>schedule's bubble %</th></tr>";
+  auto at = [&](const std::vector<double>& v, std::size_t r) { return r < v.size() ? v[r] / n : 0.0; };
+  for (std::size_t r = 0; r < compute.size(); ++r)
+    o << "<tr data-stage='" << r << "'><td>" << r << "</td><td>" << num(1e3 * at(compute, r), "%.1f") << "</td><td>"
+      << num(1e3 * at(wait, r), "%.1f") << "</td><td>" << num(1e3 * at(send, r), "%.1f") << "</td><td>"
+      << num(100 * at(bubble, r), "%.1f") << "</td><td>" << num(100 * at(analytic, r), "%.1f") << "</td></tr>";
+  o << "</table>";
+}
+
 void doctor_section(std::ostream& o, const DoctorRecord& d) {
   o << "<h2>lockstep doctor</h2><p>Scaling efficiency <b id='doc-eff'>"
     << num(100 * d.scaling_efficiency, "%.0f") << "%</b> (" << d.evidence.many.world
@@ -284,6 +315,7 @@ std::string render_html(const RunData& run) {
   summary(o, run);
   curves(o, run);
   breakdown(o, run);
+  pipeline_section(o, run);
   if (run.doctor) doctor_section(o, *run.doctor);
   tables(o, run);
   o << "<p style='color:#888'>Written by lockstep report from metrics.jsonl"

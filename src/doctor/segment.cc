@@ -1,6 +1,7 @@
 // A measured run, summarised from its metrics.jsonl.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <type_traits>
 
 #include "lockstep/doctor/doctor.h"
@@ -55,6 +56,14 @@ void visit_fields(Summary& s, Visit&& visit) {
   visit("model_flops_per_sample", s.model_flops_per_sample);
   visit("matmul_fp32_flops_per_second", s.matmul_fp32);
   visit("matmul_bf16_flops_per_second", s.matmul_bf16);
+  visit("pipeline_parallel", s.pipeline);
+  visit("pipeline_schedule", s.pipeline_schedule);
+  visit("num_microbatches", s.micro_batches);
+  visit("pipeline_bubble", s.bubble);
+  visit("pipeline_bubble_analytic", s.bubble_analytic);
+  visit("pipeline_compute_seconds", s.stage_compute);
+  visit("pipeline_wait_seconds", s.stage_wait);
+  visit("pipeline_send_seconds", s.stage_send);
 }
 
 nlohmann::json RunSummary::to_json() const {
@@ -113,6 +122,25 @@ void describe_configuration(const metrics::TrainBegin& b, RunSummary& s) {
   s.model_flops_per_sample = b.model_flops_per_sample.value_or(0);
   s.matmul_fp32 = b.matmul_fp32_flops_per_second.value_or(0);
   s.matmul_bf16 = b.matmul_bf16_flops_per_second.value_or(0);
+  s.pipeline = b.pipeline_parallel.value_or(1);
+  s.pipeline_schedule = b.pipeline_schedule.value_or("");
+  s.micro_batches = b.num_microbatches.value_or(0);
+}
+
+// Per pipeline rank, the mean over every window but the first of a per-rank list field.
+std::vector<double> average_per_rank(const std::vector<metrics::StepLog>& logs,
+                                     std::optional<std::vector<double>> metrics::StepLog::*field) {
+  std::vector<double> sum;
+  double n = 0;
+  for (std::size_t i = 1; i < logs.size(); ++i) {
+    const auto& v = logs[i].*field;
+    if (!v) continue;
+    sum.resize(std::max(sum.size(), v->size()), 0.0);
+    for (std::size_t r = 0; r < v->size(); ++r) sum[r] += (*v)[r];
+    ++n;
+  }
+  for (double& x : sum) x /= std::max(1.0, n);
+  return sum;
 }
 
 // The rank the Trainer named in at least half of the windows after the first, if one was.
@@ -153,6 +181,11 @@ void average_windows(const std::vector<metrics::StepLog>& logs, RunSummary& s) {
   s.network_seconds = seconds / n;
   s.windows = static_cast<int>(logs.size() - 1);
   s.peak_rss_bytes = logs.back().peak_rss_bytes.value_or(0);
+  s.bubble = average_per_rank(logs, &metrics::StepLog::pipeline_bubble);
+  s.bubble_analytic = average_per_rank(logs, &metrics::StepLog::pipeline_bubble_analytic);
+  s.stage_compute = average_per_rank(logs, &metrics::StepLog::pipeline_compute_seconds);
+  s.stage_wait = average_per_rank(logs, &metrics::StepLog::pipeline_wait_seconds);
+  s.stage_send = average_per_rank(logs, &metrics::StepLog::pipeline_send_seconds);
   name_the_straggler(logs, s);
 }
 

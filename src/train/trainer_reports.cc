@@ -127,6 +127,7 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
     begin.pipeline_parallel = args.pipeline_parallel;
     begin.pipeline_schedule = args.pipeline_schedule;
     begin.virtual_stages = args.virtual_stages;
+    begin.num_microbatches = args.num_microbatches > 0 ? args.num_microbatches : args.gradient_accumulation_steps;
     begin.pipeline_plan = pipeline->describe_plan();
     // This worker's share: its stages' parameters, their gradients and optimizer state.
     std::int64_t own = 0;

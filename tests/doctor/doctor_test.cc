@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "lockstep/base/cpu_kernels.h"
+#include "lockstep/doctor/report.h"
 #include "lockstep/train_core/blas.h"
 #include "testing.h"
 
@@ -525,4 +526,71 @@ TEST(DoctorAnalysis, BelowAHundredMbitTheLinkFindingAlsoOffersLocalSgd) {
     many.sync_every = 8;  // already local SGD: the compressing hooks do not combine with it
     EXPECT_FALSE(has(diagnose(evidence(healthy(1), many, 2.0)), "link")) << link_gbps;
   }
+}
+
+namespace {
+
+// A 2-stage pipeline whose rank 0 idles `measured` of each step, its schedule `analytic`.
+RunSummary pipelined(double measured, double analytic) {
+  RunSummary s = healthy(2);
+  s.pipeline = 2;
+  s.pipeline_schedule = "1f1b";
+  s.micro_batches = 4;
+  s.bubble = {measured, measured * 0.8};
+  s.bubble_analytic = {analytic, analytic * 0.8};
+  return s;
+}
+
+const Finding* finding(const std::vector<Finding>& all, const std::string& kind) {
+  for (const auto& f : all)
+    if (f.kind == kind) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(DoctorAnalysis, APipelineBubbleNearItsSchedulesAsksForMoreMicroBatches) {
+  const auto found = diagnose(evidence(healthy(1), pipelined(0.21, 0.20), 1.0));
+  const Finding* f = finding(found, "pipeline");
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->problem.find("pipeline rank 0 idles 21%"), std::string::npos) << f->problem;
+  EXPECT_NE(f->action.find("--num-microbatches 8"), std::string::npos) << f->action;
+  EXPECT_NE(f->action.find("--pipeline-schedule zb"), std::string::npos) << f->action;
+  // 1f1b at P 2: 1/5 of the step at 4 micro-batches, 1/9 at 8.
+  EXPECT_NE(f->predicted.find("about 11%"), std::string::npos) << f->predicted;
+}
+
+TEST(DoctorAnalysis, APipelineBubbleFarAboveItsSchedulesBlamesTheTransfers) {
+  const auto found = diagnose(evidence(healthy(1), pipelined(0.30, 0.12), 1.0));
+  const Finding* f = finding(found, "pipeline");
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->action.find("transfers between stages"), std::string::npos) << f->action;
+  EXPECT_NEAR(f->saving, 0.18, 1e-9);
+  EXPECT_EQ(finding(diagnose(evidence(healthy(1), healthy(2), 1.0)), "pipeline"), nullptr) << "no pipeline, no finding";
+}
+
+// A pipelined run's page has a row per pipeline rank: its times per step and its bubble against
+// its schedule's, averaged over the windows.
+TEST(Report, APipelinedRunGetsARowPerPipelineRank) {
+  RunData run;
+  run.dir = "/tmp/pipelined";
+  for (double b : {0.20, 0.30}) {
+    lockstep::train::metrics::StepLog e;
+    e.step = int(b * 100);
+    e.pipeline_compute_seconds = std::vector<double>{0.4, 0.5};
+    e.pipeline_wait_seconds = std::vector<double>{0.1, 0.05};
+    e.pipeline_send_seconds = std::vector<double>{0.002, 0.001};
+    e.pipeline_bubble = std::vector<double>{b, b / 2};
+    e.pipeline_bubble_analytic = std::vector<double>{0.2, 0.1};
+    run.logs.push_back(e);
+  }
+  const std::string page = render_html(run);
+  EXPECT_NE(page.find("<tr data-stage='0'><td>0</td><td>400.0</td><td>100.0</td><td>2.0</td><td>25.0</td><td>20.0</td></tr>"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("<tr data-stage='1'><td>1</td><td>500.0</td><td>50.0</td><td>1.0</td><td>12.5</td><td>10.0</td></tr>"),
+            std::string::npos);
+  run.logs[0].pipeline_bubble.reset();
+  run.logs[1].pipeline_bubble.reset();
+  EXPECT_EQ(render_html(run).find("id='pipeline'"), std::string::npos) << "an unpipelined run has no such table";
 }

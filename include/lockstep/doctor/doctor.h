@@ -40,6 +40,11 @@ struct RunSummary {
   // shapes (train_core/matmuls.h); 0 where unknown or not measured.
   bool bf16 = false;
   double model_flops_per_sample = 0, matmul_fp32 = 0, matmul_bf16 = 0;
+  // --pipeline-parallel: P, the schedule, micro-batches per step, and per pipeline rank its bubble
+  // (measured, and what the schedule gives with the measured action times), compute and waits.
+  int pipeline = 1, micro_batches = 0;
+  std::string pipeline_schedule;
+  std::vector<double> bubble, bubble_analytic, stage_compute, stage_wait, stage_send;
   double model_flops_per_worker() const { return world > 0 ? model_flops_per_sample * samples_per_second / world : 0; }
   double matmul_rate() const { return bf16 ? matmul_bf16 : matmul_fp32; }  // at the run's precision
   double mfu() const { return matmul_rate() > 0 ? model_flops_per_worker() / matmul_rate() : 0; }
@@ -55,7 +60,7 @@ struct RunSummary {
 RunSummary read_summary(const std::string& metrics_path);
 
 struct Finding {
-  std::string kind;            // blas | threads | straggler | slow_link | data | batch | link | compression | scheduling | zero | compute
+  std::string kind;            // blas | threads | straggler | slow_link | data | batch | link | compression | scheduling | zero | compute | pipeline
   std::string problem;         // what the numbers show
   std::string action;          // what to change, concretely
   std::string predicted;       // the predicted effect
