@@ -119,6 +119,7 @@ def main():
         return F.cross_entropy(logits.float().reshape(-1, torch_gpt.VOCAB), target.reshape(-1))
 
     schedule = schedule_of(args.schedule, stage, args.microbatches, loss_fn)
+    module = stage.submod  # what the stage runs (it may hold its own copy of the module)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
                             fused=hasattr(torch.optim.AdamW, "_step_supports_amp_scaling"))
     _, train_stream, _ = torch_gpt.load_corpus(args.corpus_dir)

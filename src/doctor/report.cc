@@ -230,8 +230,8 @@ void pipeline_section(std::ostream& o, const RunData& run) {
   if (n == 0) return;
   o << "<h2>Pipeline stages</h2><p>Per pipeline rank, averaged over the logged windows"
     << (run.begin && run.begin->pipeline_schedule ? " (schedule <b>" + esc(*run.begin->pipeline_schedule) + "</b>)" : "")
-    << ": the bubble is the share of each step a rank did not compute; the schedule's is what its table idles when "
-       "every action takes the time measured.</p>"
+    << ": the bubble is the share of each step a rank did not compute; the schedule's is what its table idles with "
+       "the time each action took, transfers taking none.</p>"
     << "<table id='pipeline'><tr><th>pipeline rank</th><th>compute ms</th><th>waiting ms</th><th>sending ms</th>"
        "<th>bubble %</th><th>schedule's bubble %</th></tr>";
   auto at = [&](const std::vector<double>& v, std::size_t r) { return r < v.size() ? v[r] / n : 0.0; };

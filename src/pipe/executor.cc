@@ -92,6 +92,14 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
   // The action that ends each stage's gradients: its last micro-batch's whole backward, or weight
   // half (earlier weight halves may come after the last input half, so it cannot be that).
   const Op last_grad_op = t.weight_op();
+  if (recorded.size() == kRecordedSteps) recorded.erase(recorded.begin());  // nobody asked for a report
+  StepRecord& record = recorded.emplace_back();
+  record.micro_batches = m;
+  record.seconds.assign(std::size_t(stages()) * 4 * std::size_t(m), 0);
+  auto note = [&](const Action& a, double seconds) {
+    record.seconds[(std::size_t(a.stage) * 4 + std::size_t(kind_of(a.op))) * std::size_t(m) + std::size_t(a.micro_batch)] =
+        seconds;
+  };
   std::map<Key, torch::Tensor> received, to_send, output_grads;
   for (const Action& a : t.actions[std::size_t(prank)]) {
     const int s = a.stage, k = a.micro_batch;
@@ -112,7 +120,6 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
       case Op::forward: {
         StageChunk& chunk = *chunks.at(s);
         const torch::Tensor input = s == 0 ? batches[std::size_t(k)].input.to(device) : take(received, a);
-        double& seconds = times[s].seconds[0];
         const auto begin = Clock::now();
         {
           Autocast autocast(options.autocast, device.type());
@@ -126,7 +133,8 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
           }
         }
         const double took = seconds_between(begin, Clock::now());
-        seconds += took, times[s].count[0] += 1, st.compute_seconds += took, st.forward_seconds += took;
+        note(a, took);
+        st.compute_seconds += took, st.forward_seconds += took;
         break;
       }
       case Op::backward:
@@ -149,8 +157,8 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
           if (s > 0) to_send[{s, k}] = input_grad;
         }
         const double took = seconds_between(begin, Clock::now());
-        const int kind = kind_of(a.op);
-        times[s].seconds[kind] += took, times[s].count[kind] += 1, st.compute_seconds += took;
+        note(a, took);
+        st.compute_seconds += took;
         if (a.op != Op::backward_input) tied_received.erase(k);
         break;
       }
@@ -211,24 +219,25 @@ void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
   s.channel->wait_sends();
 }
 
-std::vector<double> Pipeline::analytic_bubbles(int micro_batches) {
+std::vector<double> Pipeline::analytic_bubbles() {
   Impl& s = *impl_;
-  const int stages = s.stages();
-  std::vector<double> means(std::size_t(stages) * 4, 0);
-  for (auto& [stage, times] : s.times)
-    for (int kind = 0; kind < 4; ++kind)
-      if (times.count[kind] > 0) means[std::size_t(stage) * 4 + std::size_t(kind)] = times.seconds[kind] / times.count[kind];
-  s.times.clear();
-  s.pipeline_comm->allreduce(means.data(), means.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  std::vector<ActionCosts> costs(static_cast<std::size_t>(stages));
-  for (int stage = 0; stage < stages; ++stage) {
-    const double* m = &means[std::size_t(stage) * 4];
-    costs[std::size_t(stage)] = ActionCosts{m[0], m[1], m[2], m[3], 0};
+  std::vector<double> all;
+  for (const auto& r : s.recorded) all.insert(all.end(), r.seconds.begin(), r.seconds.end());
+  if (!all.empty()) s.pipeline_comm->allreduce(all.data(), all.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  std::vector<double> bubble(std::size_t(s.options.pipeline_parallel), 0);
+  std::size_t at = 0;
+  for (const auto& r : s.recorded) {
+    const std::size_t m = std::size_t(r.micro_batches);
+    const double* seconds = all.data() + at;
+    const Timeline timeline = simulate(s.table(r.micro_batches), [&](const Action& a) {
+      return seconds[(std::size_t(a.stage) * 4 + std::size_t(kind_of(a.op))) * m + std::size_t(a.micro_batch)];
+    });
+    for (std::size_t rank = 0; rank < bubble.size(); ++rank)
+      bubble[rank] += timeline.bubble(int(rank)) / double(s.recorded.size());
+    at += r.seconds.size();
   }
-  const Timeline timeline = simulate(s.table(micro_batches), costs);
-  std::vector<double> out;
-  for (int r = 0; r < s.options.pipeline_parallel; ++r) out.push_back(timeline.bubble(r));
-  return out;
+  s.recorded.clear();
+  return bubble;
 }
 
 }  // namespace lockstep::pipe

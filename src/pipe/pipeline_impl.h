@@ -28,10 +28,13 @@ inline int tag_of(Channel c, int stage, int micro_batch) {
   return (static_cast<int>(c) * kMaxStages + stage) * kMaxMicroBatches + micro_batch;
 }
 
-// This rank's running sums since the last report, per stage it holds and action kind.
-struct ActionTimes {
-  double seconds[4] = {0, 0, 0, 0};  // forward, backward, backward_input, backward_weight
-  double count[4] = {0, 0, 0, 0};
+// One step's compute actions on this rank, each one's seconds at [(stage x 4 + kind) x m + k]
+// (kind: forward, backward, backward_input, backward_weight; zero for other ranks' stages), kept
+// until the next report simulates the step with every rank's times.
+constexpr std::size_t kRecordedSteps = 256;  // the most steps kept for a report
+struct StepRecord {
+  int micro_batches = 0;
+  std::vector<double> seconds;
 };
 
 struct Pipeline::Impl {
@@ -67,7 +70,7 @@ struct Pipeline::Impl {
   bool tied_values_due = false;  // last stage: the first stage sent new values after its step
 
   std::map<int, ScheduleTable> tables;  // by micro-batches per step
-  std::map<int, ActionTimes> times;     // by stage
+  std::vector<StepRecord> recorded;     // since the last analytic_bubbles()
 
   int stages() const { return options.pipeline_parallel * options.virtual_stages; }
   int last_stage() const { return stages() - 1; }

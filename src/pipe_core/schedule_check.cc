@@ -136,16 +136,14 @@ double cost_of(const ActionCosts& c, Op op) {
   }
 }
 
-// Runs the table; Invalid naming the cycle of waits when it deadlocks.
-Timeline run(const ScheduleTable& t, const std::vector<ActionCosts>& costs) {
+// Runs the table, compute actions taking cost(action) and transfers `transfer`; Invalid naming
+// the cycle of waits when it deadlocks.
+Timeline run(const ScheduleTable& t, const std::function<double(const Action&)>& cost, double transfer) {
   const int ranks = t.ranks;
   const std::size_t messages = 3 * std::size_t(t.stages()) * std::size_t(t.micro_batches);
   auto key = [&](const Message& msg) {
     return (std::size_t(msg.channel) * std::size_t(t.stages()) + std::size_t(msg.stage)) * std::size_t(t.micro_batches) +
            std::size_t(msg.micro_batch);
-  };
-  auto costs_of = [&](int stage) -> const ActionCosts& {
-    return costs.size() == 1 ? costs[0] : costs.at(std::size_t(stage));
   };
   std::vector<double> sent_at(messages, -1);
   std::vector<std::size_t> pc(std::size_t(ranks), 0);
@@ -161,7 +159,7 @@ Timeline run(const ScheduleTable& t, const std::vector<ActionCosts>& costs) {
         const Message msg = message_of(t, a);
         double& clk = clock[std::size_t(r)];
         if (msg.channel < 0) {
-          const double c = cost_of(costs_of(a.stage), a.op);
+          const double c = cost(a);
           clk += c;
           tl.busy[std::size_t(r)] += c;
         } else if (is_send(a.op)) {
@@ -169,7 +167,7 @@ Timeline run(const ScheduleTable& t, const std::vector<ActionCosts>& costs) {
         } else if (sent_at[key(msg)] < 0) {
           break;  // waits for the send
         } else {
-          clk = std::max(clk, sent_at[key(msg)] + costs_of(a.stage).transfer);
+          clk = std::max(clk, sent_at[key(msg)] + transfer);
         }
       }
     }
@@ -211,7 +209,8 @@ ScheduleCheck check_schedule(const ScheduleTable& t) {
     const Positions at(t);
     check_presence(t, at);
     check_local_order(t, at);
-    run(t, {ActionCosts{}});
+    const ActionCosts unit;
+    run(t, [&](const Action& a) { return cost_of(unit, a.op); }, 0);
   } catch (const Invalid& e) {
     out.error = std::string(schedule_name(t.kind)) + " table (P " + std::to_string(t.ranks) + ", v " +
                 std::to_string(t.chunks) + ", m " + std::to_string(t.micro_batches) + "): " + e.what();
@@ -231,8 +230,18 @@ ScheduleCheck check_schedule(const ScheduleTable& t) {
 Timeline simulate(const ScheduleTable& table, const std::vector<ActionCosts>& costs) {
   if (costs.size() != 1 && int(costs.size()) != table.stages())
     throw std::logic_error("simulate: give one ActionCosts, or one per stage");
+  auto of = [&](int stage) -> const ActionCosts& { return costs.size() == 1 ? costs[0] : costs.at(std::size_t(stage)); };
   if (const auto check = check_schedule(table); !check.ok()) throw std::logic_error(check.error);
-  return run(table, costs);
+  // Transfers into a stage take its ActionCosts::transfer.
+  bool uniform_transfer = true;
+  for (const auto& c : costs) uniform_transfer &= c.transfer == costs[0].transfer;
+  if (!uniform_transfer) throw std::logic_error("simulate: every stage's transfer must take the same time");
+  return run(table, [&](const Action& a) { return cost_of(of(a.stage), a.op); }, costs[0].transfer);
+}
+
+Timeline simulate(const ScheduleTable& table, const std::function<double(const Action&)>& seconds, double transfer) {
+  if (const auto check = check_schedule(table); !check.ok()) throw std::logic_error(check.error);
+  return run(table, seconds, transfer);
 }
 
 }  // namespace lockstep::pipe

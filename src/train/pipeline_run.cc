@@ -110,7 +110,7 @@ StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const St
   if (max_norm > 0) window.set_grad_norm(norm);
   PipelineWindow& w = pipeline_window;
   w.compute += st.compute_seconds, w.wait += st.wait_seconds, w.send += st.send_seconds;
-  w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps, w.micro_batches = m;
+  w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps;
   const double lr = learning_rate_at(state.global_step);
   for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
   optimizer->step();
@@ -178,7 +178,7 @@ void Trainer::Impl::add_pipeline_fields(metrics::StepLog& entry) {
   const double mine[5] = {w.compute, w.wait, w.send, w.reduce, w.span};
   for (int i = 0; i < 5; ++i) rows[std::size_t(prank) * 5 + std::size_t(i)] = mine[i] / steps / replicas;
   comm->allreduce(rows.data(), rows.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  const std::vector<double> analytic = pipeline->analytic_bubbles(std::max(1, w.micro_batches));
+  const std::vector<double> analytic = pipeline->analytic_bubbles();
   std::vector<double> compute, wait, send, reduce, bubble;
   for (int r = 0; r < p; ++r) {
     const double* row = &rows[std::size_t(r) * 5];

@@ -97,7 +97,6 @@ struct RunFlops {
 struct PipelineWindow {
   double compute = 0, wait = 0, send = 0, reduce = 0, span = 0;
   std::int64_t steps = 0;
-  int micro_batches = 0;  // of the last step
 };
 
 struct Trainer::Impl {

@@ -30,12 +30,13 @@ def main():
     stage = PipelineStage(module, rank, 2, torch.device("cpu"))
     loss_fn = torch.nn.CrossEntropyLoss()
     schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=loss_fn)
+    module = stage.submod  # what the stage runs (it may hold its own copy of the module)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 16, generator=data)  # one batch, learnt over the steps
+    y = torch.randint(0, 4, (16,), generator=data)
     losses = []
     for _ in range(10):
-        x = torch.randn(16, 16, generator=data)
-        y = torch.randint(0, 4, (16,), generator=data)
         optimizer.zero_grad()
         if rank == 0:
             schedule.step(x)
@@ -43,6 +44,7 @@ def main():
             step_losses = []
             schedule.step(target=y, losses=step_losses)
             losses.append(torch.stack(step_losses).detach())
+        optimizer.step()
     torch.save({"backend": backend, "losses": losses, "state": module.state_dict()}, f"{out}.rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -143,10 +143,10 @@ class Pipeline {
   // gradients scaled by min(1, max_norm / (norm + 1e-6)) when max_norm > 0.
   double clip_grad_norm(double max_norm);
   // Collective over the pipeline group (at a log step): each pipeline rank's bubble as the schedule
-  // has it (1 - busy / span of the table simulated) with every stage's mean action times measured
-  // since the last call, for steps of `micro_batches`; what PipelineStepStats::bubble() measures
-  // should come close to it.
-  std::vector<double> analytic_bubbles(int micro_batches);
+  // has it, averaged over the steps since the last call: each step's table simulated with the time
+  // every one of its actions took (1 - busy / span), transfers taking none. What a rank measures
+  // idling beyond it is the transfers' and the runtime's own cost.
+  std::vector<double> analytic_bubbles();
   // After the optimizer step: the tied parameters' new values go from the first stage to the
   // last (which takes them before its next forward), and the last stage's copies forget their
   // gradients.

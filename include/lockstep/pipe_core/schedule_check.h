@@ -12,6 +12,7 @@
 // order (what makes pipelined sums bitwise the unpipelined ones).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,14 +33,18 @@ struct ActionCosts {
   double transfer = 0;  // from a send until its recv can complete
 };
 
-// The table run with these costs (one entry for every stage, or one for all): when the last action
-// ends, and per rank the time it computed. Its bubble is 1 - busy / makespan. std::logic_error on a
-// table check_schedule rejects.
+// The table run with these costs (one entry for every stage, or one for all; every transfer takes
+// the same time): when the last action ends, and per rank the time it computed. Its bubble is
+// 1 - busy / makespan. std::logic_error on a table check_schedule rejects.
 struct Timeline {
   double makespan = 0;
   std::vector<double> busy;  // per rank
   double bubble(int rank) const { return makespan > 0 ? 1 - busy[std::size_t(rank)] / makespan : 0; }
 };
 Timeline simulate(const ScheduleTable& table, const std::vector<ActionCosts>& costs);
+// The same with each compute action's own time (a measured step: `seconds(action)`) and every
+// transfer taking `transfer`.
+Timeline simulate(const ScheduleTable& table, const std::function<double(const Action&)>& seconds,
+                  double transfer = 0);
 
 }  // namespace lockstep::pipe

@@ -107,7 +107,8 @@
     "--pipeline-parallel: per pipeline rank (averaged over its replicas), the share of each step it did not "   \
     "compute, from the step's first action to the gradient norm every stage meets at (the bubble)")            \
   X(std::optional<std::vector<double>>, pipeline_bubble_analytic,                                              \
-    "... the share its schedule idles when every action takes the time measured over the window")            \
+    "... the share its schedule idles (its table simulated step by step with the time each action took, "  \
+    "transfers taking none): what pipeline_bubble exceeds it by is the transfers' and the runtime's cost")    \
   X(std::optional<std::vector<double>>, pipeline_compute_seconds, "... per step, in forwards and backwards")   \
   X(std::optional<std::vector<double>>, pipeline_wait_seconds, "... per step, waiting for a stage's transfer")  \
   X(std::optional<std::vector<double>>, pipeline_send_seconds, "... per step, handing transfers to the network") \
