@@ -151,9 +151,18 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
         const auto begin = Clock::now();
         if (a.op == Op::backward_weight) {
           chunk.backward_weight(k);
+        } else if (a.op == Op::backward) {
+          capture_tied = true;  // the last stage's hooks keep its tied gradients as backward reaches them
+          const auto input_grad = chunk.backward(k, chunk.last() ? torch::Tensor() : take(output_grads, a));
+          capture_tied = false;
+          if (s > 0) to_send[{s, k}] = input_grad;
         } else {
-          const auto grad = chunk.last() ? torch::Tensor() : take(output_grads, a);
-          const auto input_grad = a.op == Op::backward ? chunk.backward(k, grad) : chunk.backward_input(k, grad);
+          // The last stage's tied gradients in the input half, for the first stage waiting on them.
+          const bool eager = chunk.last() && !tied.empty() && !holds(0);
+          std::vector<torch::Tensor> tied_grads;
+          const auto input_grad = chunk.backward_input(k, chunk.last() ? torch::Tensor() : take(output_grads, a),
+                                                       eager ? tied : std::vector<torch::Tensor>{}, &tied_grads);
+          if (eager) tied_captured[k] = tied_grads;
           if (s > 0) to_send[{s, k}] = input_grad;
         }
         const double took = seconds_between(begin, Clock::now());

@@ -164,6 +164,7 @@ void Pipeline::Impl::tie_parameters() {
       torch::Tensor t = last_reads.at(name);
       tied.push_back(t);
       tied_hooks.push_back(t.register_hook([this, i](const torch::Tensor& grad) {
+        if (!capture_tied) return;  // under zb the input half computed it already
         auto& kept = tied_captured[running_micro_batch];
         if (kept.size() <= i) kept.resize(i + 1);
         kept[i] = grad.clone();

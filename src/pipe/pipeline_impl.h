@@ -67,6 +67,7 @@ struct Pipeline::Impl {
   std::map<int, std::vector<torch::Tensor>> tied_received;  // first stage: micro-batch -> the last's grads
   std::map<int, std::vector<torch::Tensor>> tied_captured;  // last stage: micro-batch -> its grads
   int running_micro_batch = -1;  // whose backward runs now (the tied hooks read it)
+  bool capture_tied = false;     // a whole backward runs: the last stage's hooks keep what they see
   bool tied_values_due = false;  // last stage: the first stage sent new values after its step
 
   std::map<int, ScheduleTable> tables;  // by micro-batches per step

@@ -14,6 +14,11 @@
 // to do and the weight half is the whole backward. Nodes without a parameter edge of their own (a
 // gradient-checkpointed block's recomputation, which runs its own backward inside) compute their
 // parameters' gradients in the input half.
+//
+// `eager` parameters get their gradients in the input half, returned rather than accumulated (the
+// last stage's copy of a tied embedding, whose gradient the first stage waits for), and the weight
+// half leaves them out. A part of the graph that leads both to an eager parameter and to another is
+// not split from them: std::logic_error (a model's tied head reads only the tied weight there).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -29,8 +34,9 @@ namespace lockstep::pipe {
 class SplitBackward {
  public:
   // `grad`: the output's gradient; undefined for a scalar loss (then 1). Returns the input's
-  // gradient (undefined when `input` takes none).
-  torch::Tensor input_half(const torch::Tensor& output, const torch::Tensor& grad, const torch::Tensor& input);
+  // gradient (undefined when `input` takes none), and the eager parameters' in `eager_grads`.
+  torch::Tensor input_half(const torch::Tensor& output, const torch::Tensor& grad, const torch::Tensor& input,
+                           const std::vector<torch::Tensor>& eager = {}, std::vector<torch::Tensor>* eager_grads = nullptr);
   // Accumulates the parameters' gradients; releases the graph.
   void weight_half();
 
@@ -39,6 +45,7 @@ class SplitBackward {
  private:
   torch::Tensor output_, grad_;  // the whole backward, when the input half found no input path
   std::vector<torch_compat::NodePtr> split_nodes_;
+  std::vector<std::vector<std::size_t>> cut_;  // per split node: the edges the input half cut
   std::shared_ptr<Captured> captured_;
 };
 

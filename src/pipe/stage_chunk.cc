@@ -62,9 +62,10 @@ torch::Tensor StageChunk::backward(int k, const torch::Tensor& grad) {
   return input_grad;
 }
 
-torch::Tensor StageChunk::backward_input(int k, const torch::Tensor& grad) {
+torch::Tensor StageChunk::backward_input(int k, const torch::Tensor& grad, const std::vector<torch::Tensor>& eager,
+                                         std::vector<torch::Tensor>* eager_grads) {
   Saved& s = saved(k);
-  torch::Tensor input_grad = s.split.input_half(s.output, grad, first_ ? torch::Tensor() : s.input);
+  torch::Tensor input_grad = s.split.input_half(s.output, grad, first_ ? torch::Tensor() : s.input, eager, eager_grads);
   s.output = torch::Tensor();  // the split holds what the weight half needs
   return input_grad;
 }

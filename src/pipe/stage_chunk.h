@@ -33,7 +33,9 @@ class StageChunk {
   // Whole backward of micro-batch k from its output's gradient (undefined on the last stage):
   // accumulates the parameters' gradients and returns the input's (undefined on the first stage).
   torch::Tensor backward(int k, const torch::Tensor& grad);
-  torch::Tensor backward_input(int k, const torch::Tensor& grad);
+  // The zero-bubble input half; `eager` parameters' gradients computed now too, into `eager_grads`.
+  torch::Tensor backward_input(int k, const torch::Tensor& grad, const std::vector<torch::Tensor>& eager = {},
+                               std::vector<torch::Tensor>* eager_grads = nullptr);
   void backward_weight(int k);
   std::size_t in_flight() const { return saved_.size(); }
 

@@ -111,13 +111,16 @@ std::vector<std::vector<Work>> interleaved(int ranks, int chunks, int m) {
   return out;
 }
 
-// ZB-H1 by list scheduling: a simulation in unit time (F, Bi and W take 1 each) in which every
-// idle rank takes, in order of preference, its next backward-input if its gradient is there, its
-// next forward if its input is there and the rank holds fewer than P - r micro-batches between
-// forward and backward-input (1f1b's limit) and fewer than 2P - r - 1 between forward and weight
-// half, else its next weight half. The last stages thus run Bi as soon as it can go and put W off
-// (at most P - 1 of them) into the time 1f1b idles, and the idle time falls from (P - 1)(F + B)
-// to (P - 1)(F + Bi - W), the paper's bound, when the three take equal time.
+// The zero-bubble schedule by list scheduling: a simulation in unit time (F, Bi and W take 1 each)
+// in which every idle rank takes, in order of preference, its next backward-input if its gradient
+// is there, its next forward if its input is there and the rank holds fewer than 2P - r - 1
+// micro-batches between forward and weight half, else its next weight half. Bi runs as soon as it
+// can, so gradients flow back at once, and W fills the time 1f1b idles: the idle time falls from
+// (P - 1)(F + B) towards (P - 1)(F + Bi - W), ZB-H1's bound, when the three take equal time. ZB-H1
+// holds P - r micro-batches as 1f1b does; this holds up to P - 1 more, which lets a first stage
+// whose input takes no gradient (token ids: its Bi is empty, its W the whole backward) keep
+// forwarding while it waits for the first gradients (measured at P 2 on the GPT: 11% idle with
+// 1f1b's limit, 8% with this one).
 class ZeroBubbleScheduler {
  public:
   ZeroBubbleScheduler(int ranks, int m)
@@ -159,7 +162,7 @@ class ZeroBubbleScheduler {
     if (st.inputs < st.forwards && forward_done_[cell(r, st.inputs)] <= now &&
         (r == last || input_done_[cell(r + 1, st.inputs)] <= now))
       return Work{Op::backward_input, r, st.inputs};
-    if (st.forwards < m_ && st.forwards - st.inputs < ranks_ - r && st.forwards - st.weights < 2 * ranks_ - r - 1 &&
+    if (st.forwards < m_ && st.forwards - st.weights < 2 * ranks_ - r - 1 &&
         (r == 0 || forward_done_[cell(r - 1, st.forwards)] <= now))
       return Work{Op::forward, r, st.forwards};
     if (st.weights < st.inputs && input_done_[cell(r, st.weights)] <= now) return Work{Op::backward_weight, r, st.weights};
@@ -273,13 +276,13 @@ void add_tied_exchange(ScheduleTable& table) {
     table.tied = true;
     return;
   }
-  const Op weight = table.weight_op();
+  const Op weight = table.weight_op(), grad = table.input_grad_op();
   for (auto& rank : table.actions) {
     std::vector<Action> out;
     for (const Action& a : rank) {
       if (a.op == weight && a.stage == 0) out.push_back({Op::recv_tied, 0, a.micro_batch});
       out.push_back(a);
-      if (a.op == weight && a.stage == last) out.push_back({Op::send_tied, last, a.micro_batch});
+      if (a.op == grad && a.stage == last) out.push_back({Op::send_tied, last, a.micro_batch});
     }
     rank = std::move(out);
   }

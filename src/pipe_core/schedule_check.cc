@@ -96,7 +96,7 @@ void check_local_order(const ScheduleTable& t, const Positions& at) {
       require_order(at, {Op::recv_gradient, s, k}, {grad, s, k});
       require_order(at, {grad, s, k}, {Op::send_gradient, s, k});
       require_order(at, {Op::backward_input, s, k}, {Op::backward_weight, s, k});
-      require_order(at, {weight, s, k}, {Op::send_tied, s, k});
+      require_order(at, {grad, s, k}, {Op::send_tied, s, k});
       require_order(at, {Op::recv_tied, s, k}, {weight, s, k});
       if (k > 0 && at(weight, s, k - 1) > at(weight, s, k))
         throw Invalid("stage " + std::to_string(s) + " accumulates micro-batch " + std::to_string(k) + " before " +

@@ -165,6 +165,10 @@ TEST(ScheduleCheck, TheTiedExchangeWaitsForTheLastStage) {
   const auto recv = std::find(r0.begin(), r0.end(), Action{Op::recv_tied, 0, 2});
   ASSERT_NE(recv, r0.end());
   EXPECT_EQ(*(recv + 1), (Action{Op::backward_weight, 0, 2}));
+  const auto& r2 = t.actions[2];  // the last stage sends after its input half, not its weight half
+  const auto send = std::find(r2.begin(), r2.end(), Action{Op::send_tied, 2, 2});
+  ASSERT_NE(send, r2.end());
+  EXPECT_EQ(*(send - 1), (Action{Op::backward_input, 2, 2}));
   auto broken = t;
   auto& last = broken.actions[2];
   last.erase(std::find(last.begin(), last.end(), Action{Op::send_tied, 2, 1}));

@@ -20,10 +20,9 @@
 //                least P (any m: the rounds are as equal as can be), then chunk 1, ...; the bubble
 //                shrinks by about v.                             peak: (v - 1) q + 2 (P - r - 1) + 1
 //                                                                (q: the first round's micro-batches)
-//   zb           ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward split into
-//                Bi and W; Bi runs as soon as it can, W fills the time 1f1b idles. At most P - r
-//                micro-batches between F and Bi (1f1b's peak), and at most P - 1 more waiting
-//                only for their W (which keeps the layers' inputs, not every activation).
+//   zb           zero bubble (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward split
+//                into Bi and W; Bi runs as soon as it can, W fills the time 1f1b idles. ZB-H1's
+//                idea with up to P - 1 more micro-batches than 1f1b in flight.
 //                                                                peak (F to W): 2P - r - 1
 // Every schedule runs each stage's gradient-accumulating actions (B or W) in micro-batch order
 // 0, 1, ..., m - 1, the order one process accumulating the same micro-batches uses, so that the
@@ -84,6 +83,8 @@ struct ScheduleTable {
   bool split_backward() const { return kind == ScheduleKind::zero_bubble; }
   // The action that accumulates stage s's weight gradients of micro-batch k: W, or B.
   Op weight_op() const { return split_backward() ? Op::backward_weight : Op::backward; }
+  // The action that computes the gradient of stage s's input for micro-batch k: Bi, or B.
+  Op input_grad_op() const { return split_backward() ? Op::backward_input : Op::backward; }
   // A 64-bit digest of every action of every rank: ranks compare it before the first step.
   std::uint64_t digest() const;
 };
@@ -94,10 +95,10 @@ struct ScheduleTable {
 ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1);
 
 // A weight the first and last stage share (a language model's tied embedding and head): for each
-// micro-batch k the last stage sends its gradient of the weight after its weight action for k,
-// and the first stage receives it before its own, so that the first stage accumulates
-// (its gradient + the last stage's) micro-batch by micro-batch, as one process would. Nothing
-// changes when one stage is both.
+// micro-batch k the last stage sends its gradient of the weight after its backward (under zb its
+// input half, which computes that gradient early for the purpose), and the first stage receives it
+// before its own weight action for k, so that it accumulates (its gradient + the last stage's)
+// micro-batch by micro-batch, as one process would. Nothing changes when one stage is both.
 void add_tied_exchange(ScheduleTable& table);
 
 // One rank's actions as text, e.g. "F0.0 send-act0.0 F0.1 ..." (logs, test failures).
