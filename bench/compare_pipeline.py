@@ -6,12 +6,13 @@ Every side trains the byte-level GPT of examples/gpt (bench/torch_gpt.py's twin 
 on the fortune corpus, one intra-op and one BLAS thread per worker, dropout 0, no clipping (PyTorch's
 pipelining has none across stages). Parts:
 
-  peer     2 stages on 2 workers, the same GPT split (embeddings + blocks | blocks + head), the same
-           schedule and micro-batches: lockstep's examples/gpt --pipeline-parallel 2 (built on
+  peer     2 stages on 2 workers, the same GPT split (embeddings + blocks | blocks + head) and
+           micro-batches: lockstep's examples/gpt --pipeline-parallel 2 under each schedule (built on
            Debian's libtorch, --build, and on the wheel's, --build2, when given) against
-           torch.distributed.pipelining on the torch 2.x venv (bench/torch_pipeline.py, gloo), sides
-           interleaved --repeat times, median tokens/s. DeepSpeed's PipelineModule when the venv has
-           deepspeed; otherwise the reason it does not run.
+           torch.distributed.pipelining's 1f1b and gpipe (bench/torch_pipeline.py) and DeepSpeed's
+           PipelineModule with its own schedule (bench/deepspeed_pipeline.py, from the venv
+           bench/peers/setup makes), all on the torch 2.x venv over gloo; sides interleaved
+           --repeat times, median tokens/s. A peer that does not run is reported with its error.
   bubble   lockstep, P 2, m 8: each schedule's measured bubble per pipeline rank (the share of each
            step it did not compute), its schedule's with the time each action took (the step's table
            simulated), and the textbook figure for equal forward and backward times.
@@ -20,12 +21,14 @@ pipelining has none across stages). Parts:
            of one micro-batch's (the same run with m 1).
   links    (root) two machines as network namespaces (compare_cluster.py's), one worker each, their
            links limited with tc tbf to --rates: a GPT whose gradients outweigh its activations
-           (8 x 512, 25 M parameters) as a 2-stage pipeline (exact), as 2-way DDP (exact; with one
-           worker per machine hier is gloo), and as DDP with --sync-every 8 (local SGD: not exact);
-           tokens/s, and the link speed where the pipeline and DDP cross.
+           (8 x 512, 25 M parameters, m 8 micro-batches of --link-micro-batches sequences) as a
+           2-stage pipeline (exact), as 2-way DDP (exact; with one worker per machine hier is
+           gloo), and as DDP with --sync-every 8 (local SGD: not exact); tokens/s, and the link
+           speed where the pipeline and DDP cross.
 
     /usr/bin/python3 bench/compare_pipeline.py [--build build] [--build2 build-torch2]
         [--parts peer,bubble,memory,links] [--repeat 3] [--steps 30] [--rates 1gbit,100mbit]
+        [--link-micro-batches 1,2] [--link-steps 12]
         [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python] [--out out.md]
 
 Both builds and both peers share this machine's two cores: the ratios, measured in one run, are
@@ -55,7 +58,8 @@ def events(path, kind):
 
 
 def gpt_flags(out, steps, m, micro_batch, extra=()):
-    return ["--output-dir", out, "--num-microbatches", str(m), "--per-device-train-batch-size", str(micro_batch),
+    # m micro-batches: the gradient accumulation steps (a pipeline's default --num-microbatches).
+    return ["--output-dir", out, "--per-device-train-batch-size", str(micro_batch),
             "--gradient-accumulation-steps", str(m), "--max-steps", str(steps), "--logging-steps", str(steps // 3),
             "--eval-strategy", "no", "--save-strategy", "no", "--disable-tqdm", "--dropout", "0",
             "--max-grad-norm", "0", "--train-limit", "4000"] + list(extra)
@@ -93,38 +97,59 @@ def torch_pipelining(python, build, schedule, m, micro_batch, steps):
     return json.loads(line[line.index("{"):])["tokens_per_s"]
 
 
-def deepspeed_status(python):
-    done = subprocess.run([python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True, text=True)
-    if done.returncode == 0:
-        return done.stdout.strip(), None
-    return None, (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+def peers_python():
+    """The peers venv's python (bench/peers/setup makes it, DeepSpeed beside the pinned torch), or the
+    reason there is none."""
+    done = subprocess.run([f"{HERE}/peers/setup"], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or ["bench/peers/setup failed"])[-1]
+    return done.stdout.strip().splitlines()[-1], None
+
+
+def deepspeed_pipeline(python, build, m, micro_batch, steps):
+    cmd = [f"{build}/tools/lockstep", "run", "--nproc-per-node", "2", python, f"{HERE}/deepspeed_pipeline.py",
+           "--microbatches", str(m), "--micro-batch", str(micro_batch), "--steps", str(steps), "--warmup", "10"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **ONE_THREAD))
+    if done.returncode != 0:
+        return None, (done.stdout + done.stderr).strip().splitlines()[-1]
+    line = next(l for l in done.stdout.splitlines() if "tokens_per_s" in l)
+    return json.loads(line[line.index("{"):])["tokens_per_s"], None
 
 
 def part_peer(args):
-    m, mb, schedules = 8, 2, ["1f1b", "gpipe"]
+    """Each lockstep schedule against the peers' 1f1b-like schedules (torch's Schedule1F1B, DeepSpeed's
+    TrainSchedule) and torch's GPipe against lockstep's gpipe, all sides interleaved, medians."""
+    m, mb = 8, 2
     builds = [("lockstep (Debian libtorch 1.13, OpenBLAS)", args.build)]
     if args.build2:
         builds.append(("lockstep (torch 2.15 wheel's libtorch, MKL)", args.build2))
-    lines = ["## Against torch.distributed.pipelining: 2 stages, 4 x 256 GPT, m 8 micro-batches of 2 x 128 bytes", "",
-             "| schedule | side | tokens/s (median) | range | vs PyTorch pipelining |", "|---|---|---|---|---|"]
-    for schedule in schedules:
-        runs = {name: [] for name, _ in builds}
-        runs["torch.distributed.pipelining (2.15, gloo, MKL)"] = []
-        for _ in range(args.repeat):
+    ds_python, ds_error = peers_python()
+    runs = {}
+    for _ in range(args.repeat):
+        for schedule, extra in [("1f1b", []), ("gpipe", []), ("zb", []), ("interleaved", ["--virtual-stages", "2"])]:
             for name, build in builds:
-                logs = lockstep_run(build, 2, lambda out: gpt_flags(out, args.steps, m, mb,
-                                                                    ["--pipeline-parallel", "2", "--pipeline-schedule", schedule]))
-                runs[name].append(mean_of(logs, "tokens_per_second"))
-                print(schedule, name, runs[name][-1], flush=True)
-            runs["torch.distributed.pipelining (2.15, gloo, MKL)"].append(
+                logs = lockstep_run(build, 2, lambda out: gpt_flags(out, args.steps, m, mb, ["--pipeline-parallel", "2",
+                                                                                             "--pipeline-schedule", schedule] + extra))
+                runs.setdefault((name, schedule), []).append(mean_of(logs, "tokens_per_second"))
+        for schedule in ("1f1b", "gpipe"):
+            runs.setdefault(("torch.distributed.pipelining (2.15, gloo)", schedule), []).append(
                 torch_pipelining(args.torch2_python, args.build, schedule, m, mb, args.steps))
-            print(schedule, "torch", runs["torch.distributed.pipelining (2.15, gloo, MKL)"][-1], flush=True)
-        peer = statistics.median(runs["torch.distributed.pipelining (2.15, gloo, MKL)"])
-        for name, values in runs.items():
-            med = statistics.median(values)
-            lines.append(f"| {schedule} | {name} | {med:.0f} | {min(values):.0f}-{max(values):.0f} | {med / peer:.2f}x |")
-    version, error = deepspeed_status(args.torch2_python)
-    lines += ["", f"DeepSpeed: {'installed (' + version + ')' if version else 'not run: ' + error}", ""]
+        if ds_python and not ds_error:
+            rate, ds_error = deepspeed_pipeline(ds_python, args.build, m, mb, args.steps)
+            if rate:
+                runs.setdefault(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"), []).append(rate)
+        print({k: v[-1] for k, v in runs.items()}, flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    torch_1f1b = med[("torch.distributed.pipelining (2.15, gloo)", "1f1b")]
+    ds = med.get(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"))
+    lines = ["## Against PyTorch's and DeepSpeed's pipelines: 2 stages, 4 x 256 GPT (tied head), m 8 micro-batches of 2 x 128 bytes",
+             "", f"{args.repeat} runs of each side, interleaved; tokens/s over {args.steps} steps after 10 untimed ones.", "",
+             "| side | schedule | tokens/s (median) | range | vs torch pipelining 1f1b | vs DeepSpeed |",
+             "|---|---|---|---|---|---|"]
+    for (name, schedule), values in sorted(runs.items(), key=lambda kv: -med[kv[0]]):
+        lines.append(f"| {name} | {schedule} | {med[(name, schedule)]:.0f} | {min(values):.0f}-{max(values):.0f} | "
+                     f"{med[(name, schedule)] / torch_1f1b:.2f}x | {f'{med[(name, schedule)] / ds:.2f}x' if ds else '-'} |")
+    lines += ["", f"DeepSpeed: {'ran' if ds else 'not run: ' + (ds_error or 'unknown')}", ""]
     return lines
 
 
@@ -206,15 +231,18 @@ def cluster_run(cluster, build, flags):
         return events(os.path.join(out, "metrics.jsonl"), "log")[WARMUP_WINDOWS:]
 
 
-def crossover(rates, pipe, ddp):
-    """The link speed (bytes/s) where the sides' step times meet, each side's step time fitted as
-    a + b / rate through the two slowest rates measured; None when they do not meet."""
-    (r1, r2) = sorted(rates)[:2]
+def crossover(per_token):
+    """The link speed (bytes/s) where the pipeline and DDP train alike: each side's seconds per token
+    fitted as a + b / speed through the two slowest links measured; None when the fits do not meet
+    at a positive speed."""
+    pipe, ddp = per_token["pipeline, 2 stages (1f1b)"], per_token["DDP, 2 workers (exact)"]
+    r1, r2 = sorted(ddp)[:2]
+
     def fit(t):
         b = (t[r1] - t[r2]) / (1 / r1 - 1 / r2)
         return t[r1] - b / r1, b
     (ap, bp), (ad, bd) = fit(pipe), fit(ddp)
-    if abs(ap - ad) < 1e-12 or (bd - bp) / (ap - ad) <= 0:
+    if abs(ap - ad) < 1e-15 or (bd - bp) / (ap - ad) <= 0:
         return None
     return (bd - bp) / (ap - ad)
 
@@ -222,40 +250,42 @@ def crossover(rates, pipe, ddp):
 def part_links(args):
     if os.geteuid() != 0:
         return ["## Across two machines", "", "not run: the links part makes network namespaces; run as root", ""]
-    m, mb, tokens_per_step = 8, 2, 8 * 2 * 128
+    m = 8
     sides = {"pipeline, 2 stages (1f1b)": ["--pipeline-parallel", "2", "--pipeline-schedule", "1f1b"],
              "pipeline, 2 stages (zb)": ["--pipeline-parallel", "2", "--pipeline-schedule", "zb"],
              "DDP, 2 workers (exact)": [],
              "DDP --sync-every 8 (local SGD, not exact)": ["--sync-every", "8"]}
-    lines = ["## Across two machines: 8 x 512 GPT (25 M parameters), one worker per machine, m 8 micro-batches of 2 x 128 bytes",
-             "", "Per step the pipeline sends 8 activations and 8 gradients of 0.5 MB each way plus the tied embedding's "
-             "gradient (0.5 MB per micro-batch) and value; DDP all-reduces 100 MB of gradients.", "",
-             "| link | side | tokens/s (median) | step s | vs DDP |", "|---|---|---|---|---|"]
-    step_seconds = {s: {} for s in sides}
-    for rate in args.rates.split(","):
-        link = float(rate.replace("gbit", "e9").replace("mbit", "e6")) / 8
-        cluster = compare_cluster.Cluster(2, rate)
-        try:
-            runs = {s: [] for s in sides}
-            for _ in range(args.repeat):
-                for side, extra in sides.items():
-                    logs = cluster_run(cluster, args.build, lambda out: gpt_flags(out, args.link_steps, m, mb, BIG_GPT + extra))
-                    runs[side].append(mean_of(logs, "tokens_per_second"))
-                    print(rate, side, runs[side][-1], flush=True)
-            ddp_rate = statistics.median(runs["DDP, 2 workers (exact)"])
-            for side, values in runs.items():
-                med = statistics.median(values)
-                step_seconds[side][link] = tokens_per_step * 2 / med if "DDP" in side else tokens_per_step / med
-                lines.append(f"| {rate} | {side} | {med:.0f} | {step_seconds[side][link]:.2f} | {med / ddp_rate:.2f}x |")
-        finally:
-            cluster.close()
-    links = list(step_seconds["DDP, 2 workers (exact)"])
-    if len(links) >= 2:
-        cross = crossover(links, step_seconds["pipeline, 2 stages (1f1b)"], step_seconds["DDP, 2 workers (exact)"])
-        lines += ["", "Crossover (step times fitted as a + b / link speed): " +
-                  (f"the pipeline and DDP train alike at about {cross * 8 / 1e9:.2f} Gbit/s; below it the pipeline is faster"
-                   if cross else "none in reach of the fit"), ""]
-    return lines
+    lines = ["## Across two machines: 8 x 512 GPT (25 M parameters), one worker per machine, m 8 micro-batches",
+             "", "Per micro-batch of b x 128 bytes the pipeline sends b x 256 KB of activations one way and as many "
+             "gradients the other, plus the tied embedding's gradient (512 KB: 256 x 512 floats) and once a step its "
+             "value; DDP all-reduces the 100 MB of gradients every step. Each worker: one core of the two.", "",
+             "| link | micro-batch | side | tokens/s | vs DDP |", "|---|---|---|---|---|"]
+    for mb in args.link_micro_batches:
+        per_token = {s: {} for s in sides}
+        for rate in args.rates.split(","):
+            link = float(rate.replace("gbit", "e9").replace("mbit", "e6")) / 8
+            cluster = compare_cluster.Cluster(2, rate)
+            try:
+                runs = {s: [] for s in sides}
+                for _ in range(args.repeat):
+                    for side, extra in sides.items():
+                        logs = cluster_run(cluster, args.build,
+                                           lambda out: gpt_flags(out, args.link_steps, m, mb, BIG_GPT + extra))
+                        runs[side].append(mean_of(logs, "tokens_per_second"))
+                        print(rate, mb, side, runs[side][-1], flush=True)
+                ddp_rate = statistics.median(runs["DDP, 2 workers (exact)"])
+                for side, values in runs.items():
+                    med = statistics.median(values)
+                    per_token[side][link] = 1 / med
+                    lines.append(f"| {rate} | {mb} x 128 | {side} | {med:.0f} | {med / ddp_rate:.2f}x |")
+            finally:
+                cluster.close()
+        if len(args.rates.split(",")) >= 2:
+            cross = crossover(per_token)
+            lines += [f"| crossover, {mb} x 128 | | pipeline (1f1b) and DDP alike at " +
+                      (f"about {cross * 8 / 1e9:.2f} Gbit/s (seconds per token fitted as a + b / speed)" if cross
+                       else "no speed the fit reaches") + " | | |"]
+    return lines + [""]
 
 
 def main():
@@ -267,6 +297,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--link-steps", type=int, default=12)
     ap.add_argument("--rates", default="1gbit,100mbit")
+    ap.add_argument("--link-micro-batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
+                    help="the links part's micro-batch sizes (sequences of 128 bytes)")
     ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"))
     ap.add_argument("--out", default="")
     args = ap.parse_args()

@@ -47,9 +47,6 @@ pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optio
 // Everything that does not combine with pipelining is refused here, before anything trains.
 void Trainer::Impl::build_pipeline() {
   const std::string with = "--pipeline-parallel " + std::to_string(args.pipeline_parallel);
-  if (elastic)
-    throw ConfigError(with + " in an elastic job (lockstep run --nnodes MIN:MAX): a pipeline's stages do not follow "
-                             "membership changes yet; start a fixed number of workers");
   if (!model.pipeline_units)
     throw ConfigError(with + ": this model cannot be cut into stages (give it pipeline_units(), as "
                              "models/gpt.h's GptLmHeadModel does: see lockstep/pipe/units.h)");

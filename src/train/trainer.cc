@@ -443,6 +443,10 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
     if (impl_->args.sync_every > 1)
       throw ConfigError("--sync-every " + std::to_string(impl_->args.sync_every) +
                         " in an elastic job: local SGD does not follow membership changes yet; use --sync-every 1");
+    if (impl_->pipelined())
+      throw ConfigError("--pipeline-parallel " + std::to_string(impl_->args.pipeline_parallel) +
+                        " in an elastic job (lockstep run --nnodes MIN:MAX): a pipeline's stages do not follow "
+                        "membership changes yet; start a fixed number of workers");
     comm::CommOptions options;
     options.backend = impl_->args.backend;
     impl_->elastic = std::make_unique<ElasticRun>(*impl_, comm::join_elastic_from_env(options));

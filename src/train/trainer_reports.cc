@@ -58,12 +58,16 @@ void Trainer::Impl::announce() {
   const BlasInfo blas = blas_info();
   flops = count_flops();
   if (rank() != 0) return;
+  // Under a pipeline the samples are dealt over the replicas, each pipeline rank of one reading the same.
+  const std::string who = pipeline ? std::to_string(data_world()) + " replica" + (data_world() == 1 ? "" : "s") +
+                                         " (of " + std::to_string(args.pipeline_parallel) + " pipeline ranks)"
+                                   : std::to_string(world()) + " worker" + (world() == 1 ? "" : "s");
   char head[512];
   std::snprintf(
       head, sizeof head,
-      "%d worker%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
+      "%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
       "%lld steps), %s, lr %g (%s), backend %s",
-      world(), world() == 1 ? "" : "s", args.per_device_train_batch_size, args.gradient_accumulation_steps,
+      who.c_str(), args.per_device_train_batch_size, args.gradient_accumulation_steps,
       static_cast<long long>(samples_per_step() * static_cast<std::size_t>(data_world())),
       static_cast<long long>(state.max_steps),
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),

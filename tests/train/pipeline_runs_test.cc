@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 
+#include "lockstep/comm/store.h"
 #include "testing.h"
 
 namespace {
@@ -219,6 +220,17 @@ TEST(PipelineRuns, WhatAPipelineCannotTakeIsRefusedBeforeTraining) {
     EXPECT_EQ(code, 2) << output;
     EXPECT_NE(output.find(c.says), std::string::npos) << output;
     EXPECT_EQ(output.find("step 1/"), std::string::npos) << "it trained first: " << output;
+  }
+  // An elastic job, whose membership a pipeline does not follow yet.
+  {
+    const int port = lockstep::comm::StoreServer(lockstep::comm::StoreServerOptions{"127.0.0.1", 0, ""}).port();
+    Process elastic({LOCKSTEP_BINARY, "run", "--nnodes", "1:1", "--nproc-per-node", "2", "--master-port",
+                     std::to_string(port), GPT_EXAMPLE, "--pipeline-parallel", "2", "--max-steps", "2", "--output-dir",
+                     out.path()},
+                    kOneThread);
+    EXPECT_NE(elastic.wait(120), 0) << elastic.output();
+    EXPECT_NE(elastic.output().find("--pipeline-parallel 2 in an elastic job"), std::string::npos) << elastic.output();
+    EXPECT_EQ(elastic.output().find("step 1/"), std::string::npos) << elastic.output();
   }
   // A checkpoint of another model (twice as wide) does not load into a pipeline's stages.
   TempDir wide("pp-wide");
