@@ -251,14 +251,19 @@ def part_links(args):
     if os.geteuid() != 0:
         return ["## Across two machines", "", "not run: the links part makes network namespaces; run as root", ""]
     m = 8
-    sides = {"pipeline, 2 stages (1f1b)": ["--pipeline-parallel", "2", "--pipeline-schedule", "1f1b"],
-             "pipeline, 2 stages (zb)": ["--pipeline-parallel", "2", "--pipeline-schedule", "zb"],
+    pipe = ["--pipeline-parallel", "2", "--pipeline-schedule"]
+    once = ["--pipeline-tied-gradient", "step"]
+    sides = {"pipeline, 2 stages (1f1b)": pipe + ["1f1b"],
+             "pipeline, 2 stages (zb)": pipe + ["zb"],
+             "pipeline, 2 stages (1f1b), tied gradient once a step": pipe + ["1f1b"] + once,
+             "pipeline, 2 stages (zb), tied gradient once a step": pipe + ["zb"] + once,
              "DDP, 2 workers (exact)": [],
              "DDP --sync-every 8 (local SGD, not exact)": ["--sync-every", "8"]}
     lines = ["## Across two machines: 8 x 512 GPT (25 M parameters), one worker per machine, m 8 micro-batches",
              "", "Per micro-batch of b x 128 bytes the pipeline sends b x 256 KB of activations one way and as many "
-             "gradients the other, plus the tied embedding's gradient (512 KB: 256 x 512 floats) and once a step its "
-             "value; DDP all-reduces the 100 MB of gradients every step. Each worker: one core of the two.", "",
+             "gradients the other, plus the tied embedding's gradient (512 KB: 256 x 512 floats; with "
+             "--pipeline-tied-gradient step once a step, summed: equal up to rounding, not bitwise) and once a step "
+             "its value; DDP all-reduces the 100 MB of gradients every step. Each worker: one core of the two.", "",
              "| link | micro-batch | side | tokens/s | vs DDP |", "|---|---|---|---|---|"]
     for mb in args.link_micro_batches:
         per_token = {s: {} for s in sides}

@@ -9,7 +9,6 @@ schedule is its own 1F1B-like TrainSchedule. The last rank prints one JSON line.
 
 PEERS_PYTHON: the python of the venv bench/peers/setup makes (DeepSpeed beside the pinned torch).
 """
-import argparse
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt  # noqa: E402
+import torch_pipeline  # noqa: E402
 
 
 class Embedding(torch.nn.Module):
@@ -49,17 +49,7 @@ def head(embedding, x):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--corpus-dir", default="/usr/share/games/fortunes")
-    args = p.parse_args()
+    args = torch_pipeline.peer_arguments().parse_args()
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 

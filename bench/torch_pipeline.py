@@ -87,9 +87,10 @@ def schedule_of(name, stage, m, loss_fn):
     return kinds[name](stage, n_microbatches=m, loss_fn=loss_fn)
 
 
-def main():
+def peer_arguments():
+    """The flags every pipeline peer takes (this one and bench/deepspeed_pipeline.py): the step's
+    micro-batches, how long to run, the GPT's shape, the corpus."""
     p = argparse.ArgumentParser()
-    p.add_argument("--schedule", default="1f1b")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--steps", type=int, default=30)
@@ -98,8 +99,14 @@ def main():
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--split", default="", help="blocks per stage (default: as even as can be)")
     p.add_argument("--corpus-dir", default="/usr/share/games/fortunes")
+    return p
+
+
+def main():
+    p = peer_arguments()
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--split", default="", help="blocks per stage (default: as even as can be)")
     args = p.parse_args()
     from torch.distributed.pipelining import PipelineStage
 

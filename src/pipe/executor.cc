@@ -162,7 +162,8 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
           std::vector<torch::Tensor> tied_grads;
           const auto input_grad = chunk.backward_input(k, chunk.last() ? torch::Tensor() : take(output_grads, a),
                                                        eager ? tied : std::vector<torch::Tensor>{}, &tied_grads);
-          if (eager) tied_captured[k] = tied_grads;
+          if (eager)
+            for (std::size_t i = 0; i < tied_grads.size(); ++i) keep_tied_gradient(k, i, tied_grads[i]);
           if (s > 0) to_send[{s, k}] = input_grad;
         }
         const double took = seconds_between(begin, Clock::now());
@@ -179,12 +180,13 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
         break;
       case Op::send_tied:
         timed(st.send_seconds, [&] {
-          auto& grads = tied_captured[k];
+          const int key = options.tied_gradient == PipelineOptions::TiedGradient::step ? kSummed : k;
+          auto& grads = tied_captured[key];
           if (grads.size() != tied.size())
             throw std::logic_error("pipeline: the last stage has no gradient of a tied parameter for micro-batch " + std::to_string(k));
           for (std::size_t i = 0; i < grads.size(); ++i)
             channel->send(grads[i], rank_of(0), tag_of(Channel::tied_gradient, int(i), k));
-          tied_captured.erase(k);
+          tied_captured.erase(key);
         });
         break;
     }

@@ -155,6 +155,8 @@ void Pipeline::Impl::tie_parameters() {
       tied.push_back(t);
       tied_hooks.push_back(t.register_hook([this, i, name](const torch::Tensor& grad) {
         const auto it = tied_received.find(running_micro_batch);
+        if (it == tied_received.end() && options.tied_gradient == PipelineOptions::TiedGradient::step)
+          return grad;  // the step's sum comes with its last micro-batch
         if (it == tied_received.end() || i >= it->second.size())
           throw std::logic_error("pipeline: the last stage's gradient of '" + name + "' for micro-batch " +
                                  std::to_string(running_micro_batch) + " had not arrived");
@@ -164,13 +166,22 @@ void Pipeline::Impl::tie_parameters() {
       torch::Tensor t = last_reads.at(name);
       tied.push_back(t);
       tied_hooks.push_back(t.register_hook([this, i](const torch::Tensor& grad) {
-        if (!capture_tied) return;  // under zb the input half computed it already
-        auto& kept = tied_captured[running_micro_batch];
-        if (kept.size() <= i) kept.resize(i + 1);
-        kept[i] = grad.clone();
+        if (capture_tied) keep_tied_gradient(running_micro_batch, i, grad);  // under zb the input half did
       }));
     }
   }
+}
+
+// The last stage's gradient of tied parameter i in micro-batch k: kept to send for k, or under
+// TiedGradient::step added to the step's sum (kept under kSummed).
+void Pipeline::Impl::keep_tied_gradient(int k, std::size_t i, const torch::Tensor& grad) {
+  const bool summed = options.tied_gradient == PipelineOptions::TiedGradient::step;
+  auto& kept = tied_captured[summed ? kSummed : k];
+  if (kept.size() <= i) kept.resize(i + 1);
+  if (summed && kept[i].defined())
+    kept[i].add_(grad);
+  else
+    kept[i] = grad.clone();
 }
 
 void Pipeline::Impl::make_reducers() {
@@ -197,7 +208,7 @@ const ScheduleTable& Pipeline::Impl::table(int micro_batches) {
   auto it = tables.find(micro_batches);
   if (it != tables.end()) return it->second;
   ScheduleTable t = make_schedule(options.schedule, options.pipeline_parallel, micro_batches, options.virtual_stages);
-  if (has_tied) add_tied_exchange(t);
+  if (has_tied) add_tied_exchange(t, options.tied_gradient == PipelineOptions::TiedGradient::step);
   if (const auto check = check_schedule(t); !check.ok()) throw std::logic_error("pipeline: " + check.error);
   return tables.emplace(micro_batches, std::move(t)).first->second;
 }

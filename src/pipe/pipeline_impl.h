@@ -66,6 +66,8 @@ struct Pipeline::Impl {
   std::vector<unsigned> tied_hooks;
   std::map<int, std::vector<torch::Tensor>> tied_received;  // first stage: micro-batch -> the last's grads
   std::map<int, std::vector<torch::Tensor>> tied_captured;  // last stage: micro-batch -> its grads
+  static constexpr int kSummed = -1;  // tied_captured's key of the step's sum (TiedGradient::step)
+  void keep_tied_gradient(int micro_batch, std::size_t i, const torch::Tensor& grad);
   int running_micro_batch = -1;  // whose backward runs now (the tied hooks read it)
   bool capture_tied = false;     // a whole backward runs: the last stage's hooks keep what they see
   bool tied_values_due = false;  // last stage: the first stage sent new values after its step

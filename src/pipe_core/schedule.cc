@@ -270,23 +270,26 @@ ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int
   throw std::logic_error("make_schedule: unknown kind");
 }
 
-void add_tied_exchange(ScheduleTable& table) {
+void add_tied_exchange(ScheduleTable& table, bool once) {
   const int last = table.stages() - 1;
   if (table.tied || last == 0) {
     table.tied = true;
+    table.tied_once = once;
     return;
   }
   const Op weight = table.weight_op(), grad = table.input_grad_op();
+  const auto exchanged = [&](const Action& a) { return !once || a.micro_batch == table.micro_batches - 1; };
   for (auto& rank : table.actions) {
     std::vector<Action> out;
     for (const Action& a : rank) {
-      if (a.op == weight && a.stage == 0) out.push_back({Op::recv_tied, 0, a.micro_batch});
+      if (a.op == weight && a.stage == 0 && exchanged(a)) out.push_back({Op::recv_tied, 0, a.micro_batch});
       out.push_back(a);
-      if (a.op == grad && a.stage == last) out.push_back({Op::send_tied, last, a.micro_batch});
+      if (a.op == grad && a.stage == last && exchanged(a)) out.push_back({Op::send_tied, last, a.micro_batch});
     }
     rank = std::move(out);
   }
   table.tied = true;
+  table.tied_once = once;
 }
 
 std::string describe(const ScheduleTable& table, int rank) {

@@ -49,8 +49,9 @@ class Positions {
 };
 
 // Whether the table must hold (op, s, k).
-bool expected(const ScheduleTable& t, Op op, int s) {
+bool expected(const ScheduleTable& t, Op op, int s, int k) {
   const int last = t.stages() - 1;
+  const bool tied_here = t.tied && last > 0 && (!t.tied_once || k == t.micro_batches - 1);
   const bool backward = !t.forward_only;
   switch (op) {
     case Op::forward: return true;
@@ -61,8 +62,8 @@ bool expected(const ScheduleTable& t, Op op, int s) {
     case Op::backward_weight: return backward && t.split_backward();
     case Op::recv_gradient: return backward && s < last;
     case Op::send_gradient: return backward && s > 0;
-    case Op::send_tied: return backward && t.tied && last > 0 && s == last;
-    case Op::recv_tied: return backward && t.tied && last > 0 && s == 0;
+    case Op::send_tied: return backward && tied_here && s == last;
+    case Op::recv_tied: return backward && tied_here && s == 0;
   }
   return false;
 }
@@ -72,7 +73,7 @@ void check_presence(const ScheduleTable& t, const Positions& at) {
     for (int s = 0; s < t.stages(); ++s)
       for (int k = 0; k < t.micro_batches; ++k) {
         const Action a{Op(op), s, k};
-        const bool want = expected(t, a.op, s), have = at(a.op, s, k) >= 0;
+        const bool want = expected(t, a.op, s, k), have = at(a.op, s, k) >= 0;
         if (want && !have) throw Invalid(to_string(a) + " is missing (rank " + std::to_string(t.rank_of(s)) + ")");
         if (!want && have) throw Invalid(to_string(a) + " does not belong in a " + schedule_name(t.kind) + " table");
       }

@@ -37,6 +37,8 @@ pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optio
   o.balance = args.pipeline_balance == "parameters" ? pipe::PipelineOptions::Balance::parameters
                                                     : pipe::PipelineOptions::Balance::time;
   o.autocast = autocast;
+  o.tied_gradient = args.pipeline_tied_gradient == "step" ? pipe::PipelineOptions::TiedGradient::step
+                                                          : pipe::PipelineOptions::TiedGradient::micro_batch;
   o.ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
   o.ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
   return o;

@@ -30,7 +30,8 @@ torch::optim::AdamW make_optimizer(const std::vector<torch::Tensor>& params) {
 std::string PipeRun::describe() const {
   return std::string(pipe::schedule_name(schedule)) + " P " + std::to_string(pipeline) + " v " + std::to_string(chunks) +
          " m " + std::to_string(micro_batches) + " D " + std::to_string(replicas) +
-         (split.empty() ? "" : " split " + split) + (dropout > 0 ? " dropout" : "") + (checkpointing ? " checkpointing" : "");
+         (split.empty() ? "" : " split " + split) + (dropout > 0 ? " dropout" : "") + (checkpointing ? " checkpointing" : "") +
+         (tied_once ? " tied once" : "");
 }
 
 models::GptConfig tiny_gpt(double dropout) {
@@ -105,6 +106,7 @@ Parameters pipelined_run(const PipeRun& run, comm::Communicator& world) {
   options.virtual_stages = run.chunks;
   options.split = run.split;
   options.balance = pipe::PipelineOptions::Balance::parameters;
+  if (run.tied_once) options.tied_gradient = pipe::PipelineOptions::TiedGradient::step;
   const int replica = pipe::PipelineMesh::of(world.size(), run.pipeline).replica_of(world.rank());
   const auto first = micro_batches(run, replica, 0);
   pipe::Pipeline pipeline(model->pipeline_units(), world, options, first.front(), cross_entropy);

@@ -29,6 +29,7 @@ struct PipeRun {
   double dropout = 0;
   bool checkpointing = false;
   double max_grad_norm = 1.0;
+  bool tied_once = false;  // the tied gradient once a step (PipelineOptions::TiedGradient::step)
   std::string describe() const;
 };
 

@@ -62,6 +62,36 @@ void expect_pipelined_equals(const PipeRun& run, const Parameters& expected) {
   }
 }
 
+// The tied gradient summed over the step and sent once: not the same sums as one process's, but
+// within rounding of them (20 AdamW steps in float32), for every schedule.
+TEST(PipelineNumerics, TheTiedGradientOnceAStepEndsWithinRoundingOfOneProcess) {
+  at::set_num_threads(1);
+  for (auto kind : {pipe::ScheduleKind::gpipe, pipe::ScheduleKind::one_f_one_b, pipe::ScheduleKind::interleaved,
+                    pipe::ScheduleKind::zero_bubble}) {
+    PipeRun run;
+    run.schedule = kind;
+    run.pipeline = 3;
+    run.chunks = kind == pipe::ScheduleKind::interleaved ? 2 : 1;
+    run.micro_batches = 5;
+    run.tied_once = true;
+    const Parameters expected = reference(run);
+    std::vector<Parameters> got(3);
+    std::mutex mu;
+    run_ranks_as_threads(3, options(), [&](comm::Communicator& c) {
+      auto p = pipelined_run(run, c);
+      std::lock_guard<std::mutex> lock(mu);
+      got[std::size_t(c.rank())] = std::move(p);
+    });
+    double worst = 0, largest = 0;
+    for (const auto& rank : got)
+      for (const auto& [name, t] : rank) {
+        worst = std::max(worst, (t - expected.at(name)).abs().max().item<double>());
+        largest = std::max(largest, expected.at(name).abs().max().item<double>());
+      }
+    EXPECT_LT(worst, 1e-5 * largest) << run.describe();
+  }
+}
+
 TEST(PipelineNumerics, EverySchedulesParametersAreBitwiseOneProcesss) {
   at::set_num_threads(1);
   std::map<std::pair<int, int>, Parameters> references;  // by (m, D): P and the schedule do not change it

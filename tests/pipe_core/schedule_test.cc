@@ -175,6 +175,23 @@ TEST(ScheduleCheck, TheTiedExchangeWaitsForTheLastStage) {
   expect_rejected(broken, "send-tied2.1 is missing");
 }
 
+TEST(ScheduleCheck, TheOncePerStepTiedExchangeComesWithTheLastMicroBatch) {
+  for (ScheduleKind kind : kKinds) {
+    auto t = make_schedule(kind, 3, 5, kind == ScheduleKind::interleaved ? 2 : 1);
+    add_tied_exchange(t, /*once=*/true);
+    const auto check = check_schedule(t);
+    ASSERT_TRUE(check.ok()) << check.error;
+    int sends = 0;
+    for (const auto& rank : t.actions)
+      for (const Action& a : rank)
+        if (a.op == Op::send_tied) {
+          ++sends;
+          EXPECT_EQ(a.micro_batch, 4);
+        }
+    EXPECT_EQ(sends, 1) << schedule_name(kind);
+  }
+}
+
 TEST(Schedule, BadShapesAreConfigErrors) {
   EXPECT_THROW(make_schedule(ScheduleKind::one_f_one_b, 2, 0), ConfigError);
   EXPECT_THROW(make_schedule(ScheduleKind::one_f_one_b, 0, 4), ConfigError);

@@ -27,7 +27,8 @@
 // owns it (its optimizer updates it, its checkpoint holds it). For each micro-batch the last stage
 // sends its gradient of the parameter to the first, which adds it to its own before accumulating
 // (vocabulary x width floats per micro-batch: cheap for byte-level vocabularies, dear for 50k-token
-// ones), and after each optimizer step the first stage sends the new value back.
+// ones or slow links: TiedGradient::step sends the step's sum once, with the last micro-batch), and
+// after each optimizer step the first stage sends the new value back.
 //
 // What each replica group does: the D ranks of a pipeline rank reduce its gradients with
 // DistributedDataParallel's reducer (buckets launched from the gradient hooks during the last
@@ -68,6 +69,10 @@ struct PipelineOptions {
   enum class Balance { time, parameters };
   Balance balance = Balance::time;  // measured forward + backward seconds per unit, or parameter counts
   std::optional<torch::ScalarType> autocast;  // forwards under autocast to this dtype (bf16, fp16)
+  // A tied parameter's gradient from the last stage to the first: every micro-batch (bitwise one
+  // process's sums), or once a step, summed (m times fewer bytes; equal up to rounding).
+  enum class TiedGradient { micro_batch, step };
+  TiedGradient tied_gradient = TiedGradient::micro_batch;
   DdpOptions ddp;  // how each pipeline rank's replicas reduce its gradients
 };
 

@@ -74,6 +74,7 @@ struct ScheduleTable {
   int chunks = 1;         // v
   int micro_batches = 1;  // m
   bool tied = false;      // add_tied_exchange was applied
+  bool tied_once = false;  // ... with once: for the last micro-batch only
   bool forward_only = false;  // make_forward_schedule's: no backward at all
   std::vector<std::vector<Action>> actions;  // per rank, in the order it runs them
 
@@ -99,7 +100,9 @@ ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int
 // input half, which computes that gradient early for the purpose), and the first stage receives it
 // before its own weight action for k, so that it accumulates (its gradient + the last stage's)
 // micro-batch by micro-batch, as one process would. Nothing changes when one stage is both.
-void add_tied_exchange(ScheduleTable& table);
+// once: only for the last micro-batch, carrying the last stage's gradients summed over the step
+// (m times fewer bytes; the sums then differ from one process's by rounding).
+void add_tied_exchange(ScheduleTable& table, bool once = false);
 
 // One rank's actions as text, e.g. "F0.0 send-act0.0 F0.1 ..." (logs, test failures).
 std::string describe(const ScheduleTable& table, int rank);

@@ -157,6 +157,10 @@ inline std::vector<std::string> comm_hook_names() {
     at_least(0))                                                                                               \
   X(std::string, pipeline_split, "",                                                                           \
     "--pipeline-parallel: units per stage by hand, e.g. 2,3,3,2 (empty: balanced by --pipeline-balance)", any()) \
+  X(std::string, pipeline_tied_gradient, "micro-batch",                                                       \
+    "--pipeline-parallel: a weight the first and last stage share (a language model's embedding and head) "   \
+    "has its gradient sent every micro-batch (bitwise one process's sums) or once a step (fewer bytes: for "   \
+    "large vocabularies and slow links; equal up to rounding)", one_of({"micro-batch", "step"}))              \
   X(std::string, pipeline_balance, "time",                                                                     \
     "--pipeline-parallel: balance stages by each unit's measured forward + backward time, or its parameters",    \
     one_of({"time", "parameters"}))                                                                            \
