@@ -76,6 +76,23 @@ torch::Tensor Pipeline::Impl::receive(int from_stage, int stage, Channel c, int 
   }
 }
 
+// What one step carries from action to action on this rank.
+struct Pipeline::Impl::Step {
+  const std::vector<MicroBatch>& batches;
+  std::vector<std::uint64_t> seeds;  // one per micro-batch, as the unpipelined model draws one per forward
+  std::map<Key, torch::Tensor> received, to_send, output_grads;
+  PipelineStepStats stats;
+  StepRecord* record = nullptr;
+  int m() const { return int(batches.size()); }
+  // An action's compute time: the step's stats, and the record the analytic bubble is simulated from.
+  void note(const Action& a, double seconds) {
+    record->seconds[(std::size_t(a.stage) * 4 + std::size_t(kind_of(a.op))) * std::size_t(m()) +
+                    std::size_t(a.micro_batch)] = seconds;
+    stats.compute_seconds += seconds;
+    if (a.op == Op::forward) stats.forward_seconds += seconds;
+  }
+};
+
 PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
   const auto step_begin = Clock::now();
   const int m = int(batches.size());
@@ -83,122 +100,128 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
     throw ConfigError("a pipeline step needs 1 to " + std::to_string(kMaxMicroBatches) + " micro-batches (got " +
                       std::to_string(m) + ")");
   const ScheduleTable& t = table(m);
-  PipelineStepStats st;
-  st.micro_batches = m;
-  timed(st.wait_seconds, [&] { take_tied_values(); });
-  // One seed per micro-batch, as the unpipelined model draws one per forward (units.h).
-  std::vector<std::uint64_t> seeds;
-  for (int k = 0; k < m; ++k) seeds.push_back(draw_cpu_seed());
-  // The action that ends each stage's gradients: its last micro-batch's whole backward, or weight
-  // half (earlier weight halves may come after the last input half, so it cannot be that).
-  const Op last_grad_op = t.weight_op();
+  Step step{batches, {}, {}, {}, {}, {}, nullptr};
+  step.stats.micro_batches = m;
+  timed(step.stats.wait_seconds, [&] { take_tied_values(); });
+  for (int k = 0; k < m; ++k) step.seeds.push_back(draw_cpu_seed());
   if (recorded.size() == kRecordedSteps) recorded.erase(recorded.begin());  // nobody asked for a report
-  StepRecord& record = recorded.emplace_back();
-  record.micro_batches = m;
-  record.seconds.assign(std::size_t(stages()) * 4 * std::size_t(m), 0);
-  auto note = [&](const Action& a, double seconds) {
-    record.seconds[(std::size_t(a.stage) * 4 + std::size_t(kind_of(a.op))) * std::size_t(m) + std::size_t(a.micro_batch)] =
-        seconds;
-  };
-  std::map<Key, torch::Tensor> received, to_send, output_grads;
+  step.record = &recorded.emplace_back();
+  step.record->micro_batches = m;
+  step.record->seconds.assign(std::size_t(stages()) * 4 * std::size_t(m), 0);
   for (const Action& a : t.actions[std::size_t(prank)]) {
-    const int s = a.stage, k = a.micro_batch;
     switch (a.op) {
-      case Op::recv_activation:
-        received[{s, k}] = timed(st.wait_seconds, [&] { return receive(s - 1, s, Channel::activation, s, k); });
-        break;
-      case Op::recv_gradient:
-        output_grads[{s, k}] = timed(st.wait_seconds, [&] { return receive(s + 1, s, Channel::gradient, s, k); });
-        break;
-      case Op::recv_tied:
-        timed(st.wait_seconds, [&] {
-          auto& grads = tied_received[k];
-          for (std::size_t i = 0; i < tied.size(); ++i)
-            grads.push_back(receive(last_stage(), 0, Channel::tied_gradient, int(i), k));
-        });
-        break;
-      case Op::forward: {
-        StageChunk& chunk = *chunks.at(s);
-        const torch::Tensor input = s == 0 ? batches[std::size_t(k)].input.to(device) : take(received, a);
-        const auto begin = Clock::now();
-        {
-          Autocast autocast(options.autocast, device.type());
-          if (chunk.last()) {
-            const torch::Tensor value = chunk.forward_loss(k, input, seeds[std::size_t(k)], batches[std::size_t(k)], loss);
-            const double targets = double(batches[std::size_t(k)].target.numel());
-            st.loss_sum += value.item<double>() * targets;
-            st.loss_targets += targets;
-          } else {
-            to_send[{s, k}] = chunk.forward(k, input, seeds[std::size_t(k)]);
-          }
-        }
-        const double took = seconds_between(begin, Clock::now());
-        note(a, took);
-        st.compute_seconds += took, st.forward_seconds += took;
-        break;
-      }
+      case Op::forward: forward(a, step); break;
       case Op::backward:
       case Op::backward_input:
-      case Op::backward_weight: {
-        StageChunk& chunk = *chunks.at(s);
-        // The stage's last backward of the step: its replicas reduce from the gradient hooks on.
-        if (a.op == last_grad_op && k == m - 1 && !reducers.empty())
-          if (auto& reducer = reducers[std::size_t(s / options.pipeline_parallel)]) {
-            reducer->set_sync(true);
-            reducer->before_forward();
-          }
-        running_micro_batch = k;
-        const auto begin = Clock::now();
-        if (a.op == Op::backward_weight) {
-          chunk.backward_weight(k);
-        } else if (a.op == Op::backward) {
-          capture_tied = true;  // the last stage's hooks keep its tied gradients as backward reaches them
-          const auto input_grad = chunk.backward(k, chunk.last() ? torch::Tensor() : take(output_grads, a));
-          capture_tied = false;
-          if (s > 0) to_send[{s, k}] = input_grad;
-        } else {
-          // The last stage's tied gradients in the input half, for the first stage waiting on them.
-          const bool eager = chunk.last() && !tied.empty() && !holds(0);
-          std::vector<torch::Tensor> tied_grads;
-          const auto input_grad = chunk.backward_input(k, chunk.last() ? torch::Tensor() : take(output_grads, a),
-                                                       eager ? tied : std::vector<torch::Tensor>{}, &tied_grads);
-          if (eager)
-            for (std::size_t i = 0; i < tied_grads.size(); ++i) keep_tied_gradient(k, i, tied_grads[i]);
-          if (s > 0) to_send[{s, k}] = input_grad;
-        }
-        const double took = seconds_between(begin, Clock::now());
-        note(a, took);
-        st.compute_seconds += took;
-        if (a.op != Op::backward_input) tied_received.erase(k);
-        break;
-      }
-      case Op::send_activation:
-        timed(st.send_seconds, [&] { channel->send(take(to_send, a), rank_of(s + 1), tag_of(Channel::activation, s + 1, k)); });
-        break;
-      case Op::send_gradient:
-        timed(st.send_seconds, [&] { channel->send(take(to_send, a), rank_of(s - 1), tag_of(Channel::gradient, s - 1, k)); });
-        break;
-      case Op::send_tied:
-        timed(st.send_seconds, [&] {
-          const int key = options.tied_gradient == PipelineOptions::TiedGradient::step ? kSummed : k;
-          auto& grads = tied_captured[key];
-          if (grads.size() != tied.size())
-            throw std::logic_error("pipeline: the last stage has no gradient of a tied parameter for micro-batch " + std::to_string(k));
-          for (std::size_t i = 0; i < grads.size(); ++i)
-            channel->send(grads[i], rank_of(0), tag_of(Channel::tied_gradient, int(i), k));
-          tied_captured.erase(key);
-        });
-        break;
+      case Op::backward_weight: backward(a, t, step); break;
+      default: transfer(a, step); break;
     }
   }
   running_micro_batch = -1;
-  timed(st.send_seconds, [&] { channel->wait_sends(); });
-  timed(st.reduce_seconds, [&] {
+  timed(step.stats.send_seconds, [&] { channel->wait_sends(); });
+  timed(step.stats.reduce_seconds, [&] {
     for (auto& r : reducers)
       if (r) r->finish();
   });
-  st.step_seconds = seconds_between(step_begin, Clock::now());
-  return st;
+  step.stats.step_seconds = seconds_between(step_begin, Clock::now());
+  return step.stats;
+}
+
+void Pipeline::Impl::forward(const Action& a, Step& step) {
+  const int s = a.stage, k = a.micro_batch;
+  StageChunk& chunk = *chunks.at(s);
+  const MicroBatch& batch = step.batches[std::size_t(k)];
+  const torch::Tensor input = s == 0 ? batch.input.to(device) : take(step.received, a);
+  const auto begin = Clock::now();
+  {
+    Autocast autocast(options.autocast, device.type());
+    if (chunk.last()) {
+      const torch::Tensor value = chunk.forward_loss(k, input, step.seeds[std::size_t(k)], batch, loss);
+      const double targets = double(batch.target.numel());
+      step.stats.loss_sum += value.item<double>() * targets;
+      step.stats.loss_targets += targets;
+    } else {
+      step.to_send[{s, k}] = chunk.forward(k, input, step.seeds[std::size_t(k)]);
+    }
+  }
+  step.note(a, seconds_between(begin, Clock::now()));
+}
+
+void Pipeline::Impl::backward(const Action& a, const ScheduleTable& t, Step& step) {
+  const int s = a.stage, k = a.micro_batch;
+  StageChunk& chunk = *chunks.at(s);
+  // The stage's last whole backward (or weight half: an earlier weight half may come after the last
+  // input half) of the step: its replicas reduce from the gradient hooks on.
+  if (a.op == t.weight_op() && k == step.m() - 1 && !reducers.empty())
+    if (auto& reducer = reducers[std::size_t(s / options.pipeline_parallel)]) {
+      reducer->set_sync(true);
+      reducer->before_forward();
+    }
+  running_micro_batch = k;
+  const auto begin = Clock::now();
+  if (a.op == Op::backward_weight) {
+    chunk.backward_weight(k);
+  } else if (a.op == Op::backward) {
+    capture_tied = true;  // the last stage's hooks keep its tied gradients as backward reaches them
+    const auto input_grad = chunk.backward(k, chunk.last() ? torch::Tensor() : take(step.output_grads, a));
+    capture_tied = false;
+    if (s > 0) step.to_send[{s, k}] = input_grad;
+  } else {
+    // The last stage's tied gradients in the input half, for the first stage waiting on them.
+    const bool eager = chunk.last() && !tied.empty() && !holds(0);
+    std::vector<torch::Tensor> tied_grads;
+    const auto input_grad = chunk.backward_input(k, chunk.last() ? torch::Tensor() : take(step.output_grads, a),
+                                                 eager ? tied : std::vector<torch::Tensor>{}, &tied_grads);
+    if (eager)
+      for (std::size_t i = 0; i < tied_grads.size(); ++i) keep_tied_gradient(k, i, tied_grads[i]);
+    if (s > 0) step.to_send[{s, k}] = input_grad;
+  }
+  step.note(a, seconds_between(begin, Clock::now()));
+  if (a.op != Op::backward_input) tied_received.erase(k);
+}
+
+void Pipeline::Impl::transfer(const Action& a, Step& step) {
+  const int s = a.stage, k = a.micro_batch;
+  PipelineStepStats& st = step.stats;
+  switch (a.op) {
+    case Op::recv_activation:
+      step.received[{s, k}] = timed(st.wait_seconds, [&] { return receive(s - 1, s, Channel::activation, s, k); });
+      break;
+    case Op::recv_gradient:
+      step.output_grads[{s, k}] = timed(st.wait_seconds, [&] { return receive(s + 1, s, Channel::gradient, s, k); });
+      break;
+    case Op::recv_tied:
+      timed(st.wait_seconds, [&] {
+        auto& grads = tied_received[k];
+        for (std::size_t i = 0; i < tied.size(); ++i)
+          grads.push_back(receive(last_stage(), 0, Channel::tied_gradient, int(i), k));
+      });
+      break;
+    case Op::send_activation:
+      timed(st.send_seconds, [&] { channel->send(take(step.to_send, a), rank_of(s + 1), tag_of(Channel::activation, s + 1, k)); });
+      break;
+    case Op::send_gradient:
+      timed(st.send_seconds, [&] { channel->send(take(step.to_send, a), rank_of(s - 1), tag_of(Channel::gradient, s - 1, k)); });
+      break;
+    case Op::send_tied:
+      timed(st.send_seconds, [&] { send_tied_gradients(k); });
+      break;
+    default:
+      throw std::logic_error("pipeline: " + to_string(a) + " is not a transfer");
+  }
+}
+
+// The last stage's gradients of the tied parameters for micro-batch k (the step's sum, under
+// TiedGradient::step), to the first stage.
+void Pipeline::Impl::send_tied_gradients(int k) {
+  const int key = options.tied_gradient == PipelineOptions::TiedGradient::step ? kSummed : k;
+  auto& grads = tied_captured[key];
+  if (grads.size() != tied.size())
+    throw std::logic_error("pipeline: the last stage has no gradient of a tied parameter for micro-batch " +
+                           std::to_string(k));
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    channel->send(grads[i], rank_of(0), tag_of(Channel::tied_gradient, int(i), k));
+  tied_captured.erase(key);
 }
 
 void Pipeline::forward_only(const std::vector<MicroBatch>& batches,

@@ -91,8 +91,13 @@ struct Pipeline::Impl {
   void make_reducers();
   void take_tied_values();
 
-  // executor.cc
+  // executor.cc: a step runs this rank's actions in the table's order, each kind by its function.
+  struct Step;
   PipelineStepStats run(const std::vector<MicroBatch>& batches);
+  void forward(const Action& a, Step& step);
+  void backward(const Action& a, const ScheduleTable& table, Step& step);
+  void transfer(const Action& a, Step& step);
+  void send_tied_gradients(int micro_batch);
   torch::Tensor receive(int from_stage, int stage, Channel c, int slot, int micro_batch);
 };
 
