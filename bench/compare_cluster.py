@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,9 @@ class Cluster:
         self.prefix = f"lstb{os.getpid()}"
         self.n = machines
         self.made = []
+        # A benchmark stopped with kill (SIGTERM) unwinds through its finally blocks, which close
+        # the cluster: no namespaces are left behind.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             self._make(rate)
         except Exception:

@@ -1,4 +1,4 @@
-// The README's data snippet as a program: each rank walks two epochs of Fashion-MNIST through a
+// docs/ddp.md's data snippet as a program: each rank walks two epochs of Fashion-MNIST through a
 // DistributedSampler and a threaded DataLoader, then the ranks agree on how many real samples
 // they saw (each of the 60,000 exactly once per epoch).
 //   build/tools/lockstep run --nproc-per-node 2 build/examples/data_epochs

@@ -1,4 +1,4 @@
-// Fashion-MNIST on N workers with the Trainer: the README's main job.
+// Fashion-MNIST on N workers with the Trainer: the demo's job (scripts/demo).
 //
 //   lockstep run --nproc-per-node 2 build/examples/fashion_mnist --model cnn --output-dir runs/demo
 //   build/examples/fashion_mnist evaluate --model cnn --checkpoint runs/demo/checkpoint-2345

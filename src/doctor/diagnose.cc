@@ -189,7 +189,7 @@ std::optional<Finding> link_bound(const Evidence& e) {
       "shared memory inside each machine stays exact); or --ddp-comm-hook bf16 (half the bytes everywhere)";
   if (e.bench_network_gbps < kHundredMbit)
     f.action += ". Below 100 Mbit/s even that may wait: --sync-every 8 (local SGD: the machines meet every 8 "
-                "steps, one model's bytes instead of 8 gradients', for some accuracy: see the README)";
+                "steps, one model's bytes instead of 8 gradients', for some accuracy: see docs/slow-links.md)";
   f.predicted = "exposed communication about " + ms(many.exposed) + " -> " + ms(many.exposed / 4) +
                 " or less (int8's quarter of the bytes; PowerSGD's matrices far fewer, plus its compute)";
   f.saving = exposed_share(many) * 0.75;
