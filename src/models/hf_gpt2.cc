@@ -54,53 +54,31 @@ std::string safetensors_dtype(torch::ScalarType t) {
   }
 }
 
-// The directory's weights, whether in one file or in shards listed by an index.
+// The directory's weights, in one file or in shards (train_core checks the index and the shards).
 class HfWeights {
  public:
-  explicit HfWeights(const std::string& dir) {
-    const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
-    if (fs::exists(single)) {
-      files_.push_back(std::make_unique<SafetensorsFile>(train::read_safetensors(single.string())));
-    } else if (fs::exists(index)) {
-      const auto listing = train::read_json_file(index.string(), "a safetensors index");
-      std::set<std::string> shards;
-      try {
-        for (const auto& [name, file] : listing.at("weight_map").items()) shards.insert(file.get<std::string>());
-      } catch (const nlohmann::json::exception& e) {
-        throw DataError(index.string() + " is not an index of safetensors shards (" + e.what() + ")");
-      }
-      for (const auto& shard : shards)
-        files_.push_back(std::make_unique<SafetensorsFile>(train::read_safetensors((fs::path(dir) / shard).string())));
-    } else {
-      throw DataError(dir + " holds no model.safetensors (nor an index of shards)" +
-                      (fs::exists(fs::path(dir) / "pytorch_model.bin")
-                           ? ": only pytorch_model.bin, a pickle; save it again with safe_serialization=True"
-                           : std::string()));
-    }
-    for (const auto& f : files_)
-      for (const auto& [name, t] : f->tensors()) by_name_.emplace(name, &t);
-  }
+  explicit HfWeights(const std::string& dir) : files_(dir) {}
 
   // `name` as lockstep's model calls it; GPT2Model's files lack the "transformer." prefix.
   const SafeTensor* find(const std::string& name) const {
     const std::string prefix = "transformer.";
-    auto it = by_name_.find(name);
-    if (it == by_name_.end() && name.rfind(prefix, 0) == 0) it = by_name_.find(name.substr(prefix.size()));
-    if (it == by_name_.end()) return nullptr;
+    const auto& all = files_.tensors();
+    auto it = all.find(name);
+    if (it == all.end() && name.rfind(prefix, 0) == 0) it = all.find(name.substr(prefix.size()));
+    if (it == all.end()) return nullptr;
     used_.insert(it->first);
     return it->second;
   }
 
   std::vector<std::string> unused() const {
     std::vector<std::string> out;
-    for (const auto& entry : by_name_)
+    for (const auto& entry : files_.tensors())
       if (!used_.count(entry.first) && !is_mask_buffer(entry.first)) out.push_back(entry.first);
     return out;
   }
 
  private:
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafeTensor*> by_name_;
+  train::SafetensorsDir files_;
   mutable std::set<std::string> used_;
 };
 

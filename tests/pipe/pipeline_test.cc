@@ -135,9 +135,7 @@ std::string random_split(std::mt19937_64& rng, int units, int stages) {
 // LOCKSTEP_TEST_SEED to replay a failure.
 TEST(PipelineNumerics, RandomisedTrialsAreBitwiseOneProcesss) {
   at::set_num_threads(1);
-  const char* given = std::getenv("LOCKSTEP_TEST_SEED");
-  const std::uint64_t seed = given ? std::stoull(given) : std::random_device{}();
-  std::printf("LOCKSTEP_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  const std::uint64_t seed = test_seed();
   std::mt19937_64 rng(seed);
   const int units = tiny_gpt(0).n_layer + 2;
   constexpr pipe::ScheduleKind kKinds[] = {pipe::ScheduleKind::gpipe, pipe::ScheduleKind::one_f_one_b,

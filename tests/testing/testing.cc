@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -230,6 +232,13 @@ std::size_t count_of(const std::string& haystack, const std::string& needle) {
        at = haystack.find(needle, at + needle.size()))
     ++n;
   return n;
+}
+
+std::uint64_t test_seed() {
+  const char* given = std::getenv("LOCKSTEP_TEST_SEED");
+  const std::uint64_t seed = given ? std::stoull(given) : (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  std::printf("LOCKSTEP_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
 }
 
 std::string read_file(const std::string& path) {

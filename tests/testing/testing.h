@@ -92,6 +92,10 @@ class Process {
 
 std::size_t count_of(const std::string& haystack, const std::string& needle);
 
+// A randomised test's seed: LOCKSTEP_TEST_SEED when set (to replay a failure), else a fresh one;
+// printed as LOCKSTEP_TEST_SEED=<seed> either way, so a failing run's log says how to replay it.
+std::uint64_t test_seed();
+
 // The path of a helper binary built next to the tests (e.g. "comm_worker").
 std::string helper_path(const std::string& name);
 

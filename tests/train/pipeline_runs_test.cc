@@ -135,10 +135,8 @@ std::vector<pid_t> children_of(pid_t launcher) {
 // 3-stage pipeline killed at a random step; the launcher names it within seconds, restarts the
 // group, which resumes from the last checkpoint and ends bitwise on the uninterrupted run.
 TEST(PipelineRuns, AStageKilledAtRandomFailsTheJobWithinSecondsAndRestartsBitwise) {
-  const char* given = std::getenv("LOCKSTEP_TEST_SEED");
-  const unsigned seed = given ? unsigned(std::stoul(given)) : std::random_device{}();
-  std::printf("LOCKSTEP_TEST_SEED=%u\n", seed);
-  std::mt19937 rng(seed);
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
   const Flags pipeline = {"--pipeline-parallel", "3", "--save-strategy", "steps", "--save-steps", "4"};
   TempDir straight_dir("pp-straight");
   const std::string straight = fingerprint(run_ok(launch(3, tiny(straight_dir.path(), 40) + pipeline)));

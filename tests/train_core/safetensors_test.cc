@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "lockstep/error.h"
@@ -113,6 +114,28 @@ TEST(Safetensors, HeadersThatLieAreRefusedWithTheReason) {
   refused(R"({"a":{"dtype":"F32","shape":[2]}})", "malformed");
   refused(R"([1,2])", "not a JSON object");
   refused("{\"a\":", "malformed");
+  // 2^61 doubles: a count that fits 64 bits whose bytes wrap to 0, which an unchecked product accepts.
+  refused(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]},)"
+          R"("b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+          "overflow 64 bits");
+  refused(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "8 bytes follow the last tensor");
+  refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          "bytes [4, 8) of the data belong to no tensor");
+  refused(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          "names 'a' twice");
+}
+
+TEST(Safetensors, AHeaderLengthBeyondTheFileIsRefused) {
+  std::string file = encode_safetensors(Fixture().tensors());
+  for (const std::uint64_t claimed : {std::uint64_t(file.size()), std::uint64_t(1) << 40, ~std::uint64_t(0)}) {
+    std::memcpy(file.data(), &claimed, 8);
+    try {
+      SafetensorsFile(file, "long.safetensors");
+      ADD_FAILURE() << "accepted a header length of " << claimed;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("its header claims " + std::to_string(claimed)), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Damage anywhere: a cut at a random length is always a DataError; a random byte changed in the
@@ -122,7 +145,7 @@ TEST(Safetensors, RandomDamageIsAnErrorOrHarmlessNeverACrash) {
   Fixture f;
   const std::string good = encode_safetensors(f.tensors(), {{"format", "pt"}});
   const std::size_t data_start = 8 + header_length(good);
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937_64 rng(testing::test_seed());
   for (int trial = 0; trial < 3000; ++trial) {
     std::string bad = good;
     const bool cut = trial % 2 == 0;
@@ -141,6 +164,57 @@ TEST(Safetensors, RandomDamageIsAnErrorOrHarmlessNeverACrash) {
       EXPECT_TRUE(cut || at < data_start) << "a change at data byte " << at - data_start << ": " << e.what();
     }
   }
+}
+
+// Hugging Face's sharded layout: model.safetensors.index.json maps each tensor to its shard.
+struct ShardedDir {
+  Fixture f;
+  testing::TempDir dir{"shards"};
+  ShardedDir() {
+    write_safetensors(dir.path() + "/a.safetensors", {f.tensors()[0]});
+    write_safetensors(dir.path() + "/b.safetensors", {f.tensors()[1], f.tensors()[2]});
+  }
+  void index(const std::string& weight_map) const {
+    std::ofstream(dir.path() + "/model.safetensors.index.json") << R"({"metadata": {}, "weight_map": )" << weight_map
+                                                                   << "}";
+  }
+  void refused(const std::string& reason) const {
+    try {
+      SafetensorsDir read(dir.path());
+      ADD_FAILURE() << "accepted; wanted an error with: " << reason;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  }
+};
+
+TEST(SafetensorsDir, ShardsReadAsOneWhenTheIndexMapsEachTensorToItsShard) {
+  ShardedDir d;
+  d.index(R"({"w": "a.safetensors", "v": "b.safetensors", "s": "b.safetensors"})");
+  const SafetensorsDir read(d.dir.path());
+  ASSERT_EQ(read.tensors().size(), 3u);
+  EXPECT_EQ(read.tensors().at("w")->bytes, d.f.w);
+  EXPECT_EQ(read.tensors().at("s")->bytes, d.f.s);
+}
+
+TEST(SafetensorsDir, ABrokenIndexOrAMissingOrContradictingShardIsRefusedNamingIt) {
+  ShardedDir d;
+  d.refused("holds no model.safetensors");
+  d.index(R"({"w": "a.safetensors", "v": "c.safetensors"})");
+  d.refused("lists the shard c.safetensors, which is not in");
+  d.index(R"({"w": "a.safetensors", "v": "a.safetensors"})");
+  d.refused("maps 'v' to a.safetensors, which does not hold it");
+  d.index(R"({"w": "../a.safetensors"})");
+  d.refused("which is not a file beside it");
+  d.index(R"({"w": 3})");
+  d.refused("is not an index of safetensors shards");
+  d.index(R"([])");
+  d.refused("is not an index of safetensors shards");
+  std::ofstream(d.dir.path() + "/model.safetensors.index.json") << "{\"weight_map\": {";
+  d.refused("model.safetensors.index.json");
+  write_safetensors(d.dir.path() + "/c.safetensors", {d.f.tensors()[0]});  // "w" again
+  d.index(R"({"w": "a.safetensors", "v": "b.safetensors", "x": "c.safetensors"})");
+  d.refused("'w' is in both");
 }
 
 TEST(Safetensors, AFileThatIsNotThereIsAnErrorNamingIt) {

@@ -52,6 +52,26 @@ class SafetensorsFile {
 
 SafetensorsFile read_safetensors(const std::string& path);
 
+// A directory's weights in Hugging Face's layouts: model.safetensors, or the shards that
+// model.safetensors.index.json maps each tensor to. DataError, naming the file, for a broken
+// index, a shard missing or outside the directory, a tensor the index maps to a shard that lacks
+// it, or a name held by two shards.
+class SafetensorsDir {
+ public:
+  explicit SafetensorsDir(const std::string& dir);
+
+  // Every tensor by name, whichever file holds it.
+  const std::map<std::string, const SafeTensor*>& tensors() const { return tensors_; }
+
+ private:
+  void read_shards(const std::string& dir, const std::string& index);
+  void add(std::unique_ptr<SafetensorsFile> file, const std::string& path);
+
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafeTensor*> tensors_;
+  std::map<std::string, std::string> file_of_;  // tensor -> the file that holds it, for errors
+};
+
 // Serialises tensors in the order given (the header padded to 8 bytes, as Hugging Face's writer does).
 std::string encode_safetensors(const std::vector<std::pair<std::string, SafeTensor>>& tensors,
                                const std::map<std::string, std::string>& metadata = {});
