@@ -122,6 +122,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5, help="resumes of each checkpoint on each world size")
     ap.add_argument("--out", default=os.path.join(HERE, "CHECKPOINT.md"))
+    ap.add_argument("--json", help="also write every figure here (bench/run-headline reads it)")
     ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
                     help="a python with PyTorch 2.x for the DCP sides (skipped when it does not exist)")
     args = ap.parse_args()
@@ -184,6 +185,12 @@ def main():
     print(text)
     with open(args.out, "w") as f:
         f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"saves": {side: {"step_s": step, "stall_s": stall, "write_s": write, "bytes": size}
+                                 for side, step, stall, write, size in rows},
+                       "reads": [{"side": side, "workers": workers, "read_s": seconds} for side, workers, seconds in loads]},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

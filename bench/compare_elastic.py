@@ -10,7 +10,8 @@ thread per worker; rank 0 logs every step, and this script timestamps each line 
              time from the kill to the next completed step, with its parts from the survivor's
              membership_change record (agree, rebuild, state; detection is the rest), and the
              completed steps lost.
-  torchft    (with --torch2-python holding torchft) the same kill in a torchft job: a
+  torchft    (torchft pinned in the peers venv bench/peers/setup makes, or --torch2-python's;
+             reported with its error when it does not install) the same kill in a torchft job: a
              torchft_lighthouse in the third namespace, one replica group per machine started by
              PyTorch 2.x's torchrun (bench/torchft_worker.py: the same MLP, random data), and the
              time from the kill to the survivor's next committed step.
@@ -29,7 +30,7 @@ part measures against the fixed ZeRO job.
 
     sudo /usr/bin/python3 bench/compare_elastic.py [--build build] [--churn-seconds 300]
         [--churn-every 30] [--repeat 3] [--zero-stage 0] [--out bench/ELASTIC.md]
-        [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
+        [--torch2-python PYTHON_WITH_TORCHFT]
 """
 import argparse
 import datetime
@@ -47,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from compare_cluster import Cluster, cpu, sh  # noqa: E402
+import peer_env  # noqa: E402
 
 STORE_PORT = 29500
 MASTER_PORT = 29400
@@ -210,8 +212,11 @@ def torchft_version(python):
                           capture_output=True, text=True).stdout.strip()
 
 
+TORCHFT_MISSING = ["the python given has no torchft"]  # why the torchft column is empty, for the report
+
+
 def has_torchft(python):
-    return os.path.exists(python) and subprocess.run([python, "-c", "import torchft"], capture_output=True).returncode == 0
+    return python and os.path.exists(python) and subprocess.run([python, "-c", "import torchft"], capture_output=True).returncode == 0
 
 
 def kill_torchft_worker(cluster, m):
@@ -341,9 +346,13 @@ def main():
     ap.add_argument("--zero-stage", type=int, default=0, help="every job shards with ZeRO stage 1 or 2")
     ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"], help="the Fashion-MNIST example's model")
     ap.add_argument("--out", default=os.path.join(HERE, "ELASTIC.md"))
-    ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
-                    help="a python with PyTorch 2.x and torchft for the torchft column (skipped without one)")
+    ap.add_argument("--torch2-python", default=None,
+                    help="a python with PyTorch 2.x and torchft for the torchft column (default: the peers "
+                         "venv bench/peers/setup makes, torchft pinned)")
     args = ap.parse_args()
+    if args.torch2_python is None and "recovery" in args.parts.split(","):
+        args.torch2_python, errors = peer_env.peers()
+        TORCHFT_MISSING[0] = peer_env.why_not(errors, "torchft")
     MODEL[0] = args.model
     if args.zero_stage:
         TRAINER_FLAGS.extend(["--zero-stage", str(args.zero_stage)])
@@ -386,6 +395,8 @@ def cluster_parts(cluster, args, parts):
         print("restart", s, flush=True)
         ft = torchft_runs(cluster, args) if has_torchft(args.torch2_python) else None
         print("torchft", ft, flush=True)
+        if not ft:
+            lines += [f"torchft: not run: {TORCHFT_MISSING[0]}", ""]
         head = f" torchft (PyTorch 2.x, {torchft_version(args.torch2_python)}) |" if ft else ""
         col = (lambda text: f" {text} |") if ft else (lambda text: "")
         ft_total = ft and (f"{ft['total']:.2f} s" if ft["survived"] else "none went on")

@@ -45,10 +45,12 @@ import tempfile
 
 import compare_cluster
 import compare_ddp
+import peer_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WARMUP_WINDOWS = 1  # the first logging window of every lockstep run is not timed
+PEER_RUNS = {}  # (side, schedule): tokens/s of each run, for --json
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -97,15 +99,6 @@ def torch_pipelining(python, build, schedule, m, micro_batch, steps):
     return json.loads(line[line.index("{"):])["tokens_per_s"]
 
 
-def peers_python():
-    """The peers venv's python (bench/peers/setup makes it, DeepSpeed beside the pinned torch), or the
-    reason there is none."""
-    done = subprocess.run([f"{HERE}/peers/setup"], capture_output=True, text=True)
-    if done.returncode != 0:
-        return None, (done.stderr.strip().splitlines() or ["bench/peers/setup failed"])[-1]
-    return done.stdout.strip().splitlines()[-1], None
-
-
 def deepspeed_pipeline(python, build, m, micro_batch, steps):
     cmd = [f"{build}/tools/lockstep", "run", "--nproc-per-node", "2", python, f"{HERE}/deepspeed_pipeline.py",
            "--microbatches", str(m), "--micro-batch", str(micro_batch), "--steps", str(steps), "--warmup", "10"]
@@ -123,7 +116,8 @@ def part_peer(args):
     builds = [("lockstep (Debian libtorch 1.13, OpenBLAS)", args.build)]
     if args.build2:
         builds.append(("lockstep (torch 2.15 wheel's libtorch, MKL)", args.build2))
-    ds_python, ds_error = peers_python()
+    ds_python, errors = peer_env.peers()
+    ds_error = errors.get("deepspeed") or errors.get("setup")
     runs = {}
     for _ in range(args.repeat):
         for schedule, extra in [("1f1b", []), ("gpipe", []), ("zb", []), ("interleaved", ["--virtual-stages", "2"])]:
@@ -139,6 +133,7 @@ def part_peer(args):
             if rate:
                 runs.setdefault(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"), []).append(rate)
         print({k: v[-1] for k, v in runs.items()}, flush=True)
+    PEER_RUNS.update(runs)
     med = {k: statistics.median(v) for k, v in runs.items()}
     torch_1f1b = med[("torch.distributed.pipelining (2.15, gloo)", "1f1b")]
     ds = med.get(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"))
@@ -306,6 +301,7 @@ def main():
                     help="the links part's micro-batch sizes (sequences of 128 bytes)")
     ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"))
     ap.add_argument("--out", default="")
+    ap.add_argument("--json", help="also write the peer part's tokens/s here (bench/run-headline reads it)")
     args = ap.parse_args()
     parts = args.parts.split(",")
     lines = [f"# Pipeline parallelism ({datetime.date.today()}, {compare_ddp.cpu_name()}, {os.cpu_count()} cores)", "",
@@ -320,6 +316,10 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peer": [{"side": name, "schedule": schedule, "tokens_per_s": rates}
+                                for (name, schedule), rates in PEER_RUNS.items()]}, f, indent=1)
 
 
 if __name__ == "__main__":

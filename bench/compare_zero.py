@@ -11,8 +11,10 @@ per worker, interleaved --repeat times:
   PyTorch ZeroRedundancyOptimizer bench/torch_zero.py --zero (ZeRO-1: all-reduce, then broadcast)
   PyTorch 2.x DDP, ZeRO           the same script on the torch 2.x venv's python (--torch2-python;
                                   skipped when absent; the wheel multiplies with its own BLAS, MKL)
-  DeepSpeed ZeRO-1, -2, -3        bench/torch_zero.py --deepspeed N on that python, when it has
-                                  deepspeed (CPU accelerator, gloo, fp32, the same torch AdamW)
+  DeepSpeed ZeRO-1, -2, -3        bench/torch_zero.py --deepspeed N in the peers venv that
+                                  bench/peers/setup makes (DeepSpeed pinned, on the same torch; CPU
+                                  accelerator, gloo, fp32, the same torch AdamW); if it does not
+                                  install, its error is printed instead
 It prints median throughput (range), the step's optimizer share, rank 0's peak RSS, the job's
 memory at the end (all workers' proportional set size summed: shared pages once), and the bytes
 of parameters plus optimizer state the job holds (lockstep: what train_begin records for each
@@ -30,6 +32,7 @@ import tempfile
 
 import compare_ddp
 import compare_gpt
+import peer_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = {
@@ -96,9 +99,12 @@ def main():
     ds_version = None
     if os.path.exists(args.torch2_python):
         sides.update({"PyTorch 2.x DDP": [], "PyTorch 2.x ZeroRedundancyOptimizer": ["--zero"]})
-        ds_version = deepspeed_version(args.torch2_python)
+        ds_python, errors = peer_env.peers()  # DeepSpeed, pinned, beside the same torch
+        ds_version = ds_python and "deepspeed" not in errors and deepspeed_version(ds_python)
         if ds_version:
             sides.update({f"DeepSpeed ZeRO-{n}": ["--deepspeed", str(n)] for n in (1, 2, 3)})
+        else:
+            print(f"DeepSpeed: not run: {peer_env.why_not(errors, 'deepspeed')}")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
     print(f"ZeRO on 2 workers; {compare_gpt.cpu_model()}, {os.cpu_count()} cores; BLAS {compare_ddp.blas()} "
@@ -113,7 +119,7 @@ def main():
                 if name.startswith("lockstep"):
                     got[name].append(lockstep_run(build, model, flags, args.steps, env))
                 else:
-                    python = args.torch2_python if "2.x" in name or "DeepSpeed" in name else "/usr/bin/python3"
+                    python = ds_python if "DeepSpeed" in name else args.torch2_python if "2.x" in name else "/usr/bin/python3"
                     got[name].append(pytorch_run(build, model, flags, args.steps, env, python))
         results[model] = got
         print(f"\n### {model}\n")

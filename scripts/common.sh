@@ -77,10 +77,28 @@ install_pip_torch() {
     venv_pip_install "torch==$TORCH_PIP_VERSION"
   fi
   # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), and the
-  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py).
-  "$TORCH_VENV/bin/python" -c 'import numpy, expecttest, transformers, accelerate, tokenizers' 2>/dev/null ||
-    venv_pip_install "numpy==2.4.6" "expecttest==0.3.0" "transformers==5.24.0" \
-      "tokenizers==0.23.3" "accelerate==1.15.0" "safetensors==0.8.0"
+  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py), each brought to
+  # its pinned version (a venv holding other versions is corrected, not trusted).
+  local off_pin
+  off_pin="$(venv_off_pin numpy==2.4.6 expecttest==0.3.0 transformers==5.24.0 tokenizers==0.23.3 \
+    accelerate==1.15.0 safetensors==0.8.0)"
+  # shellcheck disable=SC2086  # one pin per word
+  [ -z "$off_pin" ] || venv_pip_install $off_pin
+}
+
+# The pins (name==version) that TORCH_VENV does not hold at exactly that version, one per line.
+venv_off_pin() {
+  "$TORCH_VENV/bin/python" - "$@" <<'PY'
+import importlib.metadata as metadata, sys
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    try:
+        held = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        held = None
+    if held != version:
+        print(pin)
+PY
 }
 
 # The CMake arguments that pick the libtorch: the wheel's own cmake files and libraries first (Debian's
