@@ -19,6 +19,22 @@ PYTHON = sys.executable  # ctest runs the tests with the python the extension wa
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+SKIPPED = 77  # the exit code ctest reads as "skipped" (SKIP_RETURN_CODE in tests/python/CMakeLists.txt)
+
+
+def require_hugging_face():
+    """Imports transformers, accelerate, tokenizers and safetensors, or ends the test: a failure
+    under ./scripts/test (LOCKSTEP_REQUIRE_HF=1: it installs them, so their absence is a broken
+    set-up), elsewhere a skip that says what is missing."""
+    try:
+        import accelerate, safetensors, tokenizers, transformers  # noqa: F401,E401
+    except ImportError as e:
+        required = os.environ.get("LOCKSTEP_REQUIRE_HF") == "1"
+        print(f"{'FAIL' if required else 'SKIP'}: {PYTHON} cannot import Hugging Face's libraries ({e}); "
+              "./scripts/test installs them into its venv (scripts/common.sh)", flush=True)
+        sys.exit(1 if required else SKIPPED)
+
+
 def build_dir():
     build = os.environ.get("LOCKSTEP_BUILD_DIR")
     if not build:

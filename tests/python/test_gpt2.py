@@ -14,11 +14,12 @@ import os
 import subprocess
 import unittest
 
-import torch
-from safetensors.torch import load_file, save_file
-from transformers import GPT2Config, GPT2LMHeadModel
-
 import harness
+
+harness.require_hugging_face()
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 TOLERANCE = 1e-5
 PROMPTS = (b"The ", b"%\nA man ", b"Q:")

@@ -7,7 +7,9 @@ Hugging Face picks the backend itself: TrainingArguments' ddp_backend takes only
 Both create the process group only when none exists, so the supported way in is to create it
 first: dist.init_process_group("lockstep"); the Trainer's DDP then runs on it.
 
-Rank 0 prints one JSON line: {"backend", "world", "losses", "seconds_per_step"}.
+Rank 0 prints one JSON line: {"backend", "world", "losses", "seconds_per_step"} (the losses as
+the Trainer logs them, rounded to 4 digits). Every rank writes OUT_DIR/rank<r>.pt: its own loss of
+every step before any rounding (what training_step returned) and its parameters at the end.
 
     trainer_train.py BACKEND OUT_DIR --tokenizer DIR [--steps N]
 """
@@ -42,6 +44,24 @@ class StepClock:
         return sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
 
 
+def unrounded_losses_trainer():
+    """transformers.Trainer keeping each step's loss on this rank as training_step returns it (the
+    logged losses are rounded to 4 digits and averaged over ranks: they can hide a difference)."""
+    from transformers import Trainer
+
+    class Recording(Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.unrounded = []
+
+        def training_step(self, *args, **kwargs):
+            loss = super().training_step(*args, **kwargs)
+            self.unrounded.append(loss.detach().item())
+            return loss
+
+    return Recording
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("backend")
@@ -52,7 +72,8 @@ def main():
     args = ap.parse_args()
 
     dist.init_process_group(args.backend)  # before transformers: it then uses this group
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
+    UnroundedLosses = unrounded_losses_trainer()
 
     torch.manual_seed(0)
     rows = fortune_data.labelled()
@@ -64,9 +85,11 @@ def main():
                                  report_to=[], save_strategy="no", use_cpu=True, dataloader_num_workers=0,
                                  disable_tqdm=True)
     clock = StepClock()
-    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[clock()])
+    trainer = UnroundedLosses(model=model, args=training, train_dataset=data, callbacks=[clock()])
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    torch.save({"losses": trainer.unrounded, "parameters": [p.detach().clone() for p in model.parameters()]},
+               f"{args.out_dir}/rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
         print(json.dumps({"backend": args.backend, "world": dist.get_world_size(), "losses": losses,
                           "seconds_per_step": clock.seconds_per_step(),
