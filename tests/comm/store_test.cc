@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "lockstep/error.h"
@@ -58,6 +59,23 @@ TEST(Store, AddOnNonIntegerIsAnError) {
   c->set("text", "hello");
   EXPECT_THROW(c->add("text", 1), Error);
   EXPECT_EQ(c->add("n", 5), 5);  // the connection still serves
+}
+
+// An ADD past 64 bits, or on a number too large for them, is an error, not a wrapped counter (the
+// first was undefined behaviour in the server, found by tests/fuzz/store_fuzz.cc).
+TEST(Store, AddThatWouldOverflowIsAnError) {
+  LocalStore store;
+  auto c = store.client();
+  EXPECT_EQ(c->add("big", std::numeric_limits<std::int64_t>::max()), std::numeric_limits<std::int64_t>::max());
+  try {
+    c->add("big", 1);
+    ADD_FAILURE() << "an ADD past 2^63 - 1 succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("would overflow 64 bits"), std::string::npos) << e.what();
+  }
+  c->set("huge", "99999999999999999999");
+  EXPECT_THROW(c->add("huge", 1), Error);
+  EXPECT_EQ(c->get("big"), std::to_string(std::numeric_limits<std::int64_t>::max()));  // unchanged
 }
 
 // The key is set only once the server holds the reader's request parked: the get really waited.

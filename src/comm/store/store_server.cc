@@ -196,8 +196,12 @@ class StoreServer::Impl {
     }
   }
 
+  // Handles every whole message that arrived; a client that sent its last requests and closed
+  // its side still gets them answered before the connection closes.
   void on_readable(std::uint64_t id) {
     Conn* c = &conns_.at(id);
+    if (c->closing) return;  // the rest of its replies are being flushed
+    bool ended = false;
     char buf[65536];
     for (;;) {
       ssize_t n = ::read(c->fd, buf, sizeof buf);
@@ -205,14 +209,22 @@ class StoreServer::Impl {
         c->in.append(buf, static_cast<std::size_t>(n));
         continue;
       }
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        close_conn(id);
-        return;
-      }
-      if (errno == EAGAIN) break;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      if (n < 0) return close_conn(id);
+      ended = true;
+      break;
     }
+    handle_messages(id);
+    if (ended && conns_.count(id)) {
+      conns_.at(id).closing = true;
+      flush(id);  // closes once the replies are out
+    }
+  }
+
+  void handle_messages(std::uint64_t id) {
     while (conns_.count(id)) {
-      c = &conns_.at(id);
+      Conn* c = &conns_.at(id);
       if (c->closing || c->in.size() < 4) return;
       std::uint32_t len = wire::read_length_prefix(c->in.data());
       if (len == 0 || len > options_.max_message_bytes) {
@@ -258,7 +270,7 @@ class StoreServer::Impl {
       }
       if (errno == EAGAIN || errno == EINTR) {
         epoll_event ev{};
-        ev.events = EPOLLIN | EPOLLOUT;
+        ev.events = c.closing ? EPOLLOUT : EPOLLIN | EPOLLOUT;  // a closing peer's EOF would wake us forever
         ev.data.u64 = id;
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
         return;
@@ -367,12 +379,14 @@ class StoreServer::Impl {
     std::int64_t current = 0;
     if (auto it = kv_.find(key); it != kv_.end()) {
       char* end = nullptr;
+      errno = 0;
       current = std::strtoll(it->second.c_str(), &end, 10);
-      if (it->second.empty() || *end != '\0')
+      if (it->second.empty() || *end != '\0' || errno == ERANGE)
         return reply(
-            id, wire::Writer(Type::kError).str("ADD on key '" + key + "' whose value is not an integer"));
+            id, wire::Writer(Type::kError).str("ADD on key '" + key + "' whose value is not a 64-bit integer"));
     }
-    current += delta;
+    if (__builtin_add_overflow(current, delta, &current))
+      return reply(id, wire::Writer(Type::kError).str("ADD on key '" + key + "' would overflow 64 bits"));
     put(key, std::to_string(current));
     reply(id, wire::Writer(Type::kInt).i64(current));
   }
