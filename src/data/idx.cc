@@ -104,14 +104,44 @@ IdxArray read_header(GzReader& in, const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// The data's size in bytes, or a DataError when the shape's element count overflows or is
+// beyond any real dataset's.
+std::size_t data_bytes(const IdxArray& a, const std::string& path) {
+  constexpr std::size_t kMost = std::size_t{1} << 36;
+  std::size_t n = element_size(a.type);
+  for (const auto d : a.dims) {
+    if (d != 0 && n > kMost / d)
+      throw DataError(path + ": IDX header declares an implausible shape " + shape_text(a.dims));
+    n *= d;
+  }
+  return n;
+}
+
+// Reads `want` bytes, growing the buffer only as data arrives: a header that claims more than
+// the file holds costs what the file holds, not what it claims.
+std::size_t read_data(GzReader& in, std::vector<std::uint8_t>& out, std::size_t want) {
+  constexpr std::size_t kChunk = std::size_t{16} << 20;
+  std::size_t got = 0;
+  while (got < want) {
+    const std::size_t n = std::min(kChunk, want - got);
+    out.resize(got + n);
+    const std::size_t read = in.read(out.data() + got, n);
+    got += read;
+    if (read < n) break;
+  }
+  out.resize(got);
+  return got;
+}
+
+}  // namespace
+
 IdxArray read_idx(const std::string& path) {
   GzReader in(path);
   IdxArray a = read_header(in, path);
-  const std::size_t want = a.count() * element_size(a.type);
-  if (want > (std::size_t{1} << 36))
-    throw DataError(path + ": IDX header declares an implausible shape " + shape_text(a.dims));
-  a.bytes.resize(want);
-  const std::size_t got = in.read(a.bytes.data(), want);
+  const std::size_t want = data_bytes(a, path);
+  const std::size_t got = read_data(in, a.bytes, want);
   if (got != want)
     throw DataError(path + ": truncated: the header says " + shape_text(a.dims) + " (" + std::to_string(want) +
                     " bytes of data) but the file holds " + std::to_string(got));

@@ -101,6 +101,24 @@ TEST(Idx, CorruptAndTruncatedFilesAreClearErrors) {
   EXPECT_NE(error_of(dir + "/absent").find("cannot open"), std::string::npos);
 }
 
+// A header's shape is not trusted: one whose element count wraps 64 bits to 0 is no empty array,
+// and one that claims 2 GiB over two bytes of data is refused without allocating the 2 GiB (both
+// found by tests/fuzz/idx_fuzz.cc).
+TEST(Idx, AShapeThatWrapsOrOverclaimsIsAClearError) {
+  testing::TempDir temp("idx-shape");
+  const std::string dir = temp.path();
+  auto header = [](std::vector<std::uint32_t> dims) {
+    std::string h{'\0', '\0', '\x08', static_cast<char>(dims.size())};
+    for (auto d : dims)
+      for (int shift = 24; shift >= 0; shift -= 8) h.push_back(static_cast<char>(d >> shift));
+    return h;
+  };
+  write(dir + "/wraps", header({65536, 65536, 65536, 65536}));
+  EXPECT_NE(error_of(dir + "/wraps").find("implausible shape 65536x65536x65536x65536"), std::string::npos);
+  write(dir + "/claims", header({0x80000000u}) + "ab");
+  EXPECT_NE(error_of(dir + "/claims").find("but the file holds 2"), std::string::npos);
+}
+
 std::vector<std::vector<std::size_t>> all_batches(const FashionMnist& data,
                                                   const std::vector<std::size_t>& idx, int workers,
                                                   std::vector<float>* first_images = nullptr) {
