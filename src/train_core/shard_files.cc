@@ -267,36 +267,91 @@ bool is_sharded_checkpoint(const std::string& dir) {
   return fs::exists(fs::path(dir) / "index.json");
 }
 
+namespace {
+
+// What an index may claim, checked before anything is read through it: a reader trusts no number
+// in the file (it may be damaged, or written by something else).
+constexpr std::uint64_t kMostBytes = std::uint64_t{1} << 62;
+
+std::uint64_t checked_bytes(const CheckpointTensor& t) {
+  const std::uint64_t esize = dtype_bytes(t.dtype);
+  std::uint64_t n = esize;
+  for (const auto d : t.shape) {
+    if (d < 0) throw DataError("tensor '" + t.name + "' has a negative dimension");
+    if (d != 0 && n > kMostBytes / std::uint64_t(d)) throw DataError("tensor '" + t.name + "' is implausibly large");
+    n *= std::uint64_t(d);
+  }
+  return n;
+}
+
+// A shard's file name must name a file in the checkpoint's own directory.
+std::string checked_file_name(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos)
+    throw DataError("a shard's file name '" + name + "' is not a plain file name in the checkpoint's directory");
+  return name;
+}
+
+// The index's format and version, read without trusting their types.
+void check_format(const nlohmann::json& index, const std::string& path) {
+  const auto field = [&](const char* key) {
+    return index.is_object() && index.contains(key) ? index.at(key) : nlohmann::json();
+  };
+  const nlohmann::json format = field("format"), version = field("version");
+  if (format == kFormat && version.is_number_integer() && version.get<std::int64_t>() <= kVersion) return;
+  throw DataError(path + " is not a lockstep sharded checkpoint of version " + std::to_string(kVersion) +
+                  " or older: it says format " + format.dump() + ", version " + version.dump());
+}
+
+}  // namespace
+
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir) : dir_(dir) {
   const std::string path = (fs::path(dir) / "index.json").string();
   const nlohmann::json index = read_json_file(path, "the index of a sharded checkpoint");
+  check_format(index, path);
   try {
-    if (index.at("format") != kFormat || index.at("version").get<int>() > kVersion)
-      throw DataError(path + " is not a lockstep sharded checkpoint of version " + std::to_string(kVersion) +
-                      " or older: it says " + index.value("format", std::string("?")) + " version " +
-                      std::to_string(index.value("version", 0)));
     for (const auto& t : index.at("tensors"))
       tensors_.push_back({t.at("name"), t.at("shape").get<std::vector<std::int64_t>>(), t.at("dtype"),
                           t.value("buffer", false)});
     extra_ = index.value("extra", nlohmann::json::object());
     pieces_.resize(tensors_.size());
     for (const auto& s : index.at("shards")) {
-      const int shard = static_cast<int>(shards_.size());
-      shards_.push_back(s);
-      for (const auto& p : s.at("pieces")) {
-        Piece piece{shard, p.at("start"), p.at("count"), {}};
-        for (const auto& [name, at] : p.at("offsets").items()) piece.offsets[name] = at.get<std::uint64_t>();
-        pieces_.at(p.at("tensor").get<std::size_t>()).push_back(std::move(piece));
-      }
+      shards_.push_back({checked_file_name(s.at("file").get<std::string>()), s.at("bytes").get<std::uint64_t>(),
+                         s.at("crc32c").get<std::uint32_t>()});
+      for (const auto& p : s.at("pieces")) add_piece(p, static_cast<int>(shards_.size()) - 1);
     }
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(path + " lacks a field a sharded checkpoint's index must have (" + e.what() +
-                    "): the file is damaged; use another checkpoint");
-  } catch (const std::out_of_range&) {
-    throw DataError(path + " names a tensor it does not list: the file is damaged; use another checkpoint");
+    throw DataError(path + " lacks a field a sharded checkpoint's index must have, or has one of the wrong type (" +
+                    e.what() + "): the file is damaged; use another checkpoint");
+  } catch (const DataError& e) {
+    throw DataError(path + ": " + e.what() + ": the file is damaged; use another checkpoint");
   }
   for (auto& list : pieces_)
     std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
+}
+
+// One piece of the index, checked: its tensor is listed, its elements lie inside the tensor and
+// every array of it inside its shard's bytes.
+void ShardedCheckpointReader::add_piece(const nlohmann::json& p, int shard) {
+  const std::size_t tensor = p.at("tensor").get<std::size_t>();
+  if (tensor >= tensors_.size())
+    throw DataError("a piece names tensor " + std::to_string(tensor) + " of the " + std::to_string(tensors_.size()) +
+                    " it lists");
+  const CheckpointTensor& t = tensors_[tensor];
+  const std::uint64_t esize = dtype_bytes(t.dtype), numel = checked_bytes(t) / esize;
+  Piece piece{shard, p.at("start"), p.at("count"), {}};
+  if (piece.start < 0 || piece.count < 0 || std::uint64_t(piece.start) > numel ||
+      std::uint64_t(piece.count) > numel - std::uint64_t(piece.start))
+    throw DataError("a piece of '" + t.name + "' lies outside its " + std::to_string(numel) + " elements");
+  const std::uint64_t bytes = std::uint64_t(piece.count) * esize, shard_bytes = shards_.back().bytes;
+  for (const auto& [name, at] : p.at("offsets").items()) {
+    const auto offset = at.get<std::uint64_t>();
+    if (offset > shard_bytes || bytes > shard_bytes - offset)
+      throw DataError("the '" + name + "' array of a piece of '" + t.name + "' lies outside its shard's " +
+                      std::to_string(shard_bytes) + " bytes");
+    piece.offsets[name] = offset;
+  }
+  pieces_[tensor].push_back(std::move(piece));
 }
 
 int ShardedCheckpointReader::find(const std::string& name) const {
@@ -314,14 +369,14 @@ bool ShardedCheckpointReader::has(int tensor, const std::string& array) const {
 const ShardedCheckpointReader::Mapped& ShardedCheckpointReader::bytes_of(int shard) {
   auto it = loaded_.find(shard);
   if (it != loaded_.end()) return *it->second;
-  const auto& entry = shards_.at(std::size_t(shard));
-  const std::string path = (fs::path(dir_) / entry.at("file").get<std::string>()).string();
+  const Shard& entry = shards_.at(std::size_t(shard));
+  const std::string path = (fs::path(dir_) / entry.file).string();
   auto file = std::make_shared<MappedFile>(path);
-  const auto want = entry.at("bytes").get<std::uint64_t>();
+  const std::uint64_t want = entry.bytes;
   if (file->size() != want)
     throw DataError(path + " holds " + std::to_string(file->size()) + " bytes where the index says " +
                     std::to_string(want) + ": the shard is truncated or replaced; use another checkpoint");
-  if (crc32c_update(0, file->data(), file->size()) != entry.at("crc32c").get<std::uint32_t>())
+  if (crc32c_update(0, file->data(), file->size()) != entry.crc32c)
     throw DataError(path + " does not match its CRC-32C in the index: the shard is damaged; use another checkpoint");
   auto mapped = std::make_shared<Mapped>(Mapped{file->data(), file->size(), file});
   return *loaded_.emplace(shard, std::move(mapped)).first->second;
@@ -343,7 +398,7 @@ void ShardedCheckpointReader::read(int tensor, const std::string& array, std::in
     const std::uint64_t from = off->second + std::uint64_t(at - p.start) * esize;
     const std::uint64_t n = std::uint64_t(to - at) * esize;
     if (from + n > bytes.size)
-      throw DataError("shard " + shards_.at(std::size_t(p.shard)).at("file").get<std::string>() + " of " +
+      throw DataError("shard " + shards_.at(std::size_t(p.shard)).file + " of " +
                       dir_ + " is shorter than its index says: use another checkpoint");
     std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data + from, n);
     at = to;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 
 #include "lockstep/error.h"
@@ -111,6 +112,34 @@ TEST(ShardedCheckpoint, DamageIsADataErrorNamingTheFile) {
   expect_data_error(dir.path(), "shard-0-of-2.bin");
   std::ofstream(dir / "index.json") << "{\"format\": \"something else\", \"version\": 1}";
   expect_data_error(dir.path(), "is not a lockstep sharded checkpoint");
+}
+
+// An index whose numbers lie (damaged, or written by something else) is refused before anything
+// is read through it: each lie below once made the reader throw a JSON library's exception or read
+// outside a shard (found by tests/fuzz/checkpoint_index_fuzz.cc).
+TEST(ShardedCheckpoint, AnIndexThatLiesIsADataErrorBeforeAnyRead) {
+  Fixture f;
+  testing::TempDir dir("sharded-lies");
+  f.write(dir.path(), 1);
+  const std::string path = dir / "index.json";
+  nlohmann::json good;
+  std::ifstream(path) >> good;
+  auto expect_refused = [&](const std::function<void(nlohmann::json&)>& lie, const std::string& needle) {
+    nlohmann::json index = good;
+    lie(index);
+    std::ofstream(path) << index.dump();
+    expect_data_error(dir.path(), needle);
+  };
+  const auto piece0 = [](nlohmann::json& j) -> nlohmann::json& { return j["shards"][0]["pieces"][0]; };
+  expect_refused([&](auto& j) { piece0(j)["offsets"]["value"] = std::uint64_t(-8); }, "lies outside its shard's");
+  expect_refused([&](auto& j) { piece0(j)["count"] = 31; }, "lies outside its 30 elements");
+  expect_refused([&](auto& j) { piece0(j)["start"] = -1; }, "lies outside its 30 elements");
+  expect_refused([&](auto& j) { piece0(j)["tensor"] = 9; }, "names tensor 9 of the 3 it lists");
+  expect_refused([&](auto& j) { j["tensors"][0]["shape"] = {-2, 3}; }, "negative dimension");
+  expect_refused([&](auto& j) { j["tensors"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30}; }, "implausibly large");
+  expect_refused([&](auto& j) { j["shards"][0]["file"] = "../elsewhere.bin"; }, "not a plain file name");
+  expect_refused([&](auto& j) { j["shards"][0]["file"] = 5; }, "of the wrong type");
+  expect_refused([&](auto& j) { j["version"] = "1"; }, "is not a lockstep sharded checkpoint");
 }
 
 // The standard check value, so that any CRC-32C implementation verifies our shards.

@@ -88,12 +88,18 @@ class ShardedCheckpointReader {
     std::size_t size = 0;
     std::shared_ptr<void> keep;  // the mapping, undone when the reader goes
   };
+  struct Shard {
+    std::string file;  // a name in the checkpoint's directory
+    std::uint64_t bytes = 0;
+    std::uint32_t crc32c = 0;
+  };
+  void add_piece(const nlohmann::json& piece, int shard);
   const Mapped& bytes_of(int shard);
 
   std::string dir_;
   std::vector<CheckpointTensor> tensors_;
   nlohmann::json extra_;
-  std::vector<nlohmann::json> shards_;
+  std::vector<Shard> shards_;
   std::vector<std::vector<Piece>> pieces_;  // per tensor, by start
   std::map<int, std::shared_ptr<Mapped>> loaded_;  // shard -> its bytes, mapped
 };
