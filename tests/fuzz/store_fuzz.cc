@@ -1,0 +1,111 @@
+// Fuzz target: what a client sends the rendezvous store (docs/store-protocol.md), over a real
+// socket to a real StoreServer in this process. The first byte picks whether the client first
+// authenticates (odd: the bytes that follow are requests) or not (even: they are its handshake).
+// The client then closes its side; the server must answer what it can and close too, within
+// seconds, whatever came: never crash, read out of bounds, or hang.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "lockstep/comm/store.h"
+#include "store/wire.h"
+
+namespace {
+namespace wire = lockstep::comm::wire;
+constexpr char kToken[] = "fuzz-token";
+
+int server_port() {
+  static lockstep::comm::StoreServer server([] {
+    lockstep::comm::StoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.token = kToken;
+    o.max_message_bytes = 1 << 16;
+    return o;
+  }());
+  return server.port();
+}
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "store fuzz: %s\n", what);
+  std::abort();
+}
+
+int connect_to_server() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(server_port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot connect");
+  timeval limit{30, 0};  // a server that neither answers nor closes in this long hangs
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  return fd;
+}
+
+void send_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t sent = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (sent < 0) return;  // the server closed on us: allowed, it may refuse
+    p += sent;
+    n -= static_cast<std::size_t>(sent);
+  }
+}
+
+void send_all(int fd, const std::string& s) { send_all(fd, s.data(), s.size()); }
+
+// One whole message, or "" when the server closed. A timeout is a hang.
+std::string recv_message(int fd) {
+  std::string got;
+  auto take = [&](std::size_t n) {
+    while (got.size() < n) {
+      char buf[4096];
+      const ssize_t r = ::recv(fd, buf, std::min(sizeof buf, n - got.size()), 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) fail("the server neither answered nor closed");
+      if (r <= 0) return false;
+      got.append(buf, static_cast<std::size_t>(r));
+    }
+    return true;
+  };
+  if (!take(4)) return {};
+  const std::size_t len = wire::read_length_prefix(got.data());
+  if (!take(4 + len)) return {};
+  return got.substr(4);
+}
+
+void authenticate(int fd) {
+  const std::string hello = recv_message(fd);
+  wire::Reader r(hello);
+  r.type();
+  r.bytes(4);
+  r.u16();
+  const std::string server_nonce(r.bytes(wire::kNonceBytes));
+  const std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
+  const auto mac = wire::handshake_mac(kToken, wire::kClientLabel, server_nonce, client_nonce);
+  send_all(fd, wire::Writer(wire::Type::kAuth)
+                   .bytes(client_nonce)
+                   .bytes(std::string_view(reinterpret_cast<const char*>(mac.data()), mac.size()))
+                   .frame());
+  if (wire::Reader(recv_message(fd)).type() != wire::Type::kAuthOk) fail("the token was refused");
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const int fd = connect_to_server();
+  if (data[0] & 1) authenticate(fd);
+  send_all(fd, reinterpret_cast<const char*>(data + 1), size - 1);
+  ::shutdown(fd, SHUT_WR);
+  while (!recv_message(fd).empty()) {
+  }
+  ::close(fd);
+  return 0;
+}
