@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "liveness.h"
 #include "net/socket.h"
 #include "p2p/mailbox.h"
 #include "p2p/mailbox_allreduce.h"
@@ -213,9 +214,10 @@ class GlooBackend final : public Backend {
         prefix_(ctx.prefix),
         global_ranks_(ctx.global_ranks),
         machines_(ctx.locality.machines),
-        checks_(ctx.options.check_every) {
+        checks_(ctx.options.check_every),
+        alive_(ctx) {
     ignore_sigpipe_unless_handled();
-    store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
+    alive_.announce();
     bind_ = choose_bind_address(store_->options().host);
     store_->set(prefix_ + "addr/" + std::to_string(rank_), bind_.address);
     open_mailbox_path();
@@ -260,7 +262,7 @@ class GlooBackend final : public Backend {
   // else at this position, or the timeout. Store reads here, only while stalled.
   void on_stall(const Collective& c, Seconds running) override {
     if (abort_verdict()) return;
-    if (std::string dead = dead_ranks_now(); !dead.empty())
+    if (std::string dead = alive_.dead_now(); !dead.empty())
       return abort<PeerError>("gloo: " + dead + " while rank " + std::to_string(global(rank_)) + " was in " +
                               c.describe() + "; the job cannot continue");
     const auto records = peer_records();
@@ -445,10 +447,10 @@ class GlooBackend final : public Backend {
   // then the address is all there is.
   std::string who_went(const std::string& what) {
     const auto [by_address, ranks] = ranks_at_addresses_in(what);
-    const std::string dead = dead_ranks_now();
-    if (!dead.empty() && (store_reachable_ || by_address.empty())) return dead;
-    if (ranks == 1 || !store_reachable_) return by_address;
-    if (std::string later = dead_ranks_within(options_.peer_check); !later.empty()) return later;
+    const std::string dead = alive_.dead_now();
+    if (!dead.empty() && (alive_.store_reachable() || by_address.empty())) return dead;
+    if (ranks == 1 || !alive_.store_reachable()) return by_address;
+    if (std::string later = alive_.dead_within(options_.peer_check); !later.empty()) return later;
     return by_address.empty() ? "a peer closed its connection" : by_address;
   }
 
@@ -471,15 +473,7 @@ class GlooBackend final : public Backend {
     return {"the connection to " + found + " broke: the peer died or is unreachable", count};
   }
 
-  // Tells peers that this rank is leaving because of an error, not dying: they must not blame
-  // it when its ephemeral key vanishes. The value is "<kind>\n<message>".
-  void mark_failed(const std::string& kind, const std::string& what) {
-    try {
-      store_->set(prefix_ + "failed/" + std::to_string(rank_), kind + "\n" + what, options_.peer_check);
-    } catch (const Error&) {
-      // The store is gone too; peers will see their own errors.
-    }
-  }
+  void mark_failed(const std::string& kind, const std::string& what) { alive_.mark_failed(kind, what); }
 
   // A peer's MismatchError, when one broke the connection because it found the ranks issued
   // different collectives: this rank's collective was the other half of it. "" otherwise.
@@ -487,7 +481,7 @@ class GlooBackend final : public Backend {
     try {
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
-        auto failed = store_->try_get(prefix_ + "failed/" + std::to_string(r), options_.peer_check);
+        auto failed = alive_.failure_of(r);
         if (failed && failed->rfind("mismatch\n", 0) == 0)
           return failed->substr(9) + " (found by rank " + std::to_string(global(r)) + ")";
       }
@@ -495,18 +489,6 @@ class GlooBackend final : public Backend {
       // No store: the connection error stands.
     }
     return "";
-  }
-
-  // Which peers died, as the store learns it within `patience` ("" when it does not): their
-  // ephemeral keys vanish when their processes' sockets close.
-  std::string dead_ranks_within(Seconds patience) {
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(patience);
-    for (;;) {
-      std::string dead = dead_ranks_now();
-      if (!dead.empty() || Clock::now() >= until) return dead;
-      // Bounded poll of a diagnostic, after the failure is already certain.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
   }
 
   // What this rank sends for `c` over Gloo's algorithms: a ring all-reduce sends 2 (W-1)/W of
@@ -574,29 +556,6 @@ class GlooBackend final : public Backend {
     const Collective& c_;
     std::uint32_t part_ = kFirstCodecPart;
   };
-
-  // Peers whose liveness key is gone (and that did not announce a failure), now: "" if none.
-  std::string dead_ranks_now() {
-    std::string dead;
-    int count = 0;
-    try {
-      for (int r = 0; r < size_; ++r) {
-        const std::string id = std::to_string(r);
-        if (r != rank_ && !store_->try_get(prefix_ + "alive/" + id, options_.peer_check) &&
-            !store_->try_get(prefix_ + "failed/" + id, options_.peer_check)) {
-          dead += (dead.empty() ? "" : ", ") + std::to_string(global(r));
-          ++count;
-        }
-      }
-    } catch (const Error&) {
-      store_reachable_ = false;
-      return "a peer failed, and the store is unreachable too (a network partition, or the machine hosting "
-             "it died)";
-    }
-    store_reachable_ = true;
-    if (count == 0) return "";
-    return (count == 1 ? "rank " : "ranks ") + dead + " died";
-  }
 
   void dispatch(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
@@ -702,7 +661,7 @@ class GlooBackend final : public Backend {
         // A peer that found the ranks' collectives differ leaves at once: its verdict is ours.
         if (std::string found = peer_found_mismatch(); !found.empty()) throw MismatchError(found);
         mark_failed("error", e.what());
-        const std::string dead = dead_ranks_now();
+        const std::string dead = alive_.dead_now();
         throw PeerError("gloo: " + (dead.empty() ? "rank " + std::to_string(global(r)) + " broke off" : dead) +
                         " while rank " + std::to_string(global(rank_)) + " was in " + running_->describe() +
                         "; the job cannot continue (" + e.what() + ")");
@@ -752,9 +711,9 @@ class GlooBackend final : public Backend {
   std::vector<int> global_ranks_;  // how messages name ranks (BackendContext::global_ranks)
   BindAddress bind_;
   std::map<int, std::string> addresses_;  // peers' bound addresses, read on demand
-  std::atomic<bool> store_reachable_{true};  // as the last liveness look found it
   int machines_ = 1;
   SignatureCheck checks_;
+  PeerLiveness alive_;  // the store's verdict on the peers (liveness.h)
   std::vector<int> peer_sockets_;  // Gloo's connections to the peers (shut down to abort)
   std::mutex abort_mu_;
   std::exception_ptr abort_;  // the watchdog's verdict, once it aborted

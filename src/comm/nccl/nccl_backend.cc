@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../backend.h"
+#include "../liveness.h"
 #include "cuda_libraries.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
@@ -118,7 +119,8 @@ class NcclBackend final : public Backend {
         rank_(ctx.rank),
         size_(ctx.size),
         options_(ctx.options),
-        checks_(ctx.options.check_every) {
+        checks_(ctx.options.check_every),
+        alive_(ctx) {
     if (!store_) throw ConfigError("nccl: the backend exchanges NCCL's unique id through the store: give it one");
     open_device(choose_device(ctx));
     try {
@@ -127,7 +129,7 @@ class NcclBackend final : public Backend {
       send_scratch_.emplace(driver_);
       recv_scratch_.emplace(driver_);
       join(exchange_id());
-      store_->set_ephemeral(prefix_ + "alive/" + std::to_string(rank_), "1");
+      alive_.announce();
     } catch (...) {
       failed_ = true;
       release();  // no destructor runs for a constructor that threw
@@ -165,7 +167,7 @@ class NcclBackend final : public Backend {
   // becomes the verdict the progress thread aborts with.
   void on_stall(const Collective& c, Seconds running) override {
     if (verdict()) return;
-    if (std::string dead = dead_peers(); !dead.empty())
+    if (std::string dead = alive_.dead_now(); !dead.empty())
       return set_verdict(std::make_exception_ptr(PeerError("nccl: " + dead + " while rank " + std::to_string(rank_) +
                                                            " was in " + c.describe() + "; the job cannot continue")));
     if (running >= options_.timeout)
@@ -175,20 +177,6 @@ class NcclBackend final : public Backend {
   }
 
  private:
-  // "rank 2, 3 died", or "" when every peer's liveness key is there (or the store cannot say:
-  // the timeout still applies).
-  std::string dead_peers() {
-    std::string dead;
-    try {
-      for (int r = 0; r < size_; ++r)
-        if (r != rank_ && !store_->try_get(prefix_ + "alive/" + std::to_string(r), options_.peer_check))
-          dead += (dead.empty() ? "rank " : ", ") + std::to_string(r);
-    } catch (const Error&) {
-      return "";
-    }
-    return dead.empty() ? "" : dead + " died";
-  }
-
   // The GPU current on the creating thread, else the rank's index on its machine (LOCAL_RANK's).
   int choose_device(const BackendContext& ctx) {
     CUcontext current = nullptr;
@@ -415,6 +403,7 @@ class NcclBackend final : public Backend {
   int rank_, size_;
   CommOptions options_;
   SignatureCheck checks_;
+  PeerLiveness alive_;  // the store's verdict on the peers (../liveness.h)
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
