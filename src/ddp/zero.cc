@@ -596,9 +596,9 @@ void ZeroOptimizer::load_slices(const RangeReader& read, const std::vector<std::
   s.units->release_all();
 }
 
-std::string ZeroPlan::describe() const {
+std::string ZeroOptions::describe() const {
   if (!sharded()) return "";
-  return "ZeRO stage " + std::to_string(stage) + (one_copy ? ", one copy per machine" : "");
+  return "ZeRO stage " + std::to_string(stage) + (shared_parameters ? ", one copy per machine" : "");
 }
 
 ZeroMemory ZeroOptimizer::memory() const {

@@ -176,12 +176,12 @@ std::vector<int> choose_sources(const std::vector<Description>& all, std::int64_
 
 }  // namespace
 
-ZeroOptions mirrored_options(const ZeroPlan& plan, int rank, const std::vector<int>& node_of_rank) {
+ZeroOptions mirrored_options(const ZeroOptions& plan, int rank, const std::vector<int>& node_of_rank) {
   const int world = static_cast<int>(node_of_rank.size());
   int first_machine = 0;  // how many ranks the first machine holds
   while (first_machine < world && node_of_rank[std::size_t(first_machine)] == node_of_rank.front()) ++first_machine;
   const int shift = first_machine < world ? first_machine : 1;
-  ZeroOptions o = plan.options();
+  ZeroOptions o = plan;
   o.mirror_of = (rank - shift + world) % world;
   o.mirrored_by = (rank + shift) % world;
   return o;

@@ -202,7 +202,7 @@ void ElasticRun::prepare(data::ElasticSampler& sampler) {
   if (t_.zero_plan.shards_parameters())
     throw ConfigError("--zero-stage 3 in an elastic job: its parameter slices have no mirrors yet; use --zero-stage 1 "
                       "or 2 (each shard is mirrored on another machine)");
-  if (t_.zero_plan.sharded() && t_.zero_plan.one_copy)
+  if (t_.zero_plan.sharded() && t_.zero_plan.shared_parameters)
     throw ConfigError("--zero-shared-parameters in an elastic job: the one copy per machine would be lost with the "
                       "machine; use --zero-stage 1 or 2 without it (each shard is mirrored on another machine)");
   if (t_.args.save_format == "sharded" && t_.rank() == 0)

@@ -96,9 +96,9 @@ void Trainer::Impl::build_reducer() {
     if (!model.parameter_units)
       throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
                         "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
-    sharding = zero_bucket_sharding(zero_plan.options(), world(), *model.module, model.parameter_units());
+    sharding = zero_bucket_sharding(zero_plan, world(), *model.module, model.parameter_units());
   } else if (zero_plan.sharded()) {
-    sharding = zero_bucket_sharding(zero_plan.options(), world());
+    sharding = zero_bucket_sharding(zero_plan, world());
   }
   reducer = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
 }
@@ -120,7 +120,7 @@ void Trainer::Impl::meet_machines() {
 
 void Trainer::Impl::build_optimizer() {
   if (reducer && zero_plan.sharded()) {
-    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, zero_plan.options(),
+    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, zero_plan,
                                            [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
     if (stage3()) {
       model.set_unit_runner(zero->unit_runner());
@@ -431,7 +431,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
   impl_->train_set = std::move(train_dataset);
   impl_->eval_set = std::move(eval_dataset);
   impl_->args = std::move(args);
-  impl_->zero_plan = ZeroPlan{impl_->args.zero_stage, impl_->args.zero_shared_parameters};
+  impl_->zero_plan = ZeroOptions{impl_->args.zero_stage, impl_->args.zero_shared_parameters};
   impl_->callbacks = std::move(callbacks);
   if (impl_->args.early_stopping_patience > 0)
     impl_->callbacks.push_back(std::make_shared<EarlyStoppingCallback>(

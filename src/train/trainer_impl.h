@@ -103,7 +103,7 @@ struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
   TrainingArguments args;
-  ZeroPlan zero_plan;  // from args, once: what every part asks of ZeRO
+  ZeroOptions zero_plan;  // from args, once: what every part asks of ZeRO
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;

@@ -105,7 +105,7 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
   }
   begin.gradient_checkpointing = args.gradient_checkpointing;
   begin.zero_stage = zero ? zero_plan.stage : 0;
-  begin.zero_shared_parameters = zero && zero_plan.one_copy;
+  begin.zero_shared_parameters = zero && zero_plan.shared_parameters;
   const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
   begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
   begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;

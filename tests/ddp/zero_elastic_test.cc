@@ -95,12 +95,12 @@ TEST(ZeroElastic, EachRanksSlicesAreMirroredOnAnotherMachine) {
       std::vector<int> node_of_rank;
       for (int r = 0; r < world; ++r) node_of_rank.push_back(10 + r / per_machine);
       for (int r = 0; r < world; ++r) {
-        const ZeroOptions o = mirrored_options(ZeroPlan{2, false}, r, node_of_rank);
+        const ZeroOptions o = mirrored_options(ZeroOptions{2, false}, r, node_of_rank);
         const std::string where = std::to_string(machines) + " machines x " + std::to_string(per_machine) + ", rank " +
                                   std::to_string(r);
         EXPECT_EQ(o.stage, 2) << where;
         ASSERT_TRUE(o.mirrored_by >= 0 && o.mirrored_by < world && o.mirrored_by != r) << where;
-        EXPECT_EQ(mirrored_options(ZeroPlan{2, false}, o.mirrored_by, node_of_rank).mirror_of, r) << where;
+        EXPECT_EQ(mirrored_options(ZeroOptions{2, false}, o.mirrored_by, node_of_rank).mirror_of, r) << where;
         if (machines > 1) {
           EXPECT_NE(node_of_rank[std::size_t(o.mirrored_by)], node_of_rank[std::size_t(r)]) << where;
         }
@@ -108,13 +108,13 @@ TEST(ZeroElastic, EachRanksSlicesAreMirroredOnAnotherMachine) {
     }
 }
 
-TEST(ZeroPlan, SaysWhatItShards) {
-  EXPECT_EQ(ZeroPlan{}.describe(), "");
-  EXPECT_FALSE(ZeroPlan{}.sharded());
-  EXPECT_EQ((ZeroPlan{2, false}.describe()), "ZeRO stage 2");
-  EXPECT_EQ((ZeroPlan{3, true}.describe()), "ZeRO stage 3, one copy per machine");
-  EXPECT_TRUE((ZeroPlan{3, true}.shards_parameters()));
-  EXPECT_FALSE((ZeroPlan{2, true}.shards_parameters()));
+TEST(ZeroOptions, SaysWhatItShards) {
+  EXPECT_EQ(ZeroOptions{}.describe(), "");
+  EXPECT_FALSE(ZeroOptions{}.sharded());
+  EXPECT_EQ((ZeroOptions{2, false}.describe()), "ZeRO stage 2");
+  EXPECT_EQ((ZeroOptions{3, true}.describe()), "ZeRO stage 3, one copy per machine");
+  EXPECT_TRUE((ZeroOptions{3, true}.shards_parameters()));
+  EXPECT_FALSE((ZeroOptions{2, true}.shards_parameters()));
 }
 
 // Step 2 goes wrong: rank 1 joins the all-reduce that lets the update start, then fails before

@@ -86,10 +86,15 @@ enum class UpdatePhase {
   applied,  // it applied the step's update to its slices and its mirrors (the all-gather may not have run)
 };
 
+// What a job asks of ZeRO: decided once (the Trainer makes it from --zero-stage and
+// --zero-shared-parameters), then asked by every part that depends on it (the reducer's sharding,
+// the optimizer, checkpoints, the elastic code) instead of each testing the stage itself; and what
+// ZeroOptimizer is built with.
 struct ZeroOptions {
   ZeroOptions() = default;
   ZeroOptions(int s, bool shared) : stage(s), shared_parameters(shared) {}
-  int stage = 1;                   // 1: shard the optimizer state; 2: and the gradients; 3: and the parameters
+  int stage = 0;                   // 0: none (plain DDP); 1: shard the optimizer state; 2: and the
+                                   // gradients; 3: and the parameters
   bool shared_parameters = false;  // one copy per machine: of the parameters (stages 1, 2: all ranks on
                                    // one machine), of the gathered units (stage 3: shm or hier)
   int mirror_of = -1;              // the rank whose slices this rank mirrors (-1: no mirrors)
@@ -97,18 +102,9 @@ struct ZeroOptions {
   // Tests (fault injection): told when a mirrored update reaches `ready` (before the all-reduce that
   // lets it start) and `applied` (before the all-gather).
   std::function<void(UpdatePhase)> on_phase;
-};
 
-// What a job asks of ZeRO, decided once from its arguments and then asked by every part that
-// depends on it (the reducer's sharding, the optimizer, checkpoints, the elastic code) instead of
-// each testing the stage itself. Stage 0: none (plain DDP).
-struct ZeroPlan {
-  int stage = 0;
-  bool one_copy = false;  // --zero-shared-parameters: one copy per machine
   bool sharded() const { return stage > 0; }
   bool shards_parameters() const { return stage == 3; }
-  // ZeroOptimizer's options for a membership that never changes.
-  ZeroOptions options() const { return ZeroOptions{stage, one_copy}; }
   // "ZeRO stage 2", "ZeRO stage 3, one copy per machine"; "" for none.
   std::string describe() const;
 };

@@ -50,7 +50,7 @@ struct RecoveredState {
 // the same place on the next machine (one rank further when all are on one machine), so a
 // machine's loss leaves a copy of each. `node_of_rank` names each rank's machine, the ranks of a
 // machine together, the first machine first.
-ZeroOptions mirrored_options(const ZeroPlan& plan, int rank, const std::vector<int>& node_of_rank);
+ZeroOptions mirrored_options(const ZeroOptions& plan, int rank, const std::vector<int>& node_of_rank);
 
 // Collective on the new membership's communicator. comm::ElasticError when an old rank and the
 // rank mirroring it are both gone: their slices exist nowhere, and the job must go back to its
