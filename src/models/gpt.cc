@@ -1,12 +1,12 @@
 #include "lockstep/models/gpt.h"
 
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cmath>
 
 #include "lockstep/ddp/cpu_rng.h"
 #include "lockstep/ddp/gradient_checkpoint.h"
+#include "lockstep/ddp/torch_compat.h"
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/linear.h"
 #include "lockstep/error.h"
@@ -53,14 +53,12 @@ torch::Tensor causal_mask(std::int64_t t, const torch::TensorOptions& options) {
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                                bool training) {
-#if TORCH_VERSION_MAJOR >= 2
   // On the CPU only in float32: there the fused kernel's bf16 backward was 2.4-2.8x slower than
   // the stepwise one, its float32 forward and backward 1.4-1.9x faster (PyTorch 2.15, the GPT's
   // shapes; bench/gpt_kernels.py, bench/RESULTS.md).
   const bool fused_is_faster = !q.device().is_cpu() || q.scalar_type() == torch::kFloat;
-  if (!(training && p > 0) && fused_is_faster)
-    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-#endif
+  if (torch_compat::kFusedAttention && !(training && p > 0) && fused_is_faster)
+    return torch_compat::fused_causal_attention(q, k, v);
   const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   // The mask plus the scaled products in one batched product: the scale is its alpha, the mask its
   // addend. Separate passes for the scale and the mask took a fifth of the attention's time.

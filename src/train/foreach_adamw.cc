@@ -1,35 +1,17 @@
 #include "lockstep/train/foreach_adamw.h"
 
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cmath>
 #include <map>
-#include <sstream>
 #include <string>
-#include <type_traits>
+
+#include "lockstep/ddp/torch_compat.h"
 
 namespace lockstep {
-namespace {
-
-// The optimizer's key for a parameter's state: its TensorImpl's address, as a pointer (libtorch
-// 2.x) or printed (1.13).
-template <class Key>
-Key state_key(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream printed;
-    printed << p.unsafeGetTensorImpl();
-    return printed.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace
 
 torch::optim::AdamWParamState& ForeachAdamW::state_of(const torch::Tensor& p) {
-  using Key = typename std::decay_t<decltype(state_)>::key_type;
-  auto& slot = state_[state_key<Key>(p)];
+  auto& slot = state_[torch_compat::state_key(p)];
   if (!slot) {  // as libtorch's AdamW starts one
     auto fresh = std::make_unique<torch::optim::AdamWParamState>();
     fresh->step(0);
@@ -91,23 +73,21 @@ void ForeachAdamW::update(const torch::optim::AdamWOptions& options, std::int64_
   at::_foreach_addcdiv_(params, exp_avgs, denom, -options.lr() / bias_correction1);
 }
 
-#define LOCKSTEP_HAS_FUSED_ADAMW (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
-
-bool FusedAdamW::available() { return LOCKSTEP_HAS_FUSED_ADAMW; }
+bool FusedAdamW::available() { return torch_compat::kFusedAdamW; }
 
 void FusedAdamW::update(const torch::optim::AdamWOptions& options, std::int64_t step,
                         std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                         std::vector<torch::Tensor>& exp_avgs, std::vector<torch::Tensor>& exp_avg_sqs) {
-#if LOCKSTEP_HAS_FUSED_ADAMW
-  // The kernel reads each parameter's step count from a tensor (and increments nothing).
-  const auto count = torch::full({}, static_cast<double>(step), torch::TensorOptions().device(params.front().device()));
-  const std::vector<torch::Tensor> steps(params.size(), count);
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
-                    std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(), options.eps(),
-                    /*amsgrad=*/false, /*maximize=*/false);
-#else
+  if (torch_compat::kFusedAdamW) {
+    // The kernel reads each parameter's step count from a tensor (and increments nothing).
+    const auto count =
+        torch::full({}, static_cast<double>(step), torch::TensorOptions().device(params.front().device()));
+    const std::vector<torch::Tensor> steps(params.size(), count);
+    torch_compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(), std::get<0>(options.betas()),
+                              std::get<1>(options.betas()), options.weight_decay(), options.eps());
+    return;
+  }
   ForeachAdamW::update(options, step, params, grads, exp_avgs, exp_avg_sqs);
-#endif
 }
 
 }  // namespace lockstep

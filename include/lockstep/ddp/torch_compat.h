@@ -14,6 +14,9 @@
 //     version decides.
 //   - c10::Event gives out its handle (a cudaEvent_t on CUDA) in 2.x and not in 1.13:
 //     event_handle(), null where it cannot.
+//   - Kernels only later releases have, by version: at::scaled_dot_product_attention (2.0:
+//     kFusedAttention, fused_causal_attention()) and at::_fused_adamw_ (2.4: kFusedAdamW,
+//     fused_adamw()). Callers test the constant and keep their own path for the older ones.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -26,6 +29,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace lockstep::torch_compat {
 
@@ -154,6 +158,37 @@ void* event_handle(const E& event) {
     return event.eventId();
   else
     return nullptr;
+}
+
+inline constexpr bool kFusedAttention = TORCH_VERSION_MAJOR >= 2;
+
+// Causal attention without dropout in one kernel; only where kFusedAttention.
+inline torch::Tensor fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+#else
+  (void)k, (void)v;
+  TORCH_CHECK(false, "fused attention needs libtorch 2.0 or later");
+  return q;
+#endif
+}
+
+inline constexpr bool kFusedAdamW = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+// AdamW's update of every tensor in one kernel (no amsgrad, not maximizing); only where kFusedAdamW.
+// `steps` holds each parameter's step count (read, not incremented).
+inline void fused_adamw(std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                        std::vector<torch::Tensor>& exp_avgs, std::vector<torch::Tensor>& exp_avg_sqs,
+                        const std::vector<torch::Tensor>& steps, double lr, double beta1, double beta2,
+                        double weight_decay, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  TORCH_CHECK(false, "the fused AdamW kernel needs libtorch 2.4 or later");
+#endif
 }
 
 }  // namespace lockstep::torch_compat
