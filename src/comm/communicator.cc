@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <optional>
 #include <mutex>
 #include <sstream>
@@ -138,9 +139,17 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
       queue_(std::make_unique<WorkQueue>()) {
   queue_->backend = backend_.get();
   queue_->collective_timeout = options_.timeout;
-  queue_->thread = std::thread([this] {
+  // The progress thread marks this rank alive for its peers (shm: a robust mutex it holds, which
+  // the kernel hands over as owner-dead when the process dies). Collectives may run on the
+  // caller's thread before that thread is ever scheduled, so the mark is made before the
+  // constructor returns: a rank killed right after its first collectives is then seen as dead,
+  // not as one that has not started (which peers wait out until the collective's timeout).
+  std::promise<void> marked;
+  std::future<void> ready = marked.get_future();
+  queue_->thread = std::thread([this, &marked] {
     WorkQueue& q = *queue_;
     backend_->on_thread_start();
+    marked.set_value();
     std::unique_lock<std::mutex> lock(q.mu);
     for (;;) {
       q.work_cv.wait(lock, [&] { return (q.stopping && !q.running) || (!q.running && !q.pending.empty()); });
@@ -153,6 +162,7 @@ Communicator::Communicator(int rank, int size, std::unique_ptr<Backend> backend,
     lock.unlock();
     backend_->on_thread_stop();
   });
+  ready.wait();
   store_ = store;
   if (store && size_ > 1) start_watchdog(std::move(store));
 }
