@@ -107,6 +107,9 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     for (std::size_t i = 0; i < e.byte && i < text.size(); ++i) line += text[i] == '\n';
     throw DataError(path + " (" + what + ") is not valid JSON at line " + std::to_string(line) +
                     ": the file is damaged; restore it, or start from another checkpoint");
+  } catch (const nlohmann::json::exception& e) {  // a number too large for any type, say
+    throw DataError(path + " (" + what + ") is not JSON lockstep can read (" + e.what() +
+                    "): the file is damaged; restore it, or start from another checkpoint");
   }
 }
 

@@ -69,6 +69,25 @@ TEST(Metrics, ADamagedLineInTheMiddleIsAnErrorNamingFileAndLine) {
   }
 }
 
+// An integer field given a fraction, or a number no integer of its type holds, is an error naming
+// the line and the key: the JSON library would have cast it, undefined behaviour (found by
+// tests/fuzz/metrics_fuzz.cc). Whole numbers written as floats still read.
+TEST(Metrics, ANumberAnIntegerFieldCannotHoldIsAnErrorNamingLineAndKey) {
+  lockstep::testing::TempDir dir("metrics-numbers");
+  for (const char* value : {"4.5", "4.44e30", "3000000000", "-1e300"}) {
+    std::ofstream(dir / "metrics.jsonl") << "{\"event\":\"log\",\"step\":1}\n{\"event\":\"train_begin\",\"world_size\":"
+                                         << value << "}\n{\"event\":\"log\",\"step\":2}\n";
+    try {
+      metrics::read_metrics(dir / "metrics.jsonl");
+      ADD_FAILURE() << "world_size " << value << " was read";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("metrics.jsonl:2: 'world_size' is"), std::string::npos) << e.what();
+    }
+  }
+  std::ofstream(dir / "metrics.jsonl") << "{\"event\":\"train_begin\",\"world_size\":4.0}\n";
+  EXPECT_EQ(metrics::read_metrics(dir / "metrics.jsonl").at(0).begin->world_size, 4);
+}
+
 TEST(Metrics, TheDocsListExactlyTheKeysTheCodeWrites) {
   const std::string doc = lockstep::testing::read_file(LOCKSTEP_SOURCE_DIR "/docs/metrics.md");
   const auto a = doc.find("<!-- metrics:begin -->"), b = doc.find("<!-- metrics:end -->");
@@ -79,6 +98,19 @@ TEST(Metrics, TheDocsListExactlyTheKeysTheCodeWrites) {
   EXPECT_EQ(table, metrics::markdown())
       << "docs/metrics.md is out of date: replace the text between its markers with the output of "
          "`build/tools/lockstep metrics-format`";
+}
+
+// A number beyond every type the JSON library has is its out_of_range, not a parse error: still a
+// DataError naming the file (found by tests/fuzz/checkpoint_index_fuzz.cc).
+TEST(DurableFile, ANumberTooLargeForAnyTypeIsADataErrorNamingTheFile) {
+  lockstep::testing::TempDir dir("json-number");
+  std::ofstream(dir / "index.json") << "{\"version\": 525977e998}";
+  try {
+    read_json_file(dir / "index.json", "the index of a sharded checkpoint");
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir / "index.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DurableFile, ADamagedJsonFileIsADataErrorNamingFileAndLine) {
