@@ -1,12 +1,10 @@
 #include "lockstep/train_core/metrics.h"
 
-#include <cmath>
-#include <cstdint>
 #include <fstream>
-#include <limits>
 #include <type_traits>
 
 #include "lockstep/error.h"
+#include "lockstep/train_core/json_integer.h"
 
 namespace lockstep::train::metrics {
 namespace {
@@ -22,23 +20,13 @@ void put(json& j, const char* key, const std::optional<T>& value) {
   if (value) j[key] = *value;
 }
 
-// The value of `key` as T. An integer field refuses a fraction and a number it cannot hold
-// (the JSON library would convert those by a cast, which is undefined behaviour, not an error).
+// The value of `key` as T; an integer field refuses what it cannot hold (json_integer.h).
 template <class T>
 T value_as(const json& v, const char* key) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    static_assert(std::is_signed_v<T>);
-    const double lowest = static_cast<double>(std::numeric_limits<T>::min());  // -2^k, exact
-    const bool fits = v.is_number_float()      ? v.get<double>() >= lowest && v.get<double>() < -lowest &&
-                                                    std::trunc(v.get<double>()) == v.get<double>()
-                      : v.is_number_unsigned() ? v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<T>::max())
-                      : v.is_number_integer()  ? v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
-                                                    v.get<std::int64_t>() <= std::numeric_limits<T>::max()
-                                               : true;  // not a number: the library's type error
-    if (!fits) throw ConfigError(std::string("'") + key + "' is " + v.dump() + ", not an integer this field holds");
-    if (v.is_number_float()) return static_cast<T>(v.get<double>());
-  }
-  return v.get<T>();
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    return json_integer<T>(v, std::string("'") + key + "'");
+  else
+    return v.get<T>();
 }
 
 template <class T>
@@ -180,7 +168,7 @@ std::vector<Segment> read_metrics(const std::string& path) {
     } catch (const json::exception& e) {
       throw ConfigError(path + ":" + std::to_string(i + 1) + ": a value has the wrong type (" + e.what() +
                         ")");
-    } catch (const ConfigError& e) {
+    } catch (const DataError& e) {
       throw ConfigError(path + ":" + std::to_string(i + 1) + ": " + e.what());
     }
   }

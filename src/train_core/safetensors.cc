@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/error.h"
+#include "lockstep/train_core/json_integer.h"
 #include "lockstep/train_core/durable_file.h"
 
 namespace lockstep::train {
@@ -37,8 +38,8 @@ SafeTensor parse_entry(const std::string& tensor, const nlohmann::json& entry, s
                        std::vector<Range>& ranges) {
   SafeTensor t;
   t.dtype = entry.at("dtype").get<std::string>();
-  t.shape = entry.at("shape").get<std::vector<std::int64_t>>();
-  const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
+  t.shape = json_integers<std::int64_t>(entry.at("shape"), "the shape of '" + tensor + "'");
+  const auto offsets = json_integers<std::uint64_t>(entry.at("data_offsets"), "the data_offsets of '" + tensor + "'");
   if (offsets.size() != 2) throw DataError("data_offsets of '" + tensor + "' is not [begin, end]");
   std::int64_t numel = 1;
   for (auto d : t.shape)

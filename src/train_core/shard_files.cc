@@ -14,6 +14,7 @@
 
 #include "lockstep/error.h"
 #include "lockstep/train_core/durable_file.h"
+#include "lockstep/train_core/json_integer.h"
 
 namespace fs = std::filesystem;
 
@@ -310,14 +311,16 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir) : dir_(
   const nlohmann::json index = read_json_file(path, "the index of a sharded checkpoint");
   check_format(index, path);
   try {
-    for (const auto& t : index.at("tensors"))
-      tensors_.push_back({t.at("name"), t.at("shape").get<std::vector<std::int64_t>>(), t.at("dtype"),
+    for (const auto& t : index.at("tensors")) {
+      tensors_.push_back({t.at("name"), json_integers<std::int64_t>(t.at("shape"), "a tensor's shape"), t.at("dtype"),
                           t.value("buffer", false)});
+    }
     extra_ = index.value("extra", nlohmann::json::object());
     pieces_.resize(tensors_.size());
     for (const auto& s : index.at("shards")) {
-      shards_.push_back({checked_file_name(s.at("file").get<std::string>()), s.at("bytes").get<std::uint64_t>(),
-                         s.at("crc32c").get<std::uint32_t>()});
+      shards_.push_back({checked_file_name(s.at("file").get<std::string>()),
+                         json_integer<std::uint64_t>(s.at("bytes"), "a shard's size"),
+                         json_integer<std::uint32_t>(s.at("crc32c"), "a shard's CRC-32C")});
       for (const auto& p : s.at("pieces")) add_piece(p, static_cast<int>(shards_.size()) - 1);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -333,19 +336,20 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir) : dir_(
 // One piece of the index, checked: its tensor is listed, its elements lie inside the tensor and
 // every array of it inside its shard's bytes.
 void ShardedCheckpointReader::add_piece(const nlohmann::json& p, int shard) {
-  const std::size_t tensor = p.at("tensor").get<std::size_t>();
+  const auto tensor = json_integer<std::size_t>(p.at("tensor"), "a piece's tensor");
   if (tensor >= tensors_.size())
     throw DataError("a piece names tensor " + std::to_string(tensor) + " of the " + std::to_string(tensors_.size()) +
                     " it lists");
   const CheckpointTensor& t = tensors_[tensor];
   const std::uint64_t esize = dtype_bytes(t.dtype), numel = checked_bytes(t) / esize;
-  Piece piece{shard, p.at("start"), p.at("count"), {}};
+  Piece piece{shard, json_integer<std::int64_t>(p.at("start"), "a piece's start"),
+              json_integer<std::int64_t>(p.at("count"), "a piece's count"), {}};
   if (piece.start < 0 || piece.count < 0 || std::uint64_t(piece.start) > numel ||
       std::uint64_t(piece.count) > numel - std::uint64_t(piece.start))
     throw DataError("a piece of '" + t.name + "' lies outside its " + std::to_string(numel) + " elements");
   const std::uint64_t bytes = std::uint64_t(piece.count) * esize, shard_bytes = shards_.back().bytes;
   for (const auto& [name, at] : p.at("offsets").items()) {
-    const auto offset = at.get<std::uint64_t>();
+    const auto offset = json_integer<std::uint64_t>(at, "the offset of '" + name + "'");
     if (offset > shard_bytes || bytes > shard_bytes - offset)
       throw DataError("the '" + name + "' array of a piece of '" + t.name + "' lies outside its shard's " +
                       std::to_string(shard_bytes) + " bytes");
