@@ -396,6 +396,9 @@ def main():
     ap.add_argument("--bf16", action="store_true", help="autocast forward and loss to bfloat16")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: the GPU of LOCAL_RANK (DDP then over nccl), as lockstep's --device cuda")
+    ap.add_argument("--compile", choices=["default", "reduce-overhead", "max-autotune"],
+                    help="torch.compile the model in this mode (reduce-overhead: CUDA graphs of forward and backward); "
+                         "the optimizer steps eagerly")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after the timed steps, N more under the autograd profiler: rank 0 prints a table by operator")
     ap.add_argument("--fsdp2", action="store_true", help="torch 2.x: fully_shard each block and the root (ZeRO-3)")
@@ -463,6 +466,8 @@ def main():
         # from its nested backward, and the all-reduced gradients equal those without checkpointing.
         net = torch.nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=25, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
+    if args.compile:
+        net = torch.compile(net, mode=args.compile)
     torch.manual_seed(args.seed + rank)  # each rank's own dropout masks
 
     # Weight decay on every parameter (one group), as the C++ Trainer.
@@ -533,7 +538,7 @@ def main():
             "eval_loss": eval_loss, "eval_blocks": len(eval_set), "last_train_loss": loss.item(),
             "peak_rss_bytes": rss, "peak_rss_bytes_max": int(rss_max.item()), "step_tensor_bytes": step_bytes,
             "gradient_checkpointing": args.gradient_checkpointing, "bf16": args.bf16,
-            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2, "device": str(DEVICE),
+            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2, "device": str(DEVICE), "compile": args.compile,
             "plain_step_s_median": sorted(plain_steps)[len(plain_steps) // 2] if plain_steps else None,
             "saves": checkpoints.saves if checkpoints else [], "load_s": load_s,
             "torch": torch.__version__}), flush=True)

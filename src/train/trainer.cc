@@ -385,6 +385,7 @@ TrainResult Trainer::Impl::train() {
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
   run.network_at_window_start = comm->network_stats();
+  if (args.cuda_graphs) cuda_graph = std::make_unique<CudaGraphStep>(*this);
   while (state.global_step < state.max_steps && !run.control.should_stop) {
     if (!resumed_mid_epoch) {
       sampler.set_epoch(state.epoch);
@@ -393,6 +394,7 @@ TrainResult Trainer::Impl::train() {
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
+  cuda_graph.reset();  // the default stream again, once the last replay is done
   meet_machines();
   checkpoints.finish_background_save();
   check_replicas();
@@ -461,6 +463,8 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
     throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
   impl_->place_model();
   impl_->check_precision();
+  if (impl_->args.cuda_graphs)
+    if (const std::string why = CudaGraphStep::refusal(*impl_); !why.empty()) throw ConfigError("--cuda-graphs: " + why);
   impl_->loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
     // Over the last dimension: [B, C] logits for [B] labels, or [B, T, V] for [B, T] tokens.
     return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));

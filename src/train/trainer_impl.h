@@ -1,6 +1,7 @@
 // The Trainer's insides, shared by the files that implement it:
 //   trainer.cc              construction, the run (set-up, epochs, what follows each step)
 //   training_step.cc        one optimiser step: micro-batches, backward, clipping, the optimiser
+//   cuda_graph_step.cc      CudaGraphStep: under --cuda-graphs, that step captured once and replayed
 //   pipeline_run.cc         the same under --pipeline-parallel: the pipeline's set-up, step, evaluation
 //   elastic_run.cc          ElasticRun: the run of an elastic job, through members lost and joined
 //   trainer_checkpoints.cc  TrainerCheckpoints: saving, finding and resuming from checkpoints
@@ -35,6 +36,7 @@
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
 #include "lockstep/train_core/step_metrics.h"
+#include "cuda_graph_step.h"
 #include "elastic_run.h"
 #include "trainer_checkpoints.h"
 
@@ -201,6 +203,14 @@ struct Trainer::Impl {
   };
   StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
   StepTimes train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
+  // The step as written: micro-batches, backward, the all-reduce, clipping and the optimiser;
+  // adds the bytes and buckets it all-reduced.
+  StepTimes eager_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window, double& bytes,
+                       int& buckets);
+  // The step's next batch: the one cuda_graph handed back, else the loader's.
+  std::optional<Batch> next_batch(data::DataLoader<Batch>& loader);
+  // --cuda-graphs, during train(): replays the step once it is captured (cuda_graph_step.h).
+  std::unique_ptr<CudaGraphStep> cuda_graph;
 
   // pipeline_run.cc
   void build_pipeline();

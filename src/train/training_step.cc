@@ -24,7 +24,7 @@ struct MicroBatch {
 void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, const MicroBatch& micro,
                       StepTimes& t, LogWindow& window) {
   const auto begin = Clock::now();
-  auto batch = loader.next();
+  auto batch = trainer.next_batch(loader);
   const auto loaded = Clock::now();
   if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
   const double samples = static_cast<double>(batch->target.size(0));
@@ -156,26 +156,38 @@ StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t
 
 StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
   if (pipeline) return pipeline_step(loader, plan, window);
-  const auto begin = Clock::now();
   const std::int64_t tensors_at_start = tensor_bytes();
   reset_peak_tensor_bytes();
+  double bytes = 0;
+  int buckets = 0;
+  std::optional<StepTimes> replayed = cuda_graph ? cuda_graph->step(loader, window) : std::nullopt;
+  const StepTimes t = replayed ? *replayed : eager_step(loader, plan, window, bytes, buckets);
+  window.add_step(t, plan.all_ranks_samples, bytes, buckets);
+  window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
+  return t;
+}
+
+StepTimes Trainer::Impl::eager_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window,
+                                    double& bytes, int& buckets) {
+  const auto begin = Clock::now();
   const auto batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
-  const std::size_t step_samples = plan.samples;
   MicroBatch micro;
-  micro.count = static_cast<int>((step_samples + batch_size - 1) / batch_size);
+  micro.count = static_cast<int>((plan.samples + batch_size - 1) / batch_size);
   micro.mean_over = plan.all_ranks_samples / world();
   micro.placeholder = plan.placeholder;
   StepTimes t;
   for (micro.index = 0; micro.index < micro.count; ++micro.index)
     forward_backward(*this, loader, micro, t, window);
-  double bytes = 0;
-  int buckets = 0;
   account_communication(*this, t, bytes, buckets);
   optimizer_step(*this, t, window);
   t.total = seconds_between(begin, Clock::now());
-  window.add_step(t, plan.all_ranks_samples, bytes, buckets);
-  window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
   return t;
+}
+
+std::optional<Batch> Trainer::Impl::next_batch(data::DataLoader<Batch>& loader) {
+  if (cuda_graph)
+    if (auto batch = cuda_graph->take_batch()) return batch;
+  return loader.next();
 }
 
 }  // namespace lockstep::train

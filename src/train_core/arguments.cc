@@ -172,6 +172,7 @@ void TrainingArguments::validate() const {
     bad("powersgd-rounds", "must be 1 or even (two exchanges per power iteration; got " +
                                std::to_string(powersgd_rounds) + ")");
   validate_pipeline();
+  validate_cuda_graphs();
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }
@@ -201,6 +202,24 @@ void TrainingArguments::validate_pipeline() const {
   if (gradient_checkpointing && pipeline_schedule == "zb")
     bad("gradient-checkpointing", "does not combine with --pipeline-schedule zb: a recomputed block computes its "
                                   "weight gradients with its input gradient, which zb splits; use 1f1b or interleaved");
+}
+
+// What --cuda-graphs does not capture (yet); one worker and a CUDA device are checked at start.
+void TrainingArguments::validate_cuda_graphs() const {
+  if (!cuda_graphs) return;
+  if (device == "cpu") bad("cuda-graphs", "captures a GPU's step: add --device cuda");
+  if (optim == "sgd") bad("cuda-graphs", "captures AdamW's update: use --optim adamw");
+  if (fp16)
+    bad("cuda-graphs", "does not combine with --fp16 (whether a step is skipped is decided on the host): use --bf16");
+  if (gradient_accumulation_steps > 1)
+    bad("cuda-graphs", "captures one micro-batch per step: drop --gradient-accumulation-steps (raise "
+                       "--per-device-train-batch-size instead)");
+  if (gradient_checkpointing)
+    bad("cuda-graphs", "does not combine with --gradient-checkpointing yet (its recomputation's random state is not "
+                       "captured)");
+  if (zero_stage > 0) bad("cuda-graphs", "does not capture ZeRO's collectives: drop --zero-stage");
+  if (pipeline_parallel > 1) bad("cuda-graphs", "does not capture a pipeline's sends: drop --pipeline-parallel");
+  if (sync_every > 1) bad("cuda-graphs", "captures one worker's step; --sync-every needs several");
 }
 
 nlohmann::json TrainingArguments::to_json() const {

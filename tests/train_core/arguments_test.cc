@@ -117,6 +117,31 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
   EXPECT_EQ(error_of({"--fp16"}), "(no error)");
 }
 
+TEST(Arguments, CudaGraphsAreRefusedWithWhatTheyDoNotCapture) {
+  const std::vector<std::string> graphs = {"--cuda-graphs", "--device", "cuda"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), graphs.begin(), graphs.end());
+    return error_of(more);
+  };
+  EXPECT_EQ(with({}), "(no error)");
+  EXPECT_EQ(with({"--bf16", "--optim", "adamw_torch_fused", "--max-grad-norm", "0"}), "(no error)");
+  EXPECT_NE(error_of({"--cuda-graphs"}).find("--cuda-graphs captures a GPU's step: add --device cuda"), std::string::npos);
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--optim", "sgd"}, "--optim adamw"},
+      {{"--fp16"}, "--bf16"},
+      {{"--gradient-accumulation-steps", "2"}, "--per-device-train-batch-size"},
+      {{"--gradient-checkpointing"}, "--gradient-checkpointing"},
+      {{"--zero-stage", "1"}, "--zero-stage"},
+      {{"--pipeline-parallel", "2"}, "--pipeline-parallel"},
+      {{"--sync-every", "4"}, "--sync-every"},
+  };
+  for (const auto& [flags, fix] : refused) {
+    const std::string e = with(flags);
+    EXPECT_EQ(e.rfind("--cuda-graphs ", 0), 0u) << flags.front() << ": " << e;
+    EXPECT_NE(e.find(fix), std::string::npos) << flags.front() << ": " << e;
+  }
+}
+
 TEST(Arguments, BadConfigFilesAreErrorsNamingTheFileAndKey) {
   std::string unknown = error_of({"--config", temp_file("u.yaml", "learning_rate: 0.1\nbatchsize: 8\n")});
   EXPECT_NE(unknown.find("unknown setting 'batchsize'"), std::string::npos) << unknown;

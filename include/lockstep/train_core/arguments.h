@@ -95,6 +95,9 @@ inline std::vector<std::string> comm_hook_names() {
   X(bool, fp16, false,                                                                                         \
     "float16 autocast with dynamic loss scaling (a skipped step on overflow); CUDA, or CPU on libtorch 2.x", any()) \
   X(bool, gradient_checkpointing, false, "recompute each block's activations in backward (less memory, more time)", any()) \
+  X(bool, cuda_graphs, false,                                                                                  \
+    "capture the step (forward, backward, clipping, AdamW) into a CUDA graph after 3 eager steps and replay it: one " \
+    "worker on --device cuda", any())                                                                            \
   /* logging, evaluation, checkpoints */                                                                       \
   X(int, logging_steps, 50, "log (and write metrics.jsonl) every N steps", at_least(1))                       \
   X(std::string, eval_strategy, "no", "when to evaluate", one_of({"no", "steps", "epoch"}))                   \
@@ -176,6 +179,7 @@ struct TrainingArguments {
   // Throws ConfigError naming the first bad value (as its flag) and the fix.
   void validate() const;
   void validate_pipeline() const;  // the part of validate() about --pipeline-parallel
+  void validate_cuda_graphs() const;  // the part of validate() about --cuda-graphs
   bool best_is_greater() const;
   std::int64_t eval_every() const {
     return eval_steps > 0 ? eval_steps : logging_steps;
