@@ -367,11 +367,14 @@ void Reducer::Impl::allocate_slots() {
     largest = std::max(largest, std::size_t(b.numel) * c10::elementSize(c10::typeMetaToScalarType(sent.dtype())));
   }
   slots.assign(std::min<std::size_t>(2, buckets.size()), Slot{});
+  // On the device the gradients are on: a GPU's buckets are reduced from its memory (a backend
+  // that reduces host memory stages them itself).
+  const torch::Device device = buckets.empty() ? torch::Device(torch::kCPU) : buckets.front().flat_options.device();
   for (auto& s : slots) {
     s.bytes = largest;
-    s.memory = options.shared_buckets ? comm.allocate_shared(largest) : nullptr;
+    s.memory = options.shared_buckets && device.is_cpu() ? comm.allocate_shared(largest) : nullptr;
     if (!s.memory) {
-      auto bytes = torch::empty({std::int64_t(largest)}, torch::kByte);
+      auto bytes = torch::empty({std::int64_t(largest)}, torch::TensorOptions(torch::kByte).device(device));
       s.memory = std::shared_ptr<void>(bytes.data_ptr(), [bytes](void*) {});
     }
   }
