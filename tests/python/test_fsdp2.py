@@ -22,7 +22,7 @@ class FullyShard(harness.TestCase):
     def train(self, backend):
         out = self.tmpdir(prefix="fsdp2_")
         result = os.path.join(out, "rank0.pt")
-        code, output = harness.run_launcher(2, [harness.PYTHON, SCRIPT, backend, result], out, timeout=300)
+        code, output = harness.run_launcher_for(backend, 2, [harness.PYTHON, SCRIPT, backend, result], out, timeout=300)
         self.assertEqual(code, 0, output)
         run = torch.load(result)
         losses = run["losses"]

@@ -63,8 +63,8 @@ class HuggingFace(harness.TestCase):
         out = self.tmpdir(prefix=f"hf_{name}_")
         argv = [harness.PYTHON, SCRIPTS[name], backend] + ([out] if name == "trainer" else [])
         env = {"PYTHONPATH": os.path.join(harness.build_dir(), "python") + os.pathsep + HF}
-        code, output = harness.run_launcher(world, argv + ["--tokenizer", self.tokenizer], out, timeout=600,
-                                            env_extra=env)
+        code, output = harness.run_launcher_for(backend, world, argv + ["--tokenizer", self.tokenizer], out,
+                                                timeout=600, env_extra=env)
         self.assertEqual(code, 0, output)
         records = [json.loads(line.split("] ", 1)[-1]) for line in output.splitlines() if '"losses"' in line]
         self.assertEqual(len(records), 1, output)

@@ -20,7 +20,7 @@ class Pipelining(harness.TestCase):
     def train(self, backend):
         out = self.tmpdir(prefix="pipelining_")
         prefix = os.path.join(out, "run")
-        code, output = harness.run_launcher(2, [harness.PYTHON, SCRIPT, backend, prefix], out, timeout=300)
+        code, output = harness.run_launcher_for(backend, 2, [harness.PYTHON, SCRIPT, backend, prefix], out, timeout=300)
         self.assertEqual(code, 0, output)
         return [torch.load(f"{prefix}.rank{r}.pt") for r in range(2)]
 
