@@ -9,7 +9,7 @@
 #include "lockstep/error.h"
 #include "trainer_impl.h"
 
-#if LOCKSTEP_CUDA_GRAPHS
+#if LOCKSTEP_TORCH_CUDA
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -22,7 +22,7 @@
 
 namespace lockstep::train {
 
-#if LOCKSTEP_CUDA_GRAPHS
+#if LOCKSTEP_TORCH_CUDA
 
 namespace {
 

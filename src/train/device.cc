@@ -15,9 +15,17 @@ namespace {
 
 // Why `--device cuda` cannot be had here, or "" when it can.
 std::string why_no_cuda() {
+#if LOCKSTEP_TORCH_CUDA
+  // libtorch's CUDA half is linked: without a driver or a GPU it reports no CUDA at all.
+  if (!at::hasCUDA())
+    return "libtorch here has CUDA, but no GPU or NVIDIA driver answers (the driver lists " +
+           std::to_string(visible_gpus()) +
+           " GPUs after CUDA_VISIBLE_DEVICES): run on a machine with a GPU or use --device cpu";
+#else
   if (!at::hasCUDA())
     return "this libtorch has no CUDA (Debian's is CPU-only): build lockstep on a CUDA libtorch (LOCKSTEP_TORCH=pip "
            "with nvcc installed) or use --device cpu";
+#endif
   if (torch::cuda::device_count() == 0)
     return "libtorch has CUDA but sees no GPU (the driver lists " + std::to_string(visible_gpus()) +
            " after CUDA_VISIBLE_DEVICES): run on a machine with a GPU or use --device cpu";
