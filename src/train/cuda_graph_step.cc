@@ -46,7 +46,7 @@ struct CudaGraphStep::Impl {
   ~Impl() {
     try {
       c10::cuda::device_synchronize();  // the last replay done before the graph and its memory go
-      if (graph) trainer.stepper().zero_grad();  // the graph's gradient buffers go with it
+      if (graph) trainer.step.stepper().zero_grad();  // the graph's gradient buffers go with it
     } catch (const std::exception& e) {
       LOCKSTEP_LOG(warn, train) << "--cuda-graphs: the device failed at the end of training: " << e.what();
     }
@@ -73,7 +73,7 @@ struct CudaGraphStep::Impl {
 
 // Before capture: the tensors the update reads, and step counts on the device from the host's.
 void CudaGraphStep::Impl::collect_groups() {
-  auto& optimizer = trainer.stepper();
+  auto& optimizer = trainer.step.stepper();
   auto& states = optimizer.state();
   for (auto& group : optimizer.param_groups()) {
     GraphedGroup g;
@@ -205,12 +205,12 @@ std::optional<StepTimes> CudaGraphStep::step(data::DataLoader<Batch>& loader, Lo
     s.warned_shape = true;
     s.returned = std::move(batch);
     s.steps_stale = s.graph != nullptr;
-    t.stepper().zero_grad();  // the eager step's gradients are its own, not the graph's buffers
+    t.step.stepper().zero_grad();  // the eager step's gradients are its own, not the graph's buffers
     return std::nullopt;
   }
   s.copy_in(*batch);
   const double lr = t.learning_rate_at(t.state.global_step);
-  for (auto& group : t.stepper().param_groups()) group.options().set_lr(lr);
+  for (auto& group : t.step.stepper().param_groups()) group.options().set_lr(lr);
   s.lr.fill_(lr);
   if (!s.graph) s.capture();
   if (s.steps_stale) s.sync_step_counts();

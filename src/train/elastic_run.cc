@@ -73,8 +73,8 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   t.model.module->save(model_archive);
   model_archive.save_to(model_bytes);
-  if (t.optimizer && !t.zero_plan.sharded()) {
-    t.optimizer->save(optimizer_archive);
+  if (t.step.optimizer() && !t.zero_plan.sharded()) {
+    t.step.optimizer()->save(optimizer_archive);
     optimizer_archive.save_to(optimizer_bytes);
   }
   const nlohmann::json counters = {{"global_step", t.state.global_step},
@@ -89,7 +89,7 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
                                    {"sampler_position", sampler.state().position},
                                    {"global_batch", global_batch},
                                    {"rng", rng_state_hex()},
-                                   {"loss_scale", t.loss_scale.to_json()},
+                                   {"loss_scale", t.step.loss_scale().to_json()},
                                    {"best_metric", t.state.best_metric ? nlohmann::json(*t.state.best_metric)
                                                                        : nlohmann::json()}};
   auto binary = [](const std::ostringstream& out) {
@@ -112,9 +112,9 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive_of("model", model_archive);
   t.model.module->load(model_archive);
-  if (t.optimizer && !t.zero_plan.sharded()) {
+  if (t.step.optimizer() && !t.zero_plan.sharded()) {
     archive_of("optimizer", optimizer_archive);
-    t.optimizer->load(optimizer_archive);
+    t.step.optimizer()->load(optimizer_archive);
   }
   const nlohmann::json& c = j.at("counters");
   t.state.global_step = c.at("global_step").get<std::int64_t>();
@@ -129,7 +129,7 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
   global_batch = c.at("global_batch").get<std::size_t>();
   if (!c.at("best_metric").is_null()) t.state.best_metric = c.at("best_metric").get<double>();
   if (take_rng) set_rng_state_hex(c.at("rng").get<std::string>());
-  t.loss_scale.load_json(c.at("loss_scale"));
+  t.step.loss_scale().load_json(c.at("loss_scale"));
   if (global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
     sampler = data::ElasticSampler(t.train_set->size(), global_batch, /*shuffle=*/true, t.args.seed);
   sampler.load_state({c.at("sampler_epoch").get<std::uint64_t>(), c.at("sampler_position").get<std::size_t>()});
@@ -209,8 +209,8 @@ void ElasticRun::prepare(data::ElasticSampler& sampler) {
     LOCKSTEP_LOG(warn, train) << "--save-format sharded in an elastic job: each checkpoint is written consolidated, "
                                  "within its step (a sharded save's parts need one membership from start to end)";
   if (t_.args.gradient_checkpointing && t_.model.set_gradient_checkpointing) t_.model.set_gradient_checkpointing(true);
-  t_.optimizer = t_.make_optimizer(t_.model.module->parameters());
-  t_.outputs = std::make_unique<RunOutputs>(t_.args.output_dir, t_.rank(), t_.args.trace);
+  t_.step.hold_whole_state(t_.step.make_optimizer(t_.model.module->parameters()));
+  t_.reports.open();
   t_.model.module->train();
 }
 
@@ -221,8 +221,8 @@ void ElasticRun::step(data::ElasticSampler& sampler, RunProgress& run) {
   const bool placeholder = share.indices.empty();
   if (placeholder) share.indices.push_back(sampler.share(0, t_.world()).indices.front());
   auto loader = make_loader(t_.train_set, share.indices, t_.args.per_device_train_batch_size, t_.args.dataloader_num_workers);
-  t_.train_step(*loader, Trainer::Impl::StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
-             run.window);
+  t_.step.run(*loader, StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
+              run.window);
   sampler.advance();
   ++t_.state.global_step;
   ++t_.state.steps_in_epoch;
@@ -282,28 +282,13 @@ ZeroOptions ElasticRun::zero_options() {
   return o;
 }
 
-// The optimizer over the current membership: ZeRO's slices on several workers, the whole state on
-// one. `whole` holds the state to continue from (none at the start).
-void ElasticRun::build_optimizer(std::unique_ptr<torch::optim::Optimizer> whole) {
-  t_.zero.reset();
-  t_.optimizer.reset();
-  if (!t_.zero_plan.sharded() || !t_.reducer) {
-    t_.optimizer = whole ? std::move(whole) : t_.make_optimizer(t_.model.module->parameters());
-    return;
-  }
-  t_.zero = std::make_unique<ZeroOptimizer>(*t_.model.module, *t_.reducer, *t_.comm, zero_options(),
-                                         [this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
-  if (whole) t_.zero->load_consolidated(*whole);
-}
-
 // Collective: the sharded state on the new membership (a joiner holds nothing yet). When the step in
 // flight was applied somewhere, this member completes its bookkeeping too (it trained on its share).
 std::unique_ptr<torch::optim::Optimizer> ElasticRun::recover_sharded(data::ElasticSampler& sampler, RunProgress& run) {
-  const HeldState held{t_.zero.get(), t_.zero ? nullptr : t_.optimizer.get(), t_.state.global_step};
-  RecoveredState recovered = recover_sharded_state(
-      *t_.comm, *t_.model.module, held, [this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
-  t_.zero.reset();
-  t_.optimizer.reset();
+  RecoveredState recovered =
+      recover_sharded_state(*t_.comm, *t_.model.module, t_.step.held_state(t_.state.global_step),
+                            [this](std::vector<torch::Tensor> p) { return t_.step.make_optimizer(p); });
+  t_.step.hold_whole_state(nullptr);
   if (t_.state.global_step + 1 == recovered.steps) {
     run.samples += static_cast<double>(sampler.share(0, t_.world()).step_samples);
     sampler.advance();
@@ -318,21 +303,19 @@ void ElasticRun::change_membership(data::ElasticSampler& sampler, RunProgress& r
   const auto begin = Clock::now();
   const int before = t_.world();
   const std::int64_t completed = t_.state.global_step;
-  if (t_.zero) t_.zero->release_communicator();
-  t_.reducer.reset();  // its buckets live in the old communicator's shared memory
-  for (auto& p : t_.model.module->parameters()) p.mutable_grad() = torch::Tensor();
+  t_.step.leave_communicator();
   const comm::MembershipChange change = agree_on_membership(*group_, failure);
   t_.comm = &group_->comm();
   t_.state.membership = static_cast<std::int64_t>(change.epoch);
   const auto state_begin = Clock::now();
-  // Under ZeRO the whole state waits in `optimizer` until it is cut again: a member lost before
+  // Under ZeRO the whole state waits in the step until it is cut again: a member lost before
   // then leaves it where the next try of the change finds it (a member that holds it all).
-  if (t_.zero_plan.sharded()) t_.optimizer = recover_sharded(sampler, run);
+  if (t_.zero_plan.sharded()) t_.step.hold_whole_state(recover_sharded(sampler, run));
   sync_state(sampler, run);
-  t_.build_reducer();
-  if (t_.zero_plan.sharded()) build_optimizer(std::move(t_.optimizer));
+  t_.step.build_reducer();
+  if (t_.zero_plan.sharded()) t_.step.build_optimizer(zero_options(), /*from_held=*/true);
   const double state_seconds = seconds_since(state_begin);
-  t_.outputs->set_rank(t_.rank());
+  t_.reports.set_rank(t_.rank());
   next_membership_check_ = t_.state.global_step + 1;  // every member, joiners too, looks at the same step
   log_change(change, before, std::max<std::int64_t>(0, completed - t_.state.global_step), state_seconds, begin);
   run.window = LogWindow{};
@@ -408,15 +391,15 @@ TrainResult ElasticRun::train() {
   run_recovering([&] {
     if (t_.state.membership != membership_at_start) return;  // a change brought this worker up to date
     if (joined) {  // the members run the same collectives right after admitting this one
-      if (t_.zero_plan.sharded()) t_.optimizer = recover_sharded(sampler, run);
+      if (t_.zero_plan.sharded()) t_.step.hold_whole_state(recover_sharded(sampler, run));
       sync_state(sampler, run);
     }
-    t_.build_reducer();
-    if (t_.zero_plan.sharded()) build_optimizer(joined ? std::move(t_.optimizer) : nullptr);
+    t_.step.build_reducer();
+    if (t_.zero_plan.sharded()) t_.step.build_optimizer(zero_options(), /*from_held=*/joined);
   });
   plan(sampler);  // a joiner learnt the job's global batch
   next_membership_check_ = t_.state.global_step + 1;
-  t_.announce();
+  t_.reports.announce();
   for (auto& cb : t_.callbacks) cb->on_train_begin(t_.state);
   run.first_step = t_.state.global_step;
   run.network_at_window_start = t_.comm->network_stats();

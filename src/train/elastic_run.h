@@ -59,7 +59,6 @@ class ElasticRun {
   double sync_state(data::ElasticSampler& sampler, RunProgress& run);  // returns its seconds
   // Under ZeRO (elastic_run.cc says how the sharded state moves).
   ZeroOptions zero_options();
-  void build_optimizer(std::unique_ptr<torch::optim::Optimizer> whole);
   std::unique_ptr<torch::optim::Optimizer> recover_sharded(data::ElasticSampler& sampler, RunProgress& run);
 
   Trainer::Impl& t_;

@@ -86,15 +86,17 @@ namespace lockstep::train {
 
 nlohmann::json Trainer::Impl::evaluate() {
   if (!eval_set) throw ConfigError("evaluation needs an eval dataset: pass one to the Trainer");
-  meet_machines();
+  step.meet_machines();
   const auto begin = Clock::now();
   broadcast_buffers(*model.module, *comm);
   if (fault("kill-during-eval", state.global_step)) std::raise(SIGKILL);
   const data::EvalTotals total =
-      pipeline ? pipeline_eval_totals()
+      step.pipeline() ? step.pipeline_eval_totals()
                : evaluate_totals(model, *eval_set, *comm,
                                  {args.per_device_eval_batch_size, args.dataloader_num_workers, autocast_dtype(),
-                                  stage3() ? std::function<void()>([this] { zero->before_forward(); }) : nullptr, device},
+                                  step.stage3() ? std::function<void()>([this] { step.zero()->before_forward(); })
+                                                : nullptr,
+                                  device},
                                  loss_fn);
   metrics::EvalLog m;
   m.step = state.global_step;

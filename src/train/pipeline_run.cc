@@ -47,29 +47,32 @@ pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optio
 }  // namespace
 
 // Everything that does not combine with pipelining is refused here, before anything trains.
-void Trainer::Impl::build_pipeline() {
+void TrainingStep::build_pipeline() {
+  const TrainingArguments& args = run_.args;
+  const Model& model = run_.model;
   const std::string with = "--pipeline-parallel " + std::to_string(args.pipeline_parallel);
   if (!model.pipeline_units)
     throw ConfigError(with + ": this model cannot be cut into stages (give it pipeline_units(), as "
                              "models/gpt.h's GptLmHeadModel does: see lockstep/pipe/units.h)");
   if (args.virtual_stages > 1 && args.pipeline_schedule != "interleaved")
     throw ConfigError("--virtual-stages needs --pipeline-schedule interleaved");
-  const Batch first = train_set->get({0});
-  const pipe::MicroBatch sample{first.input.to(device), first.target.to(device), 1};
-  pipeline = std::make_unique<pipe::Pipeline>(model.pipeline_units(), *comm, pipeline_options(args, autocast_dtype()),
-                                              sample, loss_fn);
-  optimizer = make_optimizer(pipeline->parameters());
-  stage_module = pipeline->module();
-  if (rank() == 0)
-    LOCKSTEP_LOG(info, train) << "pipeline: " << pipeline->mesh().describe() << ", schedule " << args.pipeline_schedule
+  const Batch first = run_.train_set->get({0});
+  const pipe::MicroBatch sample{first.input.to(run_.device), first.target.to(run_.device), 1};
+  pipeline_ = std::make_unique<pipe::Pipeline>(model.pipeline_units(), *run_.comm,
+                                               pipeline_options(args, run_.autocast_dtype()), sample, run_.loss_fn);
+  optimizer_ = make_optimizer(pipeline_->parameters());
+  stage_module_ = pipeline_->module();
+  if (run_.rank() == 0)
+    LOCKSTEP_LOG(info, train) << "pipeline: " << pipeline_->mesh().describe() << ", schedule " << args.pipeline_schedule
                               << (args.virtual_stages > 1 ? " with " + std::to_string(args.virtual_stages) + " stages per rank" : "")
                               << "\n"
-                              << pipeline->describe_plan();
+                              << pipeline_->describe_plan();
 }
 
 // The step's samples (whole micro-batches of the loader) cut into --num-microbatches, each
 // weighted by its samples as the unpipelined step weighs its micro-batches.
-StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
+StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
+  const TrainingArguments& args = run_.args;
   const auto begin = Clock::now();
   const std::int64_t tensors_at_start = tensor_bytes();
   reset_peak_tensor_bytes();
@@ -88,13 +91,13 @@ StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const St
   const std::int64_t samples = input.size(0);
   const int wanted = args.num_microbatches > 0 ? args.num_microbatches : int(inputs.size());
   const int m = int(std::min<std::int64_t>(wanted, samples));
-  const double mean_over = plan.all_ranks_samples / data_world();
+  const double mean_over = plan.all_ranks_samples / run_.data_world();
   std::vector<pipe::MicroBatch> batches;
   const auto in_parts = input.tensor_split(m), target_parts = target.tensor_split(m);
   for (int k = 0; k < m; ++k)
     batches.push_back({in_parts[std::size_t(k)], target_parts[std::size_t(k)],
                        double(in_parts[std::size_t(k)].size(0)) / mean_over});
-  const pipe::PipelineStepStats st = pipeline->train_step(batches);
+  const pipe::PipelineStepStats st = pipeline_->train_step(batches);
   if (st.loss_targets > 0) {
     window.add_loss(st.loss_sum / st.loss_targets, st.loss_targets);
     if (target.dim() >= 2) window.add_tokens(st.loss_targets);
@@ -105,19 +108,19 @@ StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const St
   t.comm = st.reduce_seconds;
   const auto optimizer_begin = Clock::now();
   const double max_norm = args.max_grad_norm;
-  const double norm = pipeline->clip_grad_norm(max_norm);
+  const double norm = pipeline_->clip_grad_norm(max_norm);
   if (max_norm > 0) window.set_grad_norm(norm);
-  PipelineWindow& w = pipeline_window;
+  PipelineWindow& w = pipeline_window_;
   w.compute += st.compute_seconds, w.wait += st.wait_seconds, w.send += st.send_seconds;
   w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps;
-  const double lr = learning_rate_at(state.global_step);
-  for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
-  optimizer->step();
-  optimizer->zero_grad();
-  pipeline->after_optimizer_step();
+  const double lr = run_.learning_rate_at(run_.state.global_step);
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  pipeline_->after_optimizer_step();
   t.optimizer = seconds_between(optimizer_begin, Clock::now());
   t.total = seconds_between(begin, Clock::now());
-  if (TraceWriter* trace = this->trace()) {
+  if (TraceWriter* trace = run_.trace()) {
     trace->span("data wait", 1, begin, loaded);
     trace->span("pipeline step", 1, loaded, optimizer_begin,
                 {{"micro_batches", m}, {"wait_seconds", st.wait_seconds}, {"compute_seconds", st.compute_seconds}});
@@ -131,16 +134,19 @@ StepTimes Trainer::Impl::pipeline_step(data::DataLoader<Batch>& loader, const St
 // Evaluation through the pipeline: each replica's share of the eval set, in passes of a few
 // micro-batches (one per eval batch); the last stage counts loss and accuracy, the others
 // contribute zeros to the sum over the world.
-data::EvalTotals Trainer::Impl::pipeline_eval_totals() {
-  data::DistributedSampler sampler(eval_set->size(), data_rank(), data_world(), /*shuffle=*/false);
-  std::shared_ptr<const Dataset> ds(eval_set.get(), [](const Dataset*) {});
+data::EvalTotals TrainingStep::pipeline_eval_totals() {
+  const TrainingArguments& args = run_.args;
+  const Model& model = run_.model;
+  const LossFn& loss_fn = run_.loss_fn;
+  data::DistributedSampler sampler(run_.eval_set->size(), run_.data_rank(), run_.data_world(), /*shuffle=*/false);
+  std::shared_ptr<const Dataset> ds(run_.eval_set.get(), [](const Dataset*) {});
   auto loader = make_loader(ds, sampler.indices(), args.per_device_eval_batch_size, args.dataloader_num_workers);
   const bool was_training = model.module->is_training();
   model.module->eval();
   data::EvalTotals local;
   std::vector<pipe::MicroBatch> pass;
   auto run_pass = [&] {
-    pipeline->forward_only(pass, [&](int k, const torch::Tensor& output) {
+    pipeline_->forward_only(pass, [&](int k, const torch::Tensor& output) {
       const torch::Tensor out = output.to(torch::kFloat), y = pass[std::size_t(k)].target.to(out.device());
       local.loss_sum += loss_fn(out, y).item<double>() * double(y.numel());
       local.correct += out.argmax(-1).eq(y).sum().item<std::int64_t>();
@@ -163,21 +169,21 @@ data::EvalTotals Trainer::Impl::pipeline_eval_totals() {
   }
   if (!pass.empty()) run_pass();
   model.module->train(was_training);
-  return data::allreduce_totals(*comm, local);
+  return data::allreduce_totals(*run_.comm, local);
 }
 
 // Collective: each pipeline rank's window, averaged over its replicas: compute, waiting for
 // transfers, sending, the replicas' reduction; its bubble (the share of the steps' span it did not
 // compute), and the bubble its schedule has with these action times.
-void Trainer::Impl::add_pipeline_fields(metrics::StepLog& entry) {
-  const int p = args.pipeline_parallel, prank = pipeline->pipeline_rank();
-  PipelineWindow& w = pipeline_window;
-  const double steps = double(std::max<std::int64_t>(1, w.steps)), replicas = double(data_world());
+void TrainingStep::add_pipeline_fields(metrics::StepLog& entry) {
+  const int p = run_.args.pipeline_parallel, prank = pipeline_->pipeline_rank();
+  PipelineWindow& w = pipeline_window_;
+  const double steps = double(std::max<std::int64_t>(1, w.steps)), replicas = double(run_.data_world());
   std::vector<double> rows(std::size_t(p) * 5, 0);
   const double mine[5] = {w.compute, w.wait, w.send, w.reduce, w.span};
   for (int i = 0; i < 5; ++i) rows[std::size_t(prank) * 5 + std::size_t(i)] = mine[i] / steps / replicas;
-  comm->allreduce(rows.data(), rows.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  const std::vector<double> analytic = pipeline->analytic_bubbles();
+  run_.comm->allreduce(rows.data(), rows.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  const std::vector<double> analytic = pipeline_->analytic_bubbles();
   std::vector<double> compute, wait, send, reduce, bubble;
   for (int r = 0; r < p; ++r) {
     const double* row = &rows[std::size_t(r) * 5];
@@ -190,20 +196,21 @@ void Trainer::Impl::add_pipeline_fields(metrics::StepLog& entry) {
   entry.pipeline_reduce_seconds = reduce;
   entry.pipeline_bubble = bubble;
   entry.pipeline_bubble_analytic = analytic;
-  pipeline_window = PipelineWindow{};
+  pipeline_window_ = PipelineWindow{};
 }
 
 // DDP's promise per stage: the replicas of each pipeline rank hold the same parameters; and the
 // model's fingerprint (the one an unpipelined run prints) from each parameter's hash.
-void Trainer::Impl::check_stage_replicas() {
+void TrainingStep::check_stage_replicas() {
   std::string mine;
-  for (const auto& [name, p] : pipeline->named_parameters()) mine += name + " " + std::to_string(parameter_hash(p)) + "\n";
-  const auto all = comm::allgather_strings(*comm, mine);
-  if (rank() != 0) return;
-  const auto mesh = pipeline->mesh();
+  for (const auto& [name, p] : pipeline_->named_parameters())
+    mine += name + " " + std::to_string(parameter_hash(p)) + "\n";
+  const auto all = comm::allgather_strings(*run_.comm, mine);
+  if (run_.rank() != 0) return;
+  const auto mesh = pipeline_->mesh();
   std::string differ;
   std::map<std::string, std::uint64_t> hashes;
-  for (int r = 0; r < world(); ++r) {
+  for (int r = 0; r < run_.world(); ++r) {
     if (all[std::size_t(r)] != all[std::size_t(mesh.rank_at(mesh.pipeline_rank_of(r), 0))])
       differ += (differ.empty() ? "" : ", ") + std::to_string(r);
     std::istringstream in(all[std::size_t(r)]);
@@ -212,7 +219,7 @@ void Trainer::Impl::check_stage_replicas() {
     while (in >> name >> h) hashes.emplace(name, h);
   }
   std::vector<std::uint64_t> ordered;
-  for (const auto& [name, owner] : pipeline->owners()) ordered.push_back(hashes.at(name));
+  for (const auto& [name, owner] : pipeline_->owners()) ordered.push_back(hashes.at(name));
   const std::string print = "(fingerprint " + combined_fingerprint(ordered) + ")";
   if (differ.empty() && mesh.replicas == 1)
     LOCKSTEP_LOG(info, train) << "the " << mesh.pipeline << " pipeline ranks hold the model's parameters " << print;

@@ -2,7 +2,6 @@
 #include "lockstep/train/trainer.h"
 
 #include <torch/torch.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,18 +11,17 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cuda_graph_step.h"
 #include "dataset_loader.h"
 #include "evaluate.h"
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/elastic.h"
 #include "lockstep/comm/rendezvous.h"
-#include "lockstep/ddp/sync_batchnorm.h"
 #include "lockstep/ddp/torch_compat.h"
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
-#include "lockstep/train/foreach_adamw.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/progress.h"
 #include "lockstep/train_core/run_env.h"
@@ -40,102 +38,8 @@ std::size_t Trainer::Impl::samples_per_step() const {
 
 void Trainer::Impl::log(const nlohmann::json& entry) {
   state.log_history.push_back(entry);
-  outputs->record(entry);
+  reports.record(entry);
   for (auto& cb : callbacks) cb->on_log(state, entry);
-}
-
-std::unique_ptr<torch::optim::Optimizer> Trainer::Impl::make_optimizer(std::vector<torch::Tensor> params) const {
-  if (args.optim == "sgd")
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(args.learning_rate)
-                                                           .momentum(args.sgd_momentum)
-                                                           .weight_decay(args.weight_decay));
-  const auto options = torch::optim::AdamWOptions(args.learning_rate)
-                           .betas({args.adam_beta1, args.adam_beta2})
-                           .eps(args.adam_epsilon)
-                           .weight_decay(args.weight_decay);
-  if (args.optim == "adamw_torch") return std::make_unique<torch::optim::AdamW>(params, options);
-  if (args.optim == "adamw_torch_fused") {
-    if (!FusedAdamW::available())
-      throw ConfigError("--optim adamw_torch_fused: this build's libtorch has no fused AdamW kernel (libtorch 2.4 "
-                        "and later have it): use --optim adamw or adamw_torch");
-    return std::make_unique<FusedAdamW>(params, options);
-  }
-  // adamw: on a GPU the foreach update saves launches. On the CPU the fused kernel, where
-  // libtorch has it, is 4-6x faster than the loop; foreach would only hold a temporary the size
-  // of all parameters at once, for bitwise the loop's result.
-  if (!params.empty() && params.front().is_cuda()) return std::make_unique<ForeachAdamW>(params, options);
-  if (FusedAdamW::available()) return std::make_unique<FusedAdamW>(params, options);
-  return std::make_unique<torch::optim::AdamW>(params, options);
-}
-
-// One worker has nothing to average: no reducer, no copies into buckets. (SyncBatchNorm layers
-// follow the communicator in any case: an elastic job builds a new one at each change.)
-// Local SGD (--sync-every): gradients and batch statistics stay inside each machine, which
-// train apart between the meetings.
-void Trainer::Impl::build_reducer() {
-  if (args.sync_every > 1 && world() > 1) machine_comm = comm->machine_communicator();
-  comm::Communicator* over = machine_comm ? machine_comm.get() : comm;
-  if (args.sync_batchnorm && lockstep::sync_batchnorm(*model.module, *over) == 0)
-    throw ConfigError("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer (declare the layers "
-                      "whose statistics should span the ranks as lockstep::SyncBatchNorm, ddp/sync_batchnorm.h)");
-  if (over->size() == 1) return;
-  DdpOptions ddp;
-  ddp.bucket_cap_mb = args.ddp_bucket_cap_mb;
-  ddp.find_unused_parameters = args.ddp_find_unused_parameters;
-  ddp.comm_hook = parse_comm_hook(args.ddp_comm_hook);
-  ddp.compression.powersgd_rank = args.powersgd_rank;
-  ddp.compression.powersgd_rounds = args.powersgd_rounds;
-  ddp.compression.start_step = args.comm_hook_start_step;
-  // A compressed all-reduce costs its exchanges between machines more than its bytes: no small
-  // first bucket, so each step pays for as few exchanges as the bucket cap allows.
-  const auto hook = ddp.comm_hook;
-  if (hook == CommHook::powersgd || hook == CommHook::int8 || hook == CommHook::automatic)
-    ddp.first_bucket_cap_mb = ddp.bucket_cap_mb;
-  std::optional<BucketSharding> sharding;
-  if (zero_plan.shards_parameters()) {
-    if (!model.parameter_units)
-      throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
-                        "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
-    sharding = zero_bucket_sharding(zero_plan, world(), *model.module, model.parameter_units());
-  } else if (zero_plan.sharded()) {
-    sharding = zero_bucket_sharding(zero_plan, world());
-  }
-  reducer = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
-}
-
-void Trainer::Impl::build_outer() {
-  if (args.sync_every == 1 || world() == 1) return;
-  if (machine_comm && machine_comm->size() == world() && rank() == 0)
-    LOCKSTEP_LOG(warn, train) << "--sync-every " << args.sync_every
-                              << ": every worker is on one machine, so there is no link to spare; the outer step "
-                                 "still runs every "
-                              << args.sync_every << " steps";
-  outer = std::make_unique<OuterOptimizer>(*model.module, *comm,
-                                           OuterOptions{args.sync_every, args.outer_learning_rate, args.outer_momentum});
-}
-
-void Trainer::Impl::meet_machines() {
-  if (outer) outer->synchronize();
-}
-
-void Trainer::Impl::build_optimizer() {
-  if (reducer && zero_plan.sharded()) {
-    zero = std::make_unique<ZeroOptimizer>(*model.module, *reducer, *comm, zero_plan,
-                                           [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
-    if (stage3()) {
-      model.set_unit_runner(zero->unit_runner());
-      // Stage 3 is for models that barely fit: freed memory goes back to the system (the
-      // launcher's default malloc tunables keep up to 1 GB of it for reuse, which speeds up
-      // small models and would cost a large one a third of its machine here).
-      ::mallopt(M_MMAP_THRESHOLD, 16 << 20);
-      ::mallopt(M_TRIM_THRESHOLD, 32 << 20);
-      ::malloc_trim(0);
-    }
-    return;
-  }
-  if (zero_plan.sharded() && rank() == 0)
-    LOCKSTEP_LOG(info, train) << "--zero-stage " << zero_plan.stage << " with one worker: nothing to shard";
-  optimizer = make_optimizer(model.module->parameters());
 }
 
 // The run's length and schedule, the optimiser, the outputs, a resume, and the reducer.
@@ -156,14 +60,8 @@ void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid
                         "lockstep::gradient_checkpoint, as models/gpt.h's do)");
     model.set_gradient_checkpointing(true);
   }
-  if (pipelined()) {
-    build_pipeline();
-  } else {
-    build_reducer();  // before the optimizer: ZeRO shards the reducer's buckets
-    build_optimizer();
-    build_outer();  // before a resume, which restarts it from the loaded parameters
-  }
-  outputs = std::make_unique<RunOutputs>(args.output_dir, rank(), args.trace);
+  step.build();
+  reports.open();
 
   if (std::string from = checkpoints.resume_target(); !from.empty()) {
     checkpoints.resume(from, sampler);
@@ -190,18 +88,6 @@ bool Trainer::Impl::save_due(bool epoch_done) const {
          (args.save_strategy == "epoch" && epoch_done);
 }
 
-// A change of membership empties the window: a step's log cut short by one is not written again.
-void Trainer::Impl::log_or_show_progress(bool last, RunProgress& run) {
-  if (run.window.steps() == 0) return;
-  if (state.global_step % args.logging_steps == 0 || last) {
-    log_window(run);
-  } else if (!args.disable_tqdm && ::isatty(STDERR_FILENO)) {
-    show_progress(run.window.local_mean_loss(),
-                  rate_text(run.window.local_samples_per_second(), run.window.local_tokens_per_second(world())),
-                  0, run);
-  }
-}
-
 void Trainer::Impl::after_step(std::size_t position, std::size_t num_samples, RunProgress& run) {
   epilogue = StepEpilogue{state.global_step, StepEpilogue::log, false};
   run_epilogue(position, num_samples, run);
@@ -218,7 +104,7 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
     switch (part) {
       case StepEpilogue::log:
         epilogue.next = StepEpilogue::evaluate;
-        log_or_show_progress(last, run);
+        reports.log_or_show_progress(last, run);
         pause_begin = Clock::now();
         break;
       case StepEpilogue::evaluate:
@@ -268,7 +154,7 @@ void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& ru
   std::size_t position = sampler.state().position;
   while (state.global_step < state.max_steps && !run.control.should_stop && position < num_samples) {
     const std::size_t step_samples = std::min(samples_per_step(), num_samples - position);
-    train_step(*loader, step_samples, run.window);
+    step.run(*loader, StepPlan{step_samples, static_cast<double>(step_samples) * data_world(), false}, run.window);
     position += step_samples;
     ++state.global_step;
     ++state.steps_in_epoch;
@@ -340,8 +226,8 @@ std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimize
 }  // namespace
 
 WholeParameters::WholeParameters(Trainer::Impl& trainer, bool keep_values) : keep_values_(keep_values) {
-  if (!trainer.stage3()) return;
-  zero_ = trainer.zero.get();
+  if (!trainer.step.stage3()) return;
+  zero_ = trainer.step.zero();
   zero_->gather_all();
 }
 
@@ -350,13 +236,14 @@ WholeParameters::~WholeParameters() noexcept(false) {
 }
 
 void Trainer::Impl::check_replicas() {
-  if (pipeline) return check_stage_replicas();
+  if (step.pipeline()) return step.check_stage_replicas();
+  ZeroOptimizer* sliced = step.stage3() ? step.zero() : nullptr;
   if (world() == 1) {  // nothing to compare; the fingerprint says what a run with more workers should match
     LOCKSTEP_LOG(info, train) << "one worker holds the parameters (fingerprint "
-                              << parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr) << ")";
+                              << parameters_fingerprint(*model.module, sliced) << ")";
     return;
   }
-  const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module, stage3() ? zero.get() : nullptr));
+  const auto all = comm::allgather_strings(*comm, parameters_fingerprint(*model.module, sliced));
   if (rank() != 0) return;
   std::string differ;
   for (int r = 1; r < world(); ++r)
@@ -380,12 +267,12 @@ TrainResult Trainer::Impl::train() {
   data::DistributedSampler sampler(train_set->size(), data_rank(), data_world(), /*shuffle=*/true, args.seed);
   bool resumed_mid_epoch = false;
   prepare(sampler, resumed_mid_epoch);
-  announce();
-  if (auto record = checkpoints.take_resume_record()) outputs->record(*record);
+  reports.announce();
+  if (auto record = checkpoints.take_resume_record()) reports.record(*record);
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
   run.network_at_window_start = comm->network_stats();
-  if (args.cuda_graphs) cuda_graph = std::make_unique<CudaGraphStep>(*this);
+  if (args.cuda_graphs) step.begin_cuda_graphs();
   while (state.global_step < state.max_steps && !run.control.should_stop) {
     if (!resumed_mid_epoch) {
       sampler.set_epoch(state.epoch);
@@ -394,8 +281,8 @@ TrainResult Trainer::Impl::train() {
     resumed_mid_epoch = false;
     run_epoch(sampler, run);
   }
-  cuda_graph.reset();  // the default stream again, once the last replay is done
-  meet_machines();
+  step.end_cuda_graphs();
+  step.meet_machines();
   checkpoints.finish_background_save();
   check_replicas();
   load_best_model();
@@ -482,7 +369,7 @@ nlohmann::json Trainer::evaluate() {
   return metrics;
 }
 std::string Trainer::save_checkpoint() {
-  if (!impl_->optimizer && !impl_->zero)
+  if (!impl_->step.built())
     throw ConfigError("save_checkpoint() needs train() to have set up the optimiser first");
   std::string dir;
   impl_->run_recovering([&] {

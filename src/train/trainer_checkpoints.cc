@@ -47,7 +47,7 @@ void agree_on_outcome(comm::Communicator& comm, SaveOutcome mine, const std::fun
 // point: rank 0 alone needs it); rank 0 returns the files, the others nothing.
 std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
   std::vector<CheckpointFile> files;
-  if (!t.outer) return files;
+  if (!t.step.outer()) return files;
   const std::vector<int>& machine_of = t.comm->machine_of();
   std::vector<int> first_rank;  // machines are numbered by their lowest rank
   for (int r = 0; r < t.world(); ++r)
@@ -55,7 +55,7 @@ std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
   constexpr int kTag = 0x5eed;
   const int machine = machine_of[std::size_t(t.rank())];
   if (machine > 0 && first_rank[std::size_t(machine)] == t.rank()) {
-    std::string bytes = optimizer_bytes(*t.optimizer);
+    std::string bytes = optimizer_bytes(*t.step.optimizer());
     std::int64_t n = std::int64_t(bytes.size());
     bytes.resize((bytes.size() + 3) / 4 * 4);
     t.comm->send(&n, 1, comm::DType::i64, 0, kTag)->wait();
@@ -76,18 +76,18 @@ std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
 // The files beside the usual ones: local SGD's outer momentum and the other machines' states.
 std::vector<CheckpointFile> extra_files(Trainer::Impl& t) {
   std::vector<CheckpointFile> files = machine_optimizer_files(t);
-  if (t.outer && t.rank() == 0) files.push_back({kOuterOptimizerFile, optimizer_bytes(t.outer->outer())});
+  if (t.step.outer() && t.rank() == 0) files.push_back({kOuterOptimizerFile, optimizer_bytes(t.step.outer()->outer())});
   return files;
 }
 
 // Rank 0 writes the checkpoint; returns how it went and, on failure, why.
-SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer* optimizer, const fs::path& dir,
+SaveOutcome write_on_rank0(Trainer::Impl& t, torch::optim::Optimizer& optimizer, const fs::path& dir,
                            const nlohmann::json& trainer_state, const std::vector<CheckpointFile>& extra,
                            std::string& error) {
   if (t.rank() != 0) return SaveOutcome::ok;
   try {
     const bool die = t.fault("kill-during-save", t.state.global_step);
-    write_checkpoint(dir.string(), *t.model.module, *optimizer, scheduler_json(t), t.args.to_json(),
+    write_checkpoint(dir.string(), *t.model.module, optimizer, scheduler_json(t), t.args.to_json(),
                      trainer_state, [die] {
                        if (die) std::raise(SIGKILL);
                      },
@@ -121,7 +121,7 @@ TrainerCheckpoints::~TrainerCheckpoints() = default;
 TrainerCheckpoints::RankStates TrainerCheckpoints::gather_rank_states() const {
   RankStates out{comm::allgather_strings(*t_.comm, rng_state_hex()), {}};
   if (t_.args.fp16)
-    for (const auto& scale : comm::allgather_strings(*t_.comm, t_.loss_scale.to_json().dump()))
+    for (const auto& scale : comm::allgather_strings(*t_.comm, t_.step.loss_scale().to_json().dump()))
       out.loss_scales.push_back(nlohmann::json::parse(scale));
   return out;
 }
@@ -147,7 +147,7 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
     j["loss_scale"] = ranks.loss_scales.at(0);
     // Local SGD: each machine skips its own overflowed steps and keeps its own scale (elsewhere
     // every rank holds the same one).
-    if (t_.outer) j["loss_scales"] = ranks.loss_scales;
+    if (t_.step.outer()) j["loss_scales"] = ranks.loss_scales;
   }
   return j;
 }
@@ -162,7 +162,7 @@ std::string TrainerCheckpoints::name_this_step() {
 }
 
 std::string TrainerCheckpoints::save(std::size_t sampler_position) {
-  t_.meet_machines();  // local SGD: the checkpoint holds the machines' common model
+  t_.step.meet_machines();  // local SGD: the checkpoint holds the machines' common model
   return sharded_saves() ? save_sharded(sampler_position) : save_consolidated(sampler_position);
 }
 
@@ -173,13 +173,12 @@ std::string TrainerCheckpoints::save_consolidated(std::size_t sampler_position) 
   const fs::path dir = fs::path(t_.args.output_dir) / name;
   // Under ZeRO the slices' state is put together first, into the file DDP would write.
   WholeParameters parameters(t_, false);
-  std::unique_ptr<torch::optim::Optimizer> whole;
-  if (t_.zero)
-    whole = t_.zero->consolidated([this](std::vector<torch::Tensor> p) { return t_.make_optimizer(p); });
+  std::unique_ptr<torch::optim::Optimizer> gathered;
+  torch::optim::Optimizer& optimizer = t_.step.whole_optimizer(gathered);
   const std::vector<CheckpointFile> extra = extra_files(t_);
   std::string error;
-  const SaveOutcome outcome = write_on_rank0(t_, t_.zero ? whole.get() : t_.optimizer.get(), dir,
-                                             trainer_state_json(sampler_position, ranks), extra, error);
+  const SaveOutcome outcome =
+      write_on_rank0(t_, optimizer, dir, trainer_state_json(sampler_position, ranks), extra, error);
   // Everyone learns whether rank 0 managed (and nobody runs ahead of a checkpoint in progress).
   agree_on_outcome(*t_.comm, outcome, [&] {
     const std::string what = t_.rank() == 0 ? error : "rank 0 could not write it (see rank 0's message)";
@@ -216,7 +215,7 @@ void TrainerCheckpoints::write_results(const std::string& split, const nlohmann:
 
 void TrainerCheckpoints::record(const std::string& dir, const std::string& action, bool sharded, bool background,
                                 double stall_seconds, double write_seconds, int saved_world) {
-  if (t_.rank() != 0 || !t_.outputs) return;
+  if (t_.rank() != 0 || !t_.reports.opened()) return;
   metrics::CheckpointLog r;
   r.step = checkpoint_step(dir);
   r.dir = dir;
@@ -234,7 +233,7 @@ void TrainerCheckpoints::record(const std::string& dir, const std::string& actio
   if (action == "resume")
     resume_record_ = line;  // written after this start's train_begin
   else
-    t_.outputs->record(line);
+    t_.reports.record(line);
 }
 
 std::optional<nlohmann::json> TrainerCheckpoints::take_resume_record() {
@@ -244,7 +243,7 @@ std::optional<nlohmann::json> TrainerCheckpoints::take_resume_record() {
 }
 
 bool TrainerCheckpoints::sharded_saves() const {
-  if (t_.pipeline) return true;  // each pipeline rank saves its stages' part
+  if (t_.step.pipeline()) return true;  // each pipeline rank saves its stages' part
   if (t_.elastic) return false;  // the writer's reports need one communicator for the whole save
   return t_.args.save_format == "sharded" || (t_.args.save_format == "auto" && t_.zero_plan.sharded());
 }
@@ -297,7 +296,7 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
                {"global_step", t.state.global_step},
                {"world_size", t.world()},
                {"pipeline_parallel", t.args.pipeline_parallel},
-               {"zero_stage", t.zero ? t.zero_plan.stage : 0}};
+               {"zero_stage", t.step.zero() ? t.zero_plan.stage : 0}};
   job.files = {{"trainer_state.json", trainer_state.dump(2)},
                {"scheduler.json", scheduler_json(t).dump(2)},
                {"training_args.json", t.args.to_json().dump(2)}};
@@ -328,12 +327,7 @@ std::string TrainerCheckpoints::save_sharded(std::size_t sampler_position) {
   job.final_dir = dir.string();
   // A synchronous save writes straight from the live tensors (no copy: the step waits for it).
   const bool copy = t_.args.save_in_background;
-  if (t_.pipeline)
-    job.snapshot = snapshot_pipeline_rank(*t_.model.module, *t_.stage_module, *t_.optimizer, t_.data_rank(),
-                                          t_.data_world(), t_.rank() == 0, copy);
-  else
-    job.snapshot = t_.zero ? snapshot_zero(*t_.model.module, *t_.zero, t_.rank(), copy)
-                           : snapshot_replicated(*t_.model.module, *t_.optimizer, t_.rank(), t_.world(), copy);
+  job.snapshot = t_.step.snapshot(copy);
   if (t_.rank() == 0) add_rank0_files(t_, trainer_state_json(sampler_position, ranks), job);
   writer_->submit(std::move(job));
   in_flight_ = dir.string();
@@ -360,17 +354,18 @@ std::string TrainerCheckpoints::resume_target() const {
 // (pipelined or not, sharded or consolidated).
 void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
   Model& model = t_.model;
+  TrainingStep& step = t_.step;
   if (is_sharded_checkpoint(dir)) {
     load_sharded(dir, *model.module, nullptr);
-    load_sharded(dir, *t_.stage_module, t_.optimizer.get(), /*part=*/true);
+    load_sharded(dir, *step.stage_module(), step.optimizer(), /*part=*/true);
     return;
   }
   load_module(*model.module, (fs::path(dir) / "model.pt").string());
-  auto whole = t_.make_optimizer(model.module->parameters());
+  auto whole = step.make_optimizer(model.module->parameters());
   load_optimizer(*whole, optimizer_path(dir));
-  for (const auto& p : t_.pipeline->parameters()) {
+  for (const auto& p : step.pipeline()->parameters()) {
     const auto it = whole->state().find(ddp_detail::key_of(p));
-    if (it != whole->state().end()) t_.optimizer->state()[ddp_detail::key_of(p)] = std::move(it->second);
+    if (it != whole->state().end()) step.optimizer()->state()[ddp_detail::key_of(p)] = std::move(it->second);
   }
 }
 
@@ -378,30 +373,31 @@ void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
 // rank reads the whole state and, under ZeRO, keeps its slices.
 void TrainerCheckpoints::load_state(const std::string& dir) {
   Model& model = t_.model;
-  if (t_.pipeline) return load_pipeline_rank(dir);
-  if (t_.stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
-    load_sharded_slices(dir, *model.module, *t_.zero);
+  TrainingStep& step = t_.step;
+  if (step.pipeline()) return load_pipeline_rank(dir);
+  if (step.stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
+    load_sharded_slices(dir, *model.module, *step.zero());
     return;
   }
   WholeParameters parameters(t_, true);  // stage 3 from consolidated files: loaded whole, then cut
   std::unique_ptr<torch::optim::Optimizer> whole;
-  if (t_.zero) whole = t_.make_optimizer(model.module->parameters());
-  torch::optim::Optimizer& target = t_.zero ? *whole : *t_.optimizer;
+  if (step.zero()) whole = step.make_optimizer(model.module->parameters());
+  torch::optim::Optimizer& target = step.zero() ? *whole : *step.optimizer();
   if (is_sharded_checkpoint(dir)) {
     load_sharded(dir, *model.module, &target);
   } else {
     load_module(*model.module, (fs::path(dir) / "model.pt").string());
     load_optimizer(target, optimizer_path(dir));
   }
-  if (t_.zero) t_.zero->load_consolidated(*whole);
-  if (t_.outer) resume_outer(dir);
+  if (step.zero()) step.zero()->load_consolidated(*whole);
+  if (step.outer()) resume_outer(dir);
 }
 
 // Local SGD: a machine's own optimizer state when the checkpoint has it (a checkpoint saved
 // with fewer machines, or without --sync-every, gives every machine machine 0's).
 std::string TrainerCheckpoints::optimizer_path(const std::string& dir) const {
   const fs::path common = fs::path(dir) / "optimizer.pt";
-  const int machine = t_.outer ? t_.comm->machine_of()[std::size_t(t_.rank())] : 0;
+  const int machine = t_.step.outer() ? t_.comm->machine_of()[std::size_t(t_.rank())] : 0;
   if (machine == 0) return common.string();
   const fs::path own = fs::path(dir) / machine_optimizer_file(machine);
   if (fs::exists(own)) return own.string();
@@ -413,10 +409,11 @@ std::string TrainerCheckpoints::optimizer_path(const std::string& dir) const {
 // Local SGD: every rank loaded the same parameters, the new anchor; the outer momentum comes
 // from the checkpoint when it has one (a checkpoint of a run without --sync-every has none).
 void TrainerCheckpoints::resume_outer(const std::string& dir) {
-  t_.outer->restart_from_parameters();
+  OuterOptimizer& outer = *t_.step.outer();
+  outer.restart_from_parameters();
   const fs::path path = fs::path(dir) / kOuterOptimizerFile;
   if (fs::exists(path)) {
-    load_optimizer(t_.outer->outer(), path.string());
+    load_optimizer(outer.outer(), path.string());
   } else if (t_.args.outer_momentum > 0 && t_.rank() == 0) {
     LOCKSTEP_LOG(info, train) << dir << " holds no " << kOuterOptimizerFile
                               << " (saved without --sync-every): the outer momentum starts from zero";
@@ -441,9 +438,9 @@ void read_counters(const nlohmann::json& s, TrainerState& state) {
 // the job's. A checkpoint of a run without --fp16 has none: the scale starts afresh.
 void TrainerCheckpoints::restore_loss_scale(const nlohmann::json& state, int saved_world) {
   if (state.contains("loss_scales") && saved_world == t_.world())
-    t_.loss_scale.load_json(state["loss_scales"].at(static_cast<std::size_t>(t_.rank())));
+    t_.step.loss_scale().load_json(state["loss_scales"].at(static_cast<std::size_t>(t_.rank())));
   else if (state.contains("loss_scale"))
-    t_.loss_scale.load_json(state["loss_scale"]);
+    t_.step.loss_scale().load_json(state["loss_scale"]);
 }
 
 void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler& sampler) {

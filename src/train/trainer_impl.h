@@ -1,6 +1,24 @@
-// The Trainer's insides, shared by the files that implement it:
+// The Trainer's insides: the run, and the parts it is made of.
+//
+// The run (Trainer::Impl, this file) holds the run's inputs, set when the Trainer is made and
+// read by every part: the model, the datasets, the arguments, the callbacks, the loss, the device
+// and the communicator (which only the elastic run replaces, at a membership change). It owns the
+// run's position (TrainerState, the schedule, the epilogue of the last step) and drives the
+// parts, each of which owns its own state:
+//   TrainingStep        training_step.h: one optimiser step and what lasts between steps (the
+//                       reducer, the optimizer or ZeRO, local SGD, the loss scale, the pipeline,
+//                       --cuda-graphs' captured step)
+//   TrainerCheckpoints  trainer_checkpoints.h: saving, finding and resuming from checkpoints
+//   ElasticRun          elastic_run.h: the run of an elastic job, through members lost and joined
+//   TrainerReports      trainer_reports.h: metrics.jsonl, the trace, the first lines, the progress line
+// The checkpoints and the elastic run restore the run's position (that is what they are for);
+// they reach the step's state only through TrainingStep's operations.
+//
+// Files:
 //   trainer.cc              construction, the run (set-up, epochs, what follows each step)
+//   trainer_reports.cc      what the run says: its start, each logging window, the progress line
 //   training_step.cc        one optimiser step: micro-batches, backward, clipping, the optimiser
+//   training_step_setup.cc  the step's parts built, rebuilt after a membership change, saved
 //   cuda_graph_step.cc      CudaGraphStep: under --cuda-graphs, that step captured once and replayed
 //   pipeline_run.cc         the same under --pipeline-parallel: the pipeline's set-up, step, evaluation
 //   elastic_run.cc          ElasticRun: the run of an elastic job, through members lost and joined
@@ -25,20 +43,18 @@
 #include "lockstep/data/evaluation.h"
 #include "lockstep/data/loader.h"
 #include "lockstep/data/sampler.h"
-#include "lockstep/ddp/ddp.h"
-#include "lockstep/ddp/local_sgd.h"
 #include "lockstep/ddp/zero.h"
 #include "lockstep/pipe/pipeline.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/blas.h"
-#include "lockstep/train_core/loss_scale.h"
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/run_outputs.h"
 #include "lockstep/train_core/schedule.h"
 #include "lockstep/train_core/step_metrics.h"
-#include "cuda_graph_step.h"
 #include "elastic_run.h"
 #include "trainer_checkpoints.h"
+#include "trainer_reports.h"
+#include "training_step.h"
 
 namespace lockstep::train {
 
@@ -86,21 +102,6 @@ class WholeParameters {
 std::uint64_t parameter_hash(const torch::Tensor& p);
 std::string combined_fingerprint(const std::vector<std::uint64_t>& hashes);
 
-// The model's FLOPs per sample and the rates this worker multiplies at (0: not measured): what
-// the log's model_flops_per_second and mfu come from.
-struct RunFlops {
-  std::optional<double> per_sample;
-  double fp32_rate = 0, bf16_rate = 0;
-};
-
-// --pipeline-parallel: each pipeline rank's times over a logging window (PipelineStepStats summed),
-// and each step's span: from its first action to the end of the gradient norm's all-reduce, which
-// every stage leaves together (what the schedule's makespan is to its simulation).
-struct PipelineWindow {
-  double compute = 0, wait = 0, send = 0, reduce = 0, span = 0;
-  std::int64_t steps = 0;
-};
-
 struct Trainer::Impl {
   Model model;
   std::shared_ptr<const Dataset> train_set, eval_set;
@@ -112,24 +113,13 @@ struct Trainer::Impl {
   LossFn loss_fn;
   torch::Device device = torch::kCPU;  // --device: where the model, its batches and its optimizer live
 
-  std::unique_ptr<Reducer> reducer;                     // several workers
-  std::unique_ptr<torch::optim::Optimizer> optimizer;   // one worker, DDP, or this pipeline rank's parameters
-  // --pipeline-parallel above 1: the stages this rank runs, and their own parameters as a module
-  // (by the model's names: what the optimizer updates and the checkpoints save of this rank).
-  std::unique_ptr<pipe::Pipeline> pipeline;
-  std::shared_ptr<torch::nn::Module> stage_module;
-  PipelineWindow pipeline_window;
-  std::unique_ptr<ZeroOptimizer> zero;                  // --zero-stage 1 or 2 on several workers
-  // --sync-every above 1 (local SGD): the reducer spans this machine's ranks only, and the
-  // machines meet through the outer optimizer.
-  std::unique_ptr<comm::Communicator> machine_comm;
-  std::unique_ptr<OuterOptimizer> outer;
+  // training_step.h: one optimiser step and what lasts between steps (declared before the
+  // elastic run, whose communicator its reducer uses, so that it is destroyed after it).
+  TrainingStep step{*this};
   Schedule schedule;
   TrainerState state;
   StepEpilogue epilogue;
-  std::unique_ptr<RunOutputs> outputs;
-  RunFlops flops;
-  LossScale loss_scale;  // --fp16
+  TrainerReports reports{*this};  // trainer_reports.h: metrics.jsonl, the trace, the progress line
 
   // The autocast of --bf16 or --fp16; none: float32.
   std::optional<at::ScalarType> autocast_dtype() const {
@@ -138,7 +128,6 @@ struct Trainer::Impl {
     return std::nullopt;
   }
 
-  bool stage3() const { return zero && zero_plan.shards_parameters(); }
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
   bool pipelined() const { return args.pipeline_parallel > 1; }
@@ -148,8 +137,8 @@ struct Trainer::Impl {
   int data_world() const;
   // Samples one rank takes per optimiser step.
   std::size_t samples_per_step() const;
-  double learning_rate_at(std::int64_t step) const { return args.learning_rate * schedule.multiplier(step); }
-  TraceWriter* trace() const { return outputs ? outputs->trace() : nullptr; }
+  double learning_rate_at(std::int64_t at) const { return args.learning_rate * schedule.multiplier(at); }
+  TraceWriter* trace() const { return reports.trace(); }
   // Whether the tests asked for `kind` here (LOCKSTEP_FAULT_INJECT). `at` is a step, or for
   // kill-in-state-transfer and await-joiner a membership. In an elastic job a fault fires in its first membership
   // only (kill-in-state-transfer: while entering the one named), so the member that takes over
@@ -161,23 +150,8 @@ struct Trainer::Impl {
   // trainer.cc
   TrainResult train();
   void prepare(data::DistributedSampler& sampler, bool& resumed_mid_epoch);
-  void build_reducer();
-  void build_optimizer();
-  void build_outer();
-  // Local SGD: the machines meet if they trained apart since they last did (collective). Called
-  // before anything reads the model: evaluation, a checkpoint, the end of training.
-  void meet_machines();
   void place_model();
   void check_precision() const;
-  // An optimizer of the configured kind (--optim and its settings) over `params`.
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params) const;
-  // The optimizer over what this rank updates: its ZeRO slices, or every parameter.
-  torch::optim::Optimizer& stepper() { return zero ? zero->shard_optimizer() : *optimizer; }
-  void announce();
-  metrics::TrainBegin train_begin_record(const BlasInfo& blas) const;
-  // Collective in effect (every rank measures at once, sharing the cores as training will).
-  RunFlops count_flops() const;
-  void log_modes() const;
   void run_epoch(data::DistributedSampler& sampler, RunProgress& run);
   // Logging, evaluation, the end of an epoch, checkpoints and callbacks after a step: starts the
   // step's epilogue (after_step) or goes on with the parts not done (run_epilogue).
@@ -185,39 +159,9 @@ struct Trainer::Impl {
   void run_epilogue(std::size_t position, std::size_t num_samples, RunProgress& run);
   bool evaluation_due(bool epoch_done) const;
   bool save_due(bool epoch_done) const;
-  void log_or_show_progress(bool last, RunProgress& run);
-  void log_window(RunProgress& run);
-  void show_progress(double loss, const std::string& rate, double exposed_fraction, const RunProgress& run);
   void load_best_model();
   void check_replicas();  // collective: logs whether every rank ends with the same parameters
   TrainResult result(const RunProgress& run) const;
-
-  // training_step.cc
-  // One step's data on this rank: its samples (split into micro-batches of the per-device batch),
-  // the step's samples over all ranks (the mean is over them), and whether the batch is a stand-in
-  // for a rank that has no sample this step (its loss weighs nothing).
-  struct StepPlan {
-    std::size_t samples = 0;
-    double all_ranks_samples = 0;
-    bool placeholder = false;
-  };
-  StepTimes train_step(data::DataLoader<Batch>& loader, std::size_t step_samples, LogWindow& window);
-  StepTimes train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
-  // The step as written: micro-batches, backward, the all-reduce, clipping and the optimiser;
-  // adds the bytes and buckets it all-reduced.
-  StepTimes eager_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window, double& bytes,
-                       int& buckets);
-  // The step's next batch: the one cuda_graph handed back, else the loader's.
-  std::optional<Batch> next_batch(data::DataLoader<Batch>& loader);
-  // --cuda-graphs, during train(): replays the step once it is captured (cuda_graph_step.h).
-  std::unique_ptr<CudaGraphStep> cuda_graph;
-
-  // pipeline_run.cc
-  void build_pipeline();
-  StepTimes pipeline_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window);
-  data::EvalTotals pipeline_eval_totals();
-  void add_pipeline_fields(metrics::StepLog& entry);  // collective: each pipeline rank's window
-  void check_stage_replicas();                         // collective: each stage's replicas agree
 
   // elastic_run.h: the run of an elastic job (lockstep run --nnodes MIN:MAX), when this is one.
   std::unique_ptr<ElasticRun> elastic;

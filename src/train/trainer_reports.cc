@@ -17,14 +17,39 @@
 #include "lockstep/train_core/metrics.h"
 #include "lockstep/train_core/progress.h"
 #include "trainer_impl.h"
+#include "trainer_reports.h"
 
 namespace lockstep::train {
 
+TrainerReports::TrainerReports(Trainer::Impl& run) : run_(run) {}
+
+TrainerReports::~TrainerReports() = default;
+
+void TrainerReports::open() {
+  outputs_ = std::make_unique<RunOutputs>(run_.args.output_dir, run_.rank(), run_.args.trace);
+}
+
+// A change of membership empties the window: a step's log cut short by one is not written again.
+void TrainerReports::log_or_show_progress(bool last, RunProgress& run) {
+  if (run.window.steps() == 0) return;
+  const TrainingArguments& args = run_.args;
+  if (run_.state.global_step % args.logging_steps == 0 || last) {
+    log_window(run);
+  } else if (!args.disable_tqdm && ::isatty(STDERR_FILENO)) {
+    show_progress(run.window.local_mean_loss(),
+                  rate_text(run.window.local_samples_per_second(), run.window.local_tokens_per_second(run_.world())),
+                  0, run);
+  }
+}
+
 // Rank 0's lines on what runs other than plain DDP: local SGD, ZeRO's mirrors, its buckets.
-void Trainer::Impl::log_modes() const {
-  if (outer)
+void TrainerReports::log_modes() const {
+  const TrainingArguments& args = run_.args;
+  const ZeroOptimizer* zero = run_.step.zero();
+  const Reducer* reducer = run_.step.reducer();
+  if (run_.step.outer())
     LOCKSTEP_LOG(info, train) << "local SGD: gradients are averaged inside each machine ("
-                              << (machine_comm ? machine_comm->size() : 1)
+                              << run_.step.machine_ranks()
                               << " workers) and the machines meet every " << args.sync_every
                               << " steps (outer step: lr " << args.outer_learning_rate << ", Nesterov momentum "
                               << args.outer_momentum << ") and before each evaluation and checkpoint";
@@ -40,72 +65,79 @@ void Trainer::Impl::log_modes() const {
 
 // The model's FLOPs per sample and, when LOCKSTEP_PROBE_MATMUL asks, the matmul rates at the
 // shapes of this worker's micro-batch.
-RunFlops Trainer::Impl::count_flops() const {
+RunFlops TrainerReports::count_flops() const {
+  const TrainingArguments& args = run_.args;
   RunFlops counted;
-  const auto per_sample = model_matmuls(*model.module, 1);
+  const auto per_sample = model_matmuls(*run_.model.module, 1);
   if (!per_sample) return counted;
   counted.per_sample = training_flops(*per_sample);
   // The probe times the CPU's products: against a GPU's run it would say nothing.
-  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1" || !device.is_cpu()) return counted;
-  const auto shapes = *model_matmuls(*model.module, args.per_device_train_batch_size);
+  if (knobs::get(knobs::kProbeMatmul).value_or("") != "1" || !run_.device.is_cpu()) return counted;
+  const auto shapes = *model_matmuls(*run_.model.module, args.per_device_train_batch_size);
   counted.fp32_rate = measure_matmul_rate(shapes, torch::kFloat);
   counted.bf16_rate = measure_matmul_rate(shapes, torch::kBFloat16);
   return counted;
 }
 
 // Rank 0's first lines, and the train_begin record the doctor reads.
-void Trainer::Impl::announce() {
+void TrainerReports::announce() {
+  const TrainingArguments& args = run_.args;
+  const TrainerState& state = run_.state;
   const BlasInfo blas = blas_info();
-  flops = count_flops();
-  if (rank() != 0) return;
+  flops_ = count_flops();
+  if (run_.rank() != 0) return;
   // Under a pipeline the samples are dealt over the replicas, each pipeline rank of one reading the same.
-  const std::string who = pipeline ? std::to_string(data_world()) + " replica" + (data_world() == 1 ? "" : "s") +
-                                         " (of " + std::to_string(args.pipeline_parallel) + " pipeline ranks)"
-                                   : std::to_string(world()) + " worker" + (world() == 1 ? "" : "s");
+  const int replicas = run_.data_world(), workers = run_.world();
+  const std::string who = run_.step.pipeline() ? std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") +
+                                                     " (of " + std::to_string(args.pipeline_parallel) + " pipeline ranks)"
+                                               : std::to_string(workers) + " worker" + (workers == 1 ? "" : "s");
   char head[512];
   std::snprintf(
       head, sizeof head,
       "%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
       "%lld steps), %s, lr %g (%s), backend %s",
       who.c_str(), args.per_device_train_batch_size, args.gradient_accumulation_steps,
-      static_cast<long long>(samples_per_step() * static_cast<std::size_t>(data_world())),
+      static_cast<long long>(run_.samples_per_step() * static_cast<std::size_t>(run_.data_world())),
       static_cast<long long>(state.max_steps),
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
-      args.lr_scheduler_type.c_str(), comm->backend_name().c_str());
-  LOCKSTEP_LOG(info, train) << head << (zero ? ", " + zero_plan.describe() : "");
+      args.lr_scheduler_type.c_str(), run_.comm->backend_name().c_str());
+  LOCKSTEP_LOG(info, train) << head << (run_.step.zero() ? ", " + run_.zero_plan.describe() : "");
   log_modes();
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;
 
-  if (flops.fp32_rate > 0)
-    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops.fp32_rate / 1e9
-                              << " GFLOP/s, bf16 " << flops.bf16_rate / 1e9 << " GFLOP/s";
-  outputs->record(train_begin_record(blas).to_json());
+  if (flops_.fp32_rate > 0)
+    LOCKSTEP_LOG(info, train) << "matmul rate at the model's shapes, per worker: fp32 " << flops_.fp32_rate / 1e9
+                              << " GFLOP/s, bf16 " << flops_.bf16_rate / 1e9 << " GFLOP/s";
+  outputs_->record(train_begin_record(blas).to_json());
 }
 
 // What the doctor and report read of this start: the configuration, the memory each worker
 // holds, the BLAS kernels and the model's FLOPs.
-metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) const {
+metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) const {
+  const TrainingArguments& args = run_.args;
+  const TrainerState& state = run_.state;
   metrics::TrainBegin begin;
-  begin.world_size = world();
+  begin.world_size = run_.world();
   begin.per_device_train_batch_size = args.per_device_train_batch_size;
   begin.gradient_accumulation_steps = args.gradient_accumulation_steps;
   begin.dataloader_num_workers = args.dataloader_num_workers;
   begin.intra_op_threads = at::get_num_threads();
   begin.cores = static_cast<int>(std::thread::hardware_concurrency());
-  begin.backend = comm->backend_name();
-  begin.machines = comm->network_stats().machines;
-  begin.ddp_bucket_cap_mb = reducer ? reducer->bucket_cap_mb() : args.ddp_bucket_cap_mb;
+  begin.backend = run_.comm->backend_name();
+  begin.machines = run_.comm->network_stats().machines;
+  const ZeroOptimizer* zero = run_.step.zero();
+  begin.ddp_bucket_cap_mb = run_.step.reducer() ? run_.step.reducer()->bucket_cap_mb() : args.ddp_bucket_cap_mb;
   begin.ddp_bucket_cap_mb_asked = args.ddp_bucket_cap_mb;
   begin.ddp_comm_hook = args.ddp_comm_hook;
-  begin.sync_every = outer ? args.sync_every : 1;
-  for (const auto& p : model.module->parameters()) {
+  begin.sync_every = run_.step.outer() ? args.sync_every : 1;
+  for (const auto& p : run_.model.module->parameters()) {
     begin.parameters += p.numel();
     begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
   begin.gradient_checkpointing = args.gradient_checkpointing;
-  begin.zero_stage = zero ? zero_plan.stage : 0;
-  begin.zero_shared_parameters = zero && zero_plan.shared_parameters;
+  begin.zero_stage = zero ? run_.zero_plan.stage : 0;
+  begin.zero_shared_parameters = zero && run_.zero_plan.shared_parameters;
   const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
   begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
   begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;
@@ -122,12 +154,12 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
   begin.blas_by_launcher = blas.chosen_by_launcher;
   begin.bf16 = args.bf16;
   begin.fp16 = args.fp16;
-  begin.model_flops_per_sample = flops.per_sample;
-  if (flops.fp32_rate > 0) {
-    begin.matmul_fp32_flops_per_second = flops.fp32_rate;
-    begin.matmul_bf16_flops_per_second = flops.bf16_rate;
+  begin.model_flops_per_sample = flops_.per_sample;
+  if (flops_.fp32_rate > 0) {
+    begin.matmul_fp32_flops_per_second = flops_.fp32_rate;
+    begin.matmul_bf16_flops_per_second = flops_.bf16_rate;
   }
-  if (pipeline) {
+  if (const pipe::Pipeline* pipeline = run_.step.pipeline()) {
     begin.pipeline_parallel = args.pipeline_parallel;
     begin.pipeline_schedule = args.pipeline_schedule;
     begin.virtual_stages = args.virtual_stages;
@@ -142,9 +174,11 @@ metrics::TrainBegin Trainer::Impl::train_begin_record(const BlasInfo& blas) cons
   return begin;
 }
 
-void Trainer::Impl::show_progress(double loss, const std::string& rate, double exposed_fraction,
+void TrainerReports::show_progress(double loss, const std::string& rate, double exposed_fraction,
                                   const RunProgress& run) {
-  if (rank() != 0) return;
+  const TrainingArguments& args = run_.args;
+  const TrainerState& state = run_.state;
+  if (run_.rank() != 0) return;
   const double done = static_cast<double>(state.global_step - run.first_step);
   const double elapsed = seconds_between(run.start, Clock::now());
   const double eta = done > 0 ? elapsed / done * static_cast<double>(state.max_steps - state.global_step) : 0;
@@ -157,7 +191,7 @@ void Trainer::Impl::show_progress(double loss, const std::string& rate, double e
     std::fflush(stderr);
   } else {
     std::printf("%s\n", progress_line(state.global_step, state.max_steps, state.fractional_epoch(), loss,
-                                      learning_rate_at(state.global_step - 1), rate,
+                                      run_.learning_rate_at(state.global_step - 1), rate,
                                       exposed_fraction, eta)
                             .c_str());
     std::fflush(stdout);
@@ -165,10 +199,12 @@ void Trainer::Impl::show_progress(double loss, const std::string& rate, double e
 }
 
 // Collective: the window's numbers averaged over ranks, as one metrics.jsonl line.
-void Trainer::Impl::log_window(RunProgress& run) {
+void TrainerReports::log_window(RunProgress& run) {
+  const TrainingArguments& args = run_.args;
+  const TrainerState& state = run_.state;
   const double steps = static_cast<double>(std::max<std::int64_t>(1, run.window.steps()));
-  metrics::StepLog entry = run.window.summarise(*comm, /*find_straggler=*/!pipeline);
-  const comm::NetworkStats network = comm->network_stats();
+  metrics::StepLog entry = run.window.summarise(*run_.comm, /*find_straggler=*/!run_.step.pipeline());
+  const comm::NetworkStats network = run_.comm->network_stats();
   if (network.bytes_sent > run.network_at_window_start.bytes_sent) {
     entry.network_bytes_per_step =
         static_cast<double>(network.bytes_sent - run.network_at_window_start.bytes_sent) / steps;
@@ -176,44 +212,46 @@ void Trainer::Impl::log_window(RunProgress& run) {
   }
   entry.step = state.global_step;
   entry.epoch = state.fractional_epoch();
-  entry.learning_rate = learning_rate_at(state.global_step - 1);
+  entry.learning_rate = run_.learning_rate_at(state.global_step - 1);
   entry.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
   double pss = static_cast<double>(pss_bytes());
-  comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
+  run_.comm->allreduce(&pss, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
   entry.job_pss_bytes = pss;
-  if (stage3()) entry.zero_gathered_high_water_bytes = static_cast<double>(zero->memory().gathered_high_water);
-  if (pipeline) add_pipeline_fields(entry);
+  if (run_.step.stage3())
+    entry.zero_gathered_high_water_bytes = static_cast<double>(run_.step.zero()->memory().gathered_high_water);
+  if (run_.step.pipeline()) run_.step.add_pipeline_fields(entry);
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
-  if (flops.per_sample) {
-    entry.model_flops_per_second = *flops.per_sample * entry.samples_per_second;
-    const double rate = args.bf16 ? flops.bf16_rate : flops.fp32_rate;
-    if (rate > 0) entry.mfu = *entry.model_flops_per_second / world() / rate;
+  if (flops_.per_sample) {
+    entry.model_flops_per_second = *flops_.per_sample * entry.samples_per_second;
+    const double rate = args.bf16 ? flops_.bf16_rate : flops_.fp32_rate;
+    if (rate > 0) entry.mfu = *entry.model_flops_per_second / run_.world() / rate;
   }
   if (args.fp16) {  // the ranks skip the same steps (under local SGD, those of their machine)
+    const LossScale& loss_scale = run_.step.loss_scale();
     double scale = loss_scale.scale();
     double skipped = static_cast<double>(loss_scale.overflows() - run.overflows_at_window_start);
     run.overflows_at_window_start = loss_scale.overflows();
-    if (outer) {  // each machine its own: the lowest scale, and the most steps one machine skipped
-      comm->allreduce(&scale, 1, comm::DType::f64, comm::ReduceOp::min)->wait();
-      comm->allreduce(&skipped, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
+    if (run_.step.outer()) {  // each machine its own: the lowest scale, and the most steps one machine skipped
+      run_.comm->allreduce(&scale, 1, comm::DType::f64, comm::ReduceOp::min)->wait();
+      run_.comm->allreduce(&skipped, 1, comm::DType::f64, comm::ReduceOp::max)->wait();
     }
     entry.loss_scale = scale;
     entry.skipped_steps = static_cast<int>(skipped);
   }
   run.loss_sum += run.window.global_sums().loss_sum;
   run.loss_count += run.window.global_sums().loss_count;
-  if (entry.straggler_rank != run.straggler && rank() == 0) {
+  if (entry.straggler_rank != run.straggler && run_.rank() == 0) {
     if (entry.straggler)
       LOCKSTEP_LOG(warn, train) << *entry.straggler;
     else
       LOCKSTEP_LOG(info, train) << "no straggler any more: rank " << *run.straggler << " keeps up again";
   }
   run.straggler = entry.straggler_rank;
-  log(entry.to_json());
+  run_.log(entry.to_json());
   show_progress(entry.loss, rate_text(entry.samples_per_second, entry.tokens_per_second.value_or(0)),
                 entry.exposed_comm_fraction, run);
   run.window = LogWindow{};
-  run.network_at_window_start = comm->network_stats();
+  run.network_at_window_start = run_.comm->network_stats();
 }
 
 }  // namespace lockstep::train

@@ -8,12 +8,12 @@
 #include "lockstep/ddp/autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
+#include "cuda_graph_step.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {
-namespace {
 
-struct MicroBatch {
+struct TrainingStep::MicroBatch {
   int index = 0, count = 1;
   double mean_over = 1;      // the step's samples per rank: a sample's loss weighs 1 / mean_over
   bool placeholder = false;  // a stand-in batch of a rank with no samples this step: weight 0
@@ -21,26 +21,27 @@ struct MicroBatch {
 };
 
 // Forward and backward of one micro-batch; adds its times to `t` and its loss to `window`.
-void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, const MicroBatch& micro,
-                      StepTimes& t, LogWindow& window) {
+void TrainingStep::forward_backward(data::DataLoader<Batch>& loader, const MicroBatch& micro, StepTimes& t,
+                                    LogWindow& window) {
+  Trainer::Impl& trainer = run_;
   const auto begin = Clock::now();
-  auto batch = trainer.next_batch(loader);
+  auto batch = next_batch(loader);
   const auto loaded = Clock::now();
   if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
   const double samples = static_cast<double>(batch->target.size(0));
   const double targets = static_cast<double>(batch->target.numel());  // samples, or tokens
   if (batch->target.dim() >= 2) window.add_tokens(targets);
-  if (trainer.reducer) {
-    trainer.reducer->set_sync(micro.last());
-    trainer.reducer->before_forward();  // broadcasts buffers: a wait for the slowest rank, not compute
+  if (reducer_) {
+    reducer_->set_sync(micro.last());
+    reducer_->before_forward();  // broadcasts buffers: a wait for the slowest rank, not compute
   }
-  if (trainer.zero) trainer.zero->before_forward();  // stage 3: the root unit's parameters
+  if (zero_) zero_->before_forward();  // stage 3: the root unit's parameters
   const auto synced = Clock::now();
   torch::Tensor loss;
   {
     Autocast autocast(trainer.autocast_dtype(), trainer.device.type());
     torch::Tensor out = trainer.model.forward(batch->input.to(trainer.device));
-    if (trainer.reducer) trainer.reducer->after_forward(&out);
+    if (reducer_) reducer_->after_forward(&out);
     loss = trainer.loss_fn(out.to(torch::kFloat), batch->target.to(trainer.device));
   }
   if (!micro.placeholder) window.add_loss(loss.item<double>(), targets);
@@ -48,7 +49,7 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
   // ranks' gradients are averaged (micro-batches hold equal targets per sample, so weighting by
   // samples is weighting by targets).
   auto scaled = loss * (micro.placeholder ? 0.0 : samples / micro.mean_over);
-  if (trainer.args.fp16) scaled = scaled * trainer.loss_scale.scale();  // into float16's range (loss_scale.h)
+  if (trainer.args.fp16) scaled = scaled * loss_scale_.scale();  // into float16's range (loss_scale.h)
   const auto forwarded = Clock::now();
   scaled.backward();
   const auto backwarded = Clock::now();
@@ -64,15 +65,15 @@ void forward_backward(Trainer::Impl& trainer, data::DataLoader<Batch>& loader, c
 }
 
 // The all-reduce of this step, as the reducer saw it: exposed time is taken out of backward.
-void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, int& buckets) {
-  if (!trainer.reducer) return;
-  const DdpStats& st = trainer.reducer->stats();
+void TrainingStep::account_communication(StepTimes& t, double& bytes, int& buckets) {
+  if (!reducer_) return;
+  const DdpStats& st = reducer_->stats();
   t.exposed_comm = st.exposed_comm_seconds + t.buffer_sync;
   t.comm = st.comm_seconds;
   t.backward -= st.exposed_comm_seconds;
   bytes = static_cast<double>(st.bytes_allreduced);
   buckets = st.bucket_count;
-  if (TraceWriter* trace = trainer.trace())
+  if (TraceWriter* trace = run_.trace())
     for (const auto& b : st.buckets)
       trace->span("all-reduce", 2, b.started, b.finished,
                   {{"bucket", b.index}, {"parameters", b.parameters}, {"bytes", b.bytes}});
@@ -81,11 +82,11 @@ void account_communication(Trainer::Impl& trainer, StepTimes& t, double& bytes, 
 // --fp16: the gradients divided by the loss scale again, and whether every one is finite. Every
 // rank decides alike: it holds the same all-reduced gradients (under ZeRO, its slices of them,
 // and the ranks agree on the answer).
-bool unscale_gradients(Trainer::Impl& trainer) {
-  const double inverse = 1.0 / trainer.loss_scale.scale();
-  if (trainer.zero) return trainer.zero->unscale_gradients(inverse);
+bool TrainingStep::unscale_gradients() {
+  const double inverse = 1.0 / loss_scale_.scale();
+  if (zero_) return zero_->unscale_gradients(inverse);
   std::vector<torch::Tensor> finite;
-  for (auto& p : trainer.model.module->parameters()) {
+  for (auto& p : run_.model.module->parameters()) {
     if (!p.grad().defined()) continue;
     p.mutable_grad().mul_(inverse);
     finite.push_back(torch::isfinite(p.grad()).all());
@@ -94,99 +95,93 @@ bool unscale_gradients(Trainer::Impl& trainer) {
 }
 
 // --fp16: an overflowed step changes no parameter; the scale falls and the next step tries again.
-bool skip_overflowed_step(Trainer::Impl& trainer) {
-  const double scale = trainer.loss_scale.scale();
-  if (trainer.loss_scale.update(!unscale_gradients(trainer))) return false;
-  if (trainer.zero)
-    trainer.zero->skip_step();
+bool TrainingStep::skip_overflowed_step() {
+  const double scale = loss_scale_.scale();
+  if (loss_scale_.update(!unscale_gradients())) return false;
+  if (zero_)
+    zero_->skip_step();
   else
-    trainer.optimizer->zero_grad();
+    optimizer_->zero_grad();
   // Under local SGD each machine decides for itself: the first rank of each says so.
-  bool speaks = trainer.rank() == 0;
+  bool speaks = run_.rank() == 0;
   std::string where;
-  if (trainer.outer) {
-    speaks = trainer.machine_comm->rank() == 0;
-    where = " on machine " + std::to_string(trainer.comm->machine_of()[std::size_t(trainer.rank())]);
+  if (outer_) {
+    speaks = machine_comm_->rank() == 0;
+    where = " on machine " + std::to_string(run_.comm->machine_of()[std::size_t(run_.rank())]);
   }
   if (speaks)
-    LOCKSTEP_LOG(warn, train) << "step " << trainer.state.global_step + 1 << ": a gradient overflowed float16 at loss scale "
+    LOCKSTEP_LOG(warn, train) << "step " << run_.state.global_step + 1
+                              << ": a gradient overflowed float16 at loss scale "
                               << scale << where << ": the update is skipped and the scale is now "
-                              << trainer.loss_scale.scale();
+                              << loss_scale_.scale();
   return true;
 }
 
 // Clipping by global norm, this step's learning rate, the optimiser.
-void apply_update(Trainer::Impl& trainer, LogWindow& window) {
-  const double max_norm = trainer.args.max_grad_norm;
+void TrainingStep::apply_update(LogWindow& window) {
+  const double max_norm = run_.args.max_grad_norm;
   if (max_norm > 0)
-    window.set_grad_norm(trainer.zero ? trainer.zero->clip_grad_norm(max_norm)
-                                      : torch::nn::utils::clip_grad_norm_(trainer.model.module->parameters(), max_norm));
-  const double lr = trainer.learning_rate_at(trainer.state.global_step);
-  for (auto& group : trainer.stepper().param_groups()) group.options().set_lr(lr);
-  if (trainer.zero) {  // its slices, then every rank gets the new parameters
-    trainer.zero->step();
-    trainer.zero->zero_grad();
+    window.set_grad_norm(zero_ ? zero_->clip_grad_norm(max_norm)
+                               : torch::nn::utils::clip_grad_norm_(run_.model.module->parameters(), max_norm));
+  const double lr = run_.learning_rate_at(run_.state.global_step);
+  for (auto& group : stepper().param_groups()) group.options().set_lr(lr);
+  if (zero_) {  // its slices, then every rank gets the new parameters
+    zero_->step();
+    zero_->zero_grad();
   } else {
-    trainer.optimizer->step();
-    trainer.optimizer->zero_grad();
+    optimizer_->step();
+    optimizer_->zero_grad();
   }
 }
 
-void optimizer_step(Trainer::Impl& trainer, StepTimes& t, LogWindow& window) {
+void TrainingStep::optimizer_step(StepTimes& t, LogWindow& window) {
   const auto begin = Clock::now();
-  if (!trainer.args.fp16 || !skip_overflowed_step(trainer)) apply_update(trainer, window);
+  if (!run_.args.fp16 || !skip_overflowed_step()) apply_update(window);
   const auto end = Clock::now();
   t.optimizer = seconds_between(begin, end);
-  if (TraceWriter* trace = trainer.trace()) trace->span("optimizer", 1, begin, end);
+  if (TraceWriter* trace = run_.trace()) trace->span("optimizer", 1, begin, end);
   // Local SGD: the machines meet (waiting for each other) every K steps, skipped or not, so that
   // all count alike (a machine's own gradients may overflow where another's do not).
-  if (trainer.outer && trainer.outer->step()) {
-    t.exposed_comm += trainer.outer->last_seconds();
-    t.comm += trainer.outer->last_seconds();
-    if (TraceWriter* trace = trainer.trace()) trace->span("machines meet", 1, end, Clock::now());
+  if (outer_ && outer_->step()) {
+    t.exposed_comm += outer_->last_seconds();
+    t.comm += outer_->last_seconds();
+    if (TraceWriter* trace = run_.trace()) trace->span("machines meet", 1, end, Clock::now());
   }
 }
 
-}  // namespace
-
-StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, std::size_t step_samples,
-                                    LogWindow& window) {
-  return train_step(loader, StepPlan{step_samples, static_cast<double>(step_samples) * data_world(), false}, window);
-}
-
-StepTimes Trainer::Impl::train_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
-  if (pipeline) return pipeline_step(loader, plan, window);
+StepTimes TrainingStep::run(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window) {
+  if (pipeline_) return pipeline_step(loader, plan, window);
   const std::int64_t tensors_at_start = tensor_bytes();
   reset_peak_tensor_bytes();
   double bytes = 0;
   int buckets = 0;
-  std::optional<StepTimes> replayed = cuda_graph ? cuda_graph->step(loader, window) : std::nullopt;
+  std::optional<StepTimes> replayed = cuda_graph_ ? cuda_graph_->step(loader, window) : std::nullopt;
   const StepTimes t = replayed ? *replayed : eager_step(loader, plan, window, bytes, buckets);
   window.add_step(t, plan.all_ranks_samples, bytes, buckets);
   window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
   return t;
 }
 
-StepTimes Trainer::Impl::eager_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window,
-                                    double& bytes, int& buckets) {
+StepTimes TrainingStep::eager_step(data::DataLoader<Batch>& loader, const StepPlan& plan, LogWindow& window,
+                                  double& bytes, int& buckets) {
   const auto begin = Clock::now();
-  const auto batch_size = static_cast<std::size_t>(args.per_device_train_batch_size);
+  const auto batch_size = static_cast<std::size_t>(run_.args.per_device_train_batch_size);
   MicroBatch micro;
   micro.count = static_cast<int>((plan.samples + batch_size - 1) / batch_size);
-  micro.mean_over = plan.all_ranks_samples / world();
+  micro.mean_over = plan.all_ranks_samples / run_.world();
   micro.placeholder = plan.placeholder;
   StepTimes t;
   for (micro.index = 0; micro.index < micro.count; ++micro.index)
-    forward_backward(*this, loader, micro, t, window);
-  account_communication(*this, t, bytes, buckets);
-  optimizer_step(*this, t, window);
+    forward_backward(loader, micro, t, window);
+  account_communication(t, bytes, buckets);
+  optimizer_step(t, window);
   t.total = seconds_between(begin, Clock::now());
   return t;
 }
 
-std::optional<Batch> Trainer::Impl::next_batch(data::DataLoader<Batch>& loader) {
-  if (cuda_graph)
-    if (auto batch = cuda_graph->take_batch()) return batch;
+std::optional<Batch> TrainingStep::next_batch(data::DataLoader<Batch>& loader) {
+  if (cuda_graph_)
+    if (auto batch = cuda_graph_->take_batch()) return batch;
   return loader.next();
 }
 
