@@ -6,10 +6,12 @@ or torchrun) it uses torch.nn.parallel.DistributedDataParallel over --backend (g
 or PYTHONPATH holds <build>/python: the script itself imports nothing for it).
 
     /usr/bin/python3 bench/torch_ddp.py --model mlp|wide|cnn [--batch 64] [--steps N] [--no-sync]
-                                        [--backend gloo|lockstep] [--compile]
+                                        [--backend gloo|lockstep] [--compile] [--gradient-as-bucket-view]
 
 It runs on torch 1.13 and 2.x alike; --compile (2.x) trains torch.compile(model), compiled during
-the warm-up steps. The JSON line names the torch and its BLAS.
+the warm-up steps. --gradient-as-bucket-view passes DDP's option of that name: the gradients are
+views into DDP's buckets instead of tensors DDP copies into them before the all-reduce and back
+after it. The JSON line names the torch and its BLAS.
 """
 import argparse
 import contextlib
@@ -55,6 +57,7 @@ def main():
     ap.add_argument("--no-sync", action="store_true")
     ap.add_argument("--backend", default="gloo", help="torch.distributed backend under a launcher")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's option of that name")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -64,7 +67,8 @@ def main():
     if "RANK" in os.environ:
         dist.init_process_group(args.backend)
         rank, world = dist.get_rank(), dist.get_world_size()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                                        gradient_as_bucket_view=args.gradient_as_bucket_view)
     net = ddp if ddp is not None else model
     if args.compile:
         net = torch.compile(net)
@@ -101,6 +105,7 @@ def main():
         print(json.dumps({"model": args.model, "world": world, "batch": args.batch, "threads": args.threads,
                           "backend": args.backend if ddp is not None else None,
                           "ddp": ddp is not None, "no_sync": args.no_sync, "compiled": args.compile,
+                          "gradient_as_bucket_view": args.gradient_as_bucket_view,
                           "torch": torch.__version__, "torch_blas": blas_of_torch(), "bucket_cap_mb": args.bucket_cap_mb,
                           "samples_per_s": round(args.batch * world * n / elapsed, 1), "step_s": elapsed / n,
                           "forward_s": fwd / n, "backward_s": bwd / n, "optimizer_s": optim / n}), flush=True)
