@@ -56,6 +56,9 @@ std::optional<Straggler> straggler_among(comm::Communicator& comm, const WindowS
 }  // namespace
 
 metrics::StepLog LogWindow::summarise(comm::Communicator& comm, bool find_straggler) const {
+  // One end for the window's rates, taken before the collectives below (whose waits are not the
+  // window's): samples/s and tokens/s over the same seconds.
+  const double wall = std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
   global_ = local_;
   comm.allreduce(&global_, sizeof(WindowSums) / sizeof(double), comm::DType::f64, comm::ReduceOp::sum)
       ->wait();
@@ -64,7 +67,7 @@ metrics::StepLog LogWindow::summarise(comm::Communicator& comm, bool find_stragg
   const double steps = static_cast<double>(std::max<std::int64_t>(1, steps_));
   metrics::StepLog r;
   r.loss = global_.loss_count > 0 ? global_.loss_sum / global_.loss_count : 0;
-  r.samples_per_second = local_samples_per_second();
+  r.samples_per_second = samples_ / wall;
   r.world_size = comm.size();
   r.step_seconds = global_.total / ranks_x_steps;
   r.data_seconds = global_.data / ranks_x_steps;
@@ -81,10 +84,7 @@ metrics::StepLog LogWindow::summarise(comm::Communicator& comm, bool find_stragg
     r.straggler_rank = s->rank;
     r.straggler = s->describe();
   }
-  if (global_.tokens > 0) {
-    const double wall = std::max(1e-9, std::chrono::duration<double>(Clock::now() - begin_).count());
-    r.tokens_per_second = global_.tokens / wall;
-  }
+  if (global_.tokens > 0) r.tokens_per_second = global_.tokens / wall;
   return r;
 }
 

@@ -74,8 +74,10 @@ class GptExample : public ::testing::Test {
 TempDir* GptExample::dir_ = nullptr;
 std::string* GptExample::output_ = nullptr;
 
-// Per-token metrics: tokens/s is samples/s times the block, perplexity is exp(eval_loss), every
-// validation byte is evaluated, and the loss falls below a uniform guess over 256 bytes.
+// Per-token metrics: tokens/s is samples/s times the block (over the same seconds, whatever the
+// window's closing collectives wait: a loaded host once made the two disagree by 7%), perplexity
+// is exp(eval_loss), every validation byte is evaluated, and the loss falls below a uniform guess
+// over 256 bytes.
 TEST_F(GptExample, PretrainingLogsTokensAndPerplexityAndLearns) {
   const auto logs = metrics_events(out() + "/metrics.jsonl", "log");
   const auto evals = metrics_events(out() + "/metrics.jsonl", "eval");
@@ -83,7 +85,7 @@ TEST_F(GptExample, PretrainingLogsTokensAndPerplexityAndLearns) {
   ASSERT_EQ(evals.size(), 2u) << *output_;
   for (const auto& l : logs) {
     ASSERT_TRUE(l.contains("tokens_per_second")) << l;
-    EXPECT_NEAR(l["tokens_per_second"].get<double>() / l["samples_per_second"].get<double>(), 32.0, 32.0 * 0.05);
+    EXPECT_NEAR(l["tokens_per_second"].get<double>() / l["samples_per_second"].get<double>(), 32.0, 32.0 * 1e-9);
   }
   for (const auto& e : evals) {
     EXPECT_EQ(e["eval_samples"].get<int>(), 64);
