@@ -7,6 +7,7 @@
 #include "lockstep/ddp/cpu_rng.h"
 #include "lockstep/ddp/gradient_checkpoint.h"
 #include "lockstep/ddp/torch_compat.h"
+#include "lockstep/models/activation.h"
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/linear.h"
 #include "lockstep/error.h"
@@ -169,8 +170,11 @@ torch::Tensor MlpImpl::residual_forward(const torch::Tensor& residual, const tor
   return fast_dropout_add(residual, projected(x), dropout_, is_training());
 }
 
+// On the CPU the bias and the GELU in one pass (models/activation.h); on a GPU the bias inside the
+// product, as before.
 torch::Tensor MlpImpl::projected(const torch::Tensor& x) {
-  const auto hidden = torch::gelu(fast_linear(x, c_fc->weight, c_fc->bias), approximate_);
+  const auto hidden = x.is_cpu() ? fast_bias_gelu(fast_linear(x, c_fc->weight), c_fc->bias, approximate_)
+                                 : torch::gelu(fast_linear(x, c_fc->weight, c_fc->bias), approximate_);
   return fast_linear(hidden, c_proj->weight, c_proj->bias);
 }
 

@@ -1,0 +1,178 @@
+// fast_bias_gelu's kernels (gelu_kernels.h). Each public function is compiled once per
+// instruction set (AVX-512, AVX2 with FMA, and the baseline) and the best one the CPU has is
+// chosen when the program loads (GCC's target_clones); the loops over a row's columns are
+// vectorized (`omp simd`, this file being built with -fopenmp-simd, and -fno-trapping-math, without
+// which GCC keeps a select before a float-to-integer conversion out of vectorized loops).
+#include "gelu_kernels.h"
+
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LOCKSTEP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LOCKSTEP_CLONES
+#endif
+#define LOCKSTEP_INLINE inline __attribute__((always_inline))
+
+namespace lockstep::models::kernels {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+constexpr float kSqrtHalf = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+LOCKSTEP_INLINE float widen(float v) {
+  return v;
+}
+LOCKSTEP_INLINE float widen(Bf16Bits v) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+LOCKSTEP_INLINE void narrow(float v, float& out) {
+  out = v;
+}
+// To nearest even, as c10::BFloat16 rounds; a NaN stays a NaN.
+LOCKSTEP_INLINE void narrow(float v, Bf16Bits& out) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = 0u - static_cast<std::uint32_t>(v != v);  // all ones for a NaN
+  out = static_cast<Bf16Bits>((rounded & ~nan) | (0x7fc0u & nan));
+}
+
+// e^x for x in [-88, 88] (callers clamp): 2^n e^r with |r| <= ln(2)/2, e^r by Cephes' polynomial.
+LOCKSTEP_INLINE float exp_clamped(float x) {
+  // n = t rounded to the nearest integer: adding and taking away 1.5 * 2^23 leaves no fraction.
+  const float t = x * 1.4426950408889634f;
+  const float n = (t + 12582912.0f) - 12582912.0f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Two selects of their own, which the vectorizer takes (one nested in the other it does not).
+LOCKSTEP_INLINE float clamp88(float x) {
+  const float above = x < -88.0f ? -88.0f : x;
+  return above > 88.0f ? 88.0f : above;
+}
+
+// sigmoid(2u) of the tanh form at h.
+LOCKSTEP_INLINE float sigmoid_2u(float h) {
+  const float u = kSqrt2OverPi * (h + kCubic * h * h * h);
+  return 1.0f / (1.0f + exp_clamped(clamp88(-2.0f * u)));
+}
+
+// erfc(a)/2 for a >= 0: the Chebyshev fit t exp(-a^2 + P(t)), t = 1/(1 + a/2).
+LOCKSTEP_INLINE float half_erfc(float a) {
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  return 0.5f * t * exp_clamped(clamp88(p - a * a));
+}
+
+// Phi(h), the normal distribution function: erfc(-h/sqrt(2))/2, each tail from erfc.
+LOCKSTEP_INLINE float normal_cdf(float h) {
+  const float tail = half_erfc((h < 0 ? -h : h) * kSqrtHalf);
+  return h < 0 ? tail : 1.0f - tail;
+}
+
+template <GeluForm form>
+LOCKSTEP_INLINE float gelu(float h) {
+  if constexpr (form == GeluForm::tanh) return h * sigmoid_2u(h);
+  return h * normal_cdf(h);
+}
+
+template <GeluForm form>
+LOCKSTEP_INLINE float gelu_derivative(float h) {
+  if constexpr (form == GeluForm::tanh) {
+    const float s = sigmoid_2u(h);
+    return s + 2.0f * h * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * h * h);
+  }
+  return normal_cdf(h) + h * kInvSqrt2Pi * exp_clamped(clamp88(-0.5f * h * h));
+}
+
+template <GeluForm form, class T>
+LOCKSTEP_INLINE void forward_rows(const T* __restrict x, const float* __restrict bias, T* __restrict y,
+                                  std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* __restrict in = x + r * cols;
+    T* __restrict out = y + r * cols;
+#pragma omp simd
+    for (std::int64_t c = 0; c < cols; ++c) narrow(gelu<form>(widen(in[c]) + bias[c]), out[c]);
+  }
+}
+
+template <GeluForm form, class T>
+LOCKSTEP_INLINE void backward_rows(const T* __restrict dy, const T* __restrict x, const float* __restrict bias,
+                                   T* __restrict dx, float* __restrict bias_grad, std::int64_t rows,
+                                   std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* __restrict g = dy + r * cols;
+    const T* __restrict in = x + r * cols;
+    T* __restrict out = dx + r * cols;
+#pragma omp simd
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float d = widen(g[c]) * gelu_derivative<form>(widen(in[c]) + bias[c]);
+      bias_grad[c] += d;
+      narrow(d, out[c]);
+    }
+  }
+}
+
+template <class T>
+LOCKSTEP_INLINE void forward(GeluForm form, const T* x, const float* bias, T* y, std::int64_t rows,
+                             std::int64_t cols) {
+  if (form == GeluForm::tanh) return forward_rows<GeluForm::tanh>(x, bias, y, rows, cols);
+  forward_rows<GeluForm::exact>(x, bias, y, rows, cols);
+}
+
+template <class T>
+LOCKSTEP_INLINE void backward(GeluForm form, const T* dy, const T* x, const float* bias, T* dx, float* bias_grad,
+                              std::int64_t rows, std::int64_t cols) {
+  if (form == GeluForm::tanh) return backward_rows<GeluForm::tanh>(dy, x, bias, dx, bias_grad, rows, cols);
+  backward_rows<GeluForm::exact>(dy, x, bias, dx, bias_grad, rows, cols);
+}
+
+}  // namespace
+
+LOCKSTEP_CLONES void bias_gelu_forward(GeluForm form, const float* x, const float* bias, float* y,
+                                       std::int64_t rows, std::int64_t cols) {
+  forward(form, x, bias, y, rows, cols);
+}
+
+LOCKSTEP_CLONES void bias_gelu_forward(GeluForm form, const Bf16Bits* x, const float* bias, Bf16Bits* y,
+                                       std::int64_t rows, std::int64_t cols) {
+  forward(form, x, bias, y, rows, cols);
+}
+
+LOCKSTEP_CLONES void bias_gelu_backward(GeluForm form, const float* dy, const float* x, const float* bias,
+                                        float* dx, float* bias_grad, std::int64_t rows, std::int64_t cols) {
+  backward(form, dy, x, bias, dx, bias_grad, rows, cols);
+}
+
+LOCKSTEP_CLONES void bias_gelu_backward(GeluForm form, const Bf16Bits* dy, const Bf16Bits* x, const float* bias,
+                                        Bf16Bits* dx, float* bias_grad, std::int64_t rows, std::int64_t cols) {
+  backward(form, dy, x, bias, dx, bias_grad, rows, cols);
+}
+
+}  // namespace lockstep::models::kernels
