@@ -11,6 +11,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "bf16_bits.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
@@ -76,27 +77,10 @@ void for_each_chunk(std::int64_t n, std::uint64_t seed, const F& f) {
   });
 }
 
-// Element types through float: float, and bf16 as its bits (to float exactly, back with rounding to
-// nearest even, as c10::BFloat16 does), plain integers the vectorizer takes.
-using Bf16Bits = std::uint16_t;
-inline float widen(float v) {
-  return v;
-}
-inline float widen(Bf16Bits v) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline void narrow(float v, float& out) {
-  out = v;
-}
-inline void narrow(float v, Bf16Bits& out) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  out = static_cast<Bf16Bits>(v != v ? 0x7fc0u : rounded);
-}
+// Element types through float (bf16_bits.h).
+using kernels::Bf16Bits;
+using kernels::narrow;
+using kernels::widen;
 template <class T>
 T narrowed(float v) {
   T out;

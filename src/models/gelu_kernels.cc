@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "bf16_bits.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define LOCKSTEP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -21,27 +23,6 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 constexpr float kSqrtHalf = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
-LOCKSTEP_INLINE float widen(float v) {
-  return v;
-}
-LOCKSTEP_INLINE float widen(Bf16Bits v) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-LOCKSTEP_INLINE void narrow(float v, float& out) {
-  out = v;
-}
-// To nearest even, as c10::BFloat16 rounds; a NaN stays a NaN.
-LOCKSTEP_INLINE void narrow(float v, Bf16Bits& out) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const std::uint32_t nan = 0u - static_cast<std::uint32_t>(v != v);  // all ones for a NaN
-  out = static_cast<Bf16Bits>((rounded & ~nan) | (0x7fc0u & nan));
-}
 
 // e^x for x in [-88, 88] (callers clamp): 2^n e^r with |r| <= ln(2)/2, e^r by Cephes' polynomial.
 LOCKSTEP_INLINE float exp_clamped(float x) {

@@ -20,9 +20,9 @@
 
 #include <cstdint>
 
-namespace lockstep::models::kernels {
+#include "bf16_bits.h"
 
-using Bf16Bits = std::uint16_t;
+namespace lockstep::models::kernels {
 
 enum class GeluForm { exact, tanh };
 
