@@ -10,6 +10,7 @@
 #include "lockstep/models/activation.h"
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/linear.h"
+#include "lockstep/models/norm.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
@@ -34,6 +35,11 @@ torch::nn::Linear initialised_linear(int in, int out, double std, bool bias = tr
 
 torch::nn::LayerNormOptions layer_norm(const GptConfig& c) {
   return torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
+}
+
+// The layer norms in one pass each way with the cast to the next product's dtype (models/norm.h).
+torch::Tensor normed(const torch::nn::LayerNorm& norm, const torch::Tensor& x) {
+  return fast_layer_norm(x, norm->weight, norm->bias, norm->options.eps());
 }
 
 // The dropout seed of part `index` of a forward (0: the embeddings, i + 1: block i).
@@ -186,8 +192,8 @@ BlockImpl::BlockImpl(const GptConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  const auto h = attn->residual_forward(x, ln_1(x));
-  return mlp->residual_forward(h, ln_2(h));
+  const auto h = attn->residual_forward(x, normed(ln_1, x));
+  return mlp->residual_forward(h, normed(ln_2, h));
 }
 
 GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
@@ -205,7 +211,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   const std::uint64_t seed = is_training() ? draw_cpu_seed() : 0;
   auto x = embed(tokens, seed);
   for (int i = 0; i < int(h->size()); ++i) x = block(i, x, seed);
-  return ln_f(x);
+  return normed(ln_f, x);
 }
 
 torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, std::uint64_t seed) {
@@ -276,7 +282,7 @@ std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {
   auto head = named(*body->ln_f, "transformer.ln_f.");
   head.emplace_back("transformer.wte.weight", body->wte->weight);
   units.push_back({"head", head, [body](const torch::Tensor& x, std::uint64_t) {
-                     return fast_linear(body->ln_f(x), body->wte->weight);
+                     return fast_linear(normed(body->ln_f, x), body->wte->weight);
                    }});
   return units;
 }
