@@ -134,3 +134,20 @@ TEST(FastLayerNorm, ElsewhereIsLibtorchsLayerNorm) {
   EXPECT_TRUE(torch::equal(fast_layer_norm(xf, wf, torch::Tensor(), kEps),
                            torch::layer_norm(xf, {6}, wf, torch::Tensor(), kEps)));  // no bias
 }
+
+// A frozen norm (its weight and bias without gradients, as when fine-tuning adapters): x's
+// gradient is the same, and the parameters get none.
+TEST(FastLayerNorm, AFrozenNormGivesXsGradientAndNoneToItsParameters) {
+  torch::manual_seed(9);
+  const auto x = torch::randn({6, 48}).requires_grad_(true);
+  const auto weight = torch::randn({48}), bias = torch::randn({48});  // no gradients wanted
+  const auto g = torch::randn({6, 48});
+  (fast_layer_norm(x, weight, bias, kEps) * g).sum().backward();
+  const auto xr = x.detach().to(torch::kDouble).requires_grad_(true);
+  (torch::layer_norm(xr, {48}, weight.to(torch::kDouble), bias.to(torch::kDouble), kEps) * g.to(torch::kDouble))
+      .sum()
+      .backward();
+  EXPECT_TRUE(close(x.grad(), xr.grad(), 1e-4, 1e-5));
+  EXPECT_FALSE(weight.grad().defined());
+  EXPECT_FALSE(bias.grad().defined());
+}
