@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "gelu_kernels.h"
+#include "row_blocks.h"
 
 namespace lockstep::models {
 namespace {
@@ -22,13 +23,6 @@ bool fusable(const torch::Tensor& x, const torch::Tensor& bias, const std::strin
 
 GeluForm form_of(const std::string& approximate) {
   return approximate == "tanh" ? GeluForm::tanh : GeluForm::exact;
-}
-
-// f(row_begin, row_end) over the rows of a rows x cols matrix, in at::parallel_for's blocks.
-template <class F>
-void for_row_blocks(std::int64_t rows, std::int64_t cols, const F& f) {
-  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / cols);  // about 32K elements a block
-  at::parallel_for(0, rows, grain, f);
 }
 
 struct BiasGelu : torch::autograd::Function<BiasGelu> {

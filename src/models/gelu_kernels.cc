@@ -9,13 +9,7 @@
 #include <type_traits>
 
 #include "bf16_bits.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LOCKSTEP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LOCKSTEP_CLONES
-#endif
-#define LOCKSTEP_INLINE inline __attribute__((always_inline))
+#include "kernel_clones.h"
 
 namespace lockstep::models::kernels {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "lockstep/ddp/torch_compat.h"
 #include "norm_kernels.h"
+#include "row_blocks.h"
 
 namespace lockstep::models {
 namespace {
@@ -25,13 +26,6 @@ bool fusable(const torch::Tensor& x, const torch::Tensor& weight, const torch::T
 bool cast_to_bf16(const torch::Tensor& x) {
   return x.device().is_cpu() && torch_compat::autocast_enabled(at::kCPU) &&
          torch_compat::autocast_dtype(at::kCPU) == at::kBFloat16;
-}
-
-// f(row_begin, row_end) over the rows of a rows x cols matrix, in at::parallel_for's blocks.
-template <class F>
-void for_row_blocks(std::int64_t rows, std::int64_t cols, const F& f) {
-  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / cols);  // about 32K elements a block
-  at::parallel_for(0, rows, grain, f);
 }
 
 struct LayerNormCast : torch::autograd::Function<LayerNormCast> {

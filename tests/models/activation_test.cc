@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "close.h"
+
 using lockstep::models::fast_bias_gelu;
+using lockstep::testing::close;
 
 namespace {
 
@@ -33,17 +36,6 @@ Outcome reference(const torch::Tensor& x, const torch::Tensor& bias, const torch
     return torch::gelu(xv.to(torch::kDouble) + bv.to(torch::kDouble), form);
   }, x, bias, g);
   return out;
-}
-
-// |a - b| within atol + rtol |b| everywhere; the worst element named otherwise.
-::testing::AssertionResult close(const torch::Tensor& a, const torch::Tensor& b, double rtol, double atol) {
-  const auto diff = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs();
-  const auto allowed = atol + rtol * b.to(torch::kDouble).abs();
-  const auto over = (diff - allowed).flatten();
-  const auto worst = over.argmax().item<std::int64_t>();
-  if (over[worst].item<double>() <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << worst << ": " << a.flatten()[worst].item<double>()
-                                       << " against " << b.flatten()[worst].item<double>();
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "close.h"
 #include "lockstep/ddp/autocast.h"
 
 using lockstep::models::fast_layer_norm;
+using lockstep::testing::close;
 
 namespace {
 
@@ -51,17 +53,6 @@ Outcome fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::
   return run([](const torch::Tensor& xv, const torch::Tensor& wv, const torch::Tensor& bv) {
     return fast_layer_norm(xv, wv, bv, kEps);
   }, x, weight, bias, g, autocast);
-}
-
-// |a - b| within atol + rtol |b| everywhere; the worst element named otherwise.
-::testing::AssertionResult close(const torch::Tensor& a, const torch::Tensor& b, double rtol, double atol) {
-  const auto diff = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs();
-  const auto allowed = atol + rtol * b.to(torch::kDouble).abs();
-  const auto over = (diff - allowed).flatten();
-  const auto worst = over.argmax().item<std::int64_t>();
-  if (over[worst].item<double>() <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << worst << ": " << a.flatten()[worst].item<double>()
-                                       << " against " << b.flatten()[worst].item<double>();
 }
 
 }  // namespace
