@@ -19,10 +19,13 @@ LOCKSTEP_INLINE void forward_rows(const float* __restrict x, const float* __rest
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* __restrict in = x + r * cols;
     T* __restrict out = y + r * cols;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (std::int64_t c = 0; c < cols; ++c) sum += in[c];
-    const float m = sum * inv_n;
+    // The mean as the first value plus the mean offset from it: the offsets are the size of the
+    // row's spread, not of its values, so a row far from zero loses no precision in the sum.
+    const float shift = in[0];
+    float offsets = 0.0f;
+#pragma omp simd reduction(+ : offsets)
+    for (std::int64_t c = 0; c < cols; ++c) offsets += in[c] - shift;
+    const float m = shift + offsets * inv_n;
     float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
     for (std::int64_t c = 0; c < cols; ++c) squares += (in[c] - m) * (in[c] - m);

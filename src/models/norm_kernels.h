@@ -4,7 +4,8 @@
 // compiled with the vectorizer's options (one copy per instruction set, chosen when the program
 // starts) without libtorch's headers.
 //
-// Forward, per row of n values: mean m, variance v = mean((x - m)^2) (two passes over the row,
+// Forward, per row of n values: mean m (summed as offsets from the row's first value, so that a
+// row far from zero keeps its precision), variance v = mean((x - m)^2) (two passes over the row,
 // which is in cache after the first), rstd = 1/sqrt(v + eps), y = (x - m) rstd gamma + beta,
 // rounded once to bf16 when y is bf16. m and rstd are kept for the backward.
 // Backward, per row, with xhat = (x - m) rstd and g = dy gamma:
