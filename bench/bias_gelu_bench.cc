@@ -18,6 +18,7 @@
 
 #include "lockstep/ddp/autocast.h"
 #include "lockstep/models/activation.h"
+#include "kernel_bench.h"
 #include "lockstep/models/linear.h"
 
 namespace {
@@ -44,43 +45,31 @@ double step(bool fused, const std::string& form, bool bf16, const torch::Tensor&
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fused bias + GELU against libtorch's, the GPT MLP's first half"};
-  std::int64_t rows = 4096, width = 512;
-  int repeat = 20, threads = 1;
-  app.add_option("--rows", rows, "batch x sequence");
-  app.add_option("--width", width, "the model's width (the hidden layer is 4x)");
-  app.add_option("--repeat", repeat, "steps per side (interleaved), after 3 untimed");
-  app.add_option("--threads", threads, "intra-op threads");
+  lockstep::bench::KernelBenchOptions o{4096};
+  o.add_to(app, "the model's width (the hidden layer is 4x)");
   CLI11_PARSE(app, argc, argv);
-  at::set_num_threads(threads);
+  at::set_num_threads(o.threads);
   torch::manual_seed(0);
-  const auto x = torch::randn({rows, width}).requires_grad_(false);
-  Layer layer{(torch::randn({4 * width, width}) * 0.02).requires_grad_(true),
-              torch::zeros({4 * width}).requires_grad_(true)};
-  const auto grad = torch::randn({rows, 4 * width});
+  const auto x = torch::randn({o.rows, o.width}).requires_grad_(false);
+  Layer layer{(torch::randn({4 * o.width, o.width}) * 0.02).requires_grad_(true),
+              torch::zeros({4 * o.width}).requires_grad_(true)};
+  const auto grad = torch::randn({o.rows, 4 * o.width});
   std::printf("| dtype | GELU | libtorch ms | fused ms | libtorch / fused |\n|---|---|---|---|---|\n");
   for (const bool bf16 : {false, true}) {
     for (const std::string form : {"none", "tanh"}) {
-      std::vector<double> plain, fused;
-      for (int i = 0; i < repeat + 3; ++i) {
-        const double a = step(false, form, bf16, x, layer, grad), b = step(true, form, bf16, x, layer, grad);
-        if (i >= 3) plain.push_back(a), fused.push_back(b);
-      }
+      const auto [plain, fused] = lockstep::bench::interleaved_medians(
+          o.repeat, [&] { return step(false, form, bf16, x, layer, grad); },
+          [&] { return step(true, form, bf16, x, layer, grad); });
       std::printf("| %s | %s | %.2f | %.2f | %.2fx |\n", bf16 ? "bf16 (autocast)" : "float32",
-                  form == "none" ? "exact" : "tanh", median(plain) * 1e3, median(fused) * 1e3,
-                  median(plain) / median(fused));
+                  form == "none" ? "exact" : "tanh", plain * 1e3, fused * 1e3, plain / fused);
     }
   }
   std::printf("\nrows %lld, %lld -> %lld, %d intra-op thread(s), median of %d steps per side (forward and "
               "backward of the product, bias and GELU)\n",
-              static_cast<long long>(rows), static_cast<long long>(width), static_cast<long long>(4 * width),
-              threads, repeat);
+              static_cast<long long>(o.rows), static_cast<long long>(o.width), static_cast<long long>(4 * o.width),
+              o.threads, o.repeat);
 }

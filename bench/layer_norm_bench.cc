@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lockstep/ddp/autocast.h"
+#include "kernel_bench.h"
 #include "lockstep/models/linear.h"
 #include "lockstep/models/norm.h"
 
@@ -52,42 +53,31 @@ double step(bool fused, bool bf16, bool with_product, const torch::Tensor& x, Pa
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fused layer norm + cast against libtorch's, before the GPT block's first product"};
-  std::int64_t rows = 2048, width = 512;
-  int repeat = 20, threads = 1;
-  app.add_option("--rows", rows, "batch x sequence");
-  app.add_option("--width", width, "the model's width (the product is width -> 3 x width)");
-  app.add_option("--repeat", repeat, "steps per side (interleaved), after 3 untimed");
-  app.add_option("--threads", threads, "intra-op threads");
+  lockstep::bench::KernelBenchOptions o{2048};
+  o.add_to(app, "the model's width (the product is width -> 3 x width)");
   CLI11_PARSE(app, argc, argv);
-  at::set_num_threads(threads);
+  at::set_num_threads(o.threads);
   torch::manual_seed(0);
-  const auto x = torch::randn({rows, width}).requires_grad_(true);  // the residual stream
-  Params p{torch::ones({width}).requires_grad_(true), torch::zeros({width}).requires_grad_(true),
-           (torch::randn({3 * width, width}) * 0.02).requires_grad_(true), torch::zeros({3 * width}).requires_grad_(true)};
-  const auto grad_norm = torch::randn({rows, width}), grad_product = torch::randn({rows, 3 * width});
+  const auto x = torch::randn({o.rows, o.width}).requires_grad_(true);  // the residual stream
+  Params p{torch::ones({o.width}).requires_grad_(true), torch::zeros({o.width}).requires_grad_(true),
+           (torch::randn({3 * o.width, o.width}) * 0.02).requires_grad_(true),
+           torch::zeros({3 * o.width}).requires_grad_(true)};
+  const auto grad_norm = torch::randn({o.rows, o.width}), grad_product = torch::randn({o.rows, 3 * o.width});
   std::printf("| dtype | what | libtorch ms | fused ms | libtorch / fused |\n|---|---|---|---|---|\n");
   for (const bool bf16 : {false, true}) {
     for (const bool with_product : {false, true}) {
       const auto& grad = with_product ? grad_product : grad_norm;
-      std::vector<double> plain, fused;
-      for (int i = 0; i < repeat + 3; ++i) {
-        const double a = step(false, bf16, with_product, x, p, grad), b = step(true, bf16, with_product, x, p, grad);
-        if (i >= 3) plain.push_back(a), fused.push_back(b);
-      }
+      const auto [plain, fused] = lockstep::bench::interleaved_medians(
+          o.repeat, [&] { return step(false, bf16, with_product, x, p, grad); },
+          [&] { return step(true, bf16, with_product, x, p, grad); });
       std::printf("| %s | %s | %.3f | %.3f | %.2fx |\n", bf16 ? "bf16 (autocast)" : "float32",
-                  with_product ? "norm + product" : "norm alone", median(plain) * 1e3, median(fused) * 1e3,
-                  median(plain) / median(fused));
+                  with_product ? "norm + product" : "norm alone", plain * 1e3, fused * 1e3, plain / fused);
     }
   }
   std::printf("\nrows %lld, width %lld, %d intra-op thread(s), median of %d steps per side (forward and backward)\n",
-              static_cast<long long>(rows), static_cast<long long>(width), threads, repeat);
+              static_cast<long long>(o.rows), static_cast<long long>(o.width), o.threads, o.repeat);
 }
