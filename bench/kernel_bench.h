@@ -1,4 +1,4 @@
-// What the fused-kernel benchmarks (bias_gelu_bench, layer_norm_bench) share: their options and
+// What the fused-kernel benchmarks (attention_bench, bias_gelu_bench, layer_norm_bench) share: their options and
 // the two sides timed in turn, in one process, with the median of each.
 #pragma once
 

@@ -12,29 +12,18 @@
 #include <type_traits>
 
 #include "bf16_bits.h"
+#include "dropout_draw.h"
+#include "dropout_hash.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
 namespace {
 
-constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-
-// splitmix64's output function: a bijective mix of a 64-bit counter.
-std::uint64_t mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using kernels::kGolden;
+using kernels::mix;
 
 // The innermost DropoutSeeds of this thread, if any.
 thread_local DropoutSeeds* current_seeds = nullptr;
-
-std::uint64_t seed_from_default_generator() {
-  if (current_seeds) return current_seeds->next();
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
-}
 
 // One call's mask: its seed, the threshold of p, and the scale of the kept values.
 struct Mask {
@@ -43,12 +32,8 @@ struct Mask {
   double kept;
 };
 
-std::uint32_t threshold_of(double p) {
-  return static_cast<std::uint32_t>(std::lround(p * 65536));
-}
-
 Mask draw_mask(std::uint32_t threshold) {
-  return {seed_from_default_generator(), threshold, 65536.0 / static_cast<double>(65536 - threshold)};
+  return {next_dropout_seed(), threshold, dropout_scale(threshold)};
 }
 
 // Chunks of whole hash words. The kernels below run a loop of constant length over each whole
@@ -217,12 +202,27 @@ struct DropoutAdd : torch::autograd::Function<DropoutAdd> {
   }
 };
 
-void check_probability(double p) {
+}  // namespace
+
+void check_dropout_probability(double p) {
   if (!(p >= 0 && p <= 1))
     throw ConfigError("dropout probability must be within [0, 1], got " + std::to_string(p));
 }
 
-}  // namespace
+std::uint32_t dropout_threshold(double p) {
+  return static_cast<std::uint32_t>(std::lround(p * 65536));
+}
+
+double dropout_scale(std::uint32_t threshold) {
+  return 65536.0 / static_cast<double>(65536 - threshold);
+}
+
+std::uint64_t next_dropout_seed() {
+  if (current_seeds) return current_seeds->next();
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
+}
 
 DropoutSeeds::DropoutSeeds(std::uint64_t seed) : seed_(seed), outer_(current_seeds) {
   current_seeds = this;
@@ -237,11 +237,11 @@ std::uint64_t DropoutSeeds::next() {
 }
 
 torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
-  check_probability(p);
+  check_dropout_probability(p);
   if (!training || p == 0) return x;
   // The mask below is written by the CPU: a GPU's tensor takes the GPU's own dropout kernel.
   if (!x.device().is_cpu()) return torch::dropout(x, p, training);
-  const auto threshold = threshold_of(p);
+  const auto threshold = dropout_threshold(p);
   if (threshold >= 65536) return x * 0;
   auto mask = torch::empty(x.sizes(), x.options().requires_grad(false));
   const Mask m = draw_mask(threshold);
@@ -252,8 +252,8 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
 
 torch::Tensor fast_dropout_add(const torch::Tensor& residual, const torch::Tensor& x, double p,
                                bool training) {
-  check_probability(p);
-  const auto threshold = threshold_of(p);
+  check_dropout_probability(p);
+  const auto threshold = dropout_threshold(p);
   const bool fused = training && p > 0 && threshold < 65536 && residual.device().is_cpu() &&
                      x.device().is_cpu() && residual.sizes() == x.sizes() &&
                      residual.scalar_type() == at::result_type(residual, x) &&

@@ -5,11 +5,11 @@
 // which GCC keeps a select before a float-to-integer conversion out of vectorized loops).
 #include "gelu_kernels.h"
 
-#include <cstring>
 #include <type_traits>
 
 #include "bf16_bits.h"
 #include "kernel_clones.h"
+#include "vector_math.h"
 
 namespace lockstep::models::kernels {
 namespace {
@@ -18,31 +18,6 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 constexpr float kSqrtHalf = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
-// e^x for x in [-88, 88] (callers clamp): 2^n e^r with |r| <= ln(2)/2, e^r by Cephes' polynomial.
-LOCKSTEP_INLINE float exp_clamped(float x) {
-  // n = t rounded to the nearest integer: adding and taking away 1.5 * 2^23 leaves no fraction.
-  const float t = x * 1.4426950408889634f;
-  const float n = (t + 12582912.0f) - 12582912.0f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-// Two selects of their own, which the vectorizer takes (one nested in the other it does not).
-LOCKSTEP_INLINE float clamp88(float x) {
-  const float above = x < -88.0f ? -88.0f : x;
-  return above > 88.0f ? 88.0f : above;
-}
 
 // sigmoid(2u) of the tanh form at h.
 LOCKSTEP_INLINE float sigmoid_2u(float h) {

@@ -8,6 +8,7 @@
 #include "lockstep/ddp/gradient_checkpoint.h"
 #include "lockstep/ddp/torch_compat.h"
 #include "lockstep/models/activation.h"
+#include "lockstep/models/attention.h"
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/linear.h"
 #include "lockstep/models/norm.h"
@@ -67,11 +68,16 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   if (torch_compat::kFusedAttention && !(training && p > 0) && fused_is_faster)
     return torch_compat::fused_causal_attention(q, k, v);
   const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (q.device().is_cpu()) {
+    // The scale, mask, softmax and dropout in one pass each way (models/attention.h).
+    const auto scores = at::bmm(q.reshape({b * h, t, d}), k.reshape({b * h, t, d}).transpose(1, 2));
+    return torch::matmul(causal_softmax_dropout(scores.view({b, h, t, t}), scale, p, training), v);
+  }
   // The mask plus the scaled products in one batched product: the scale is its alpha, the mask its
   // addend. Separate passes for the scale and the mask took a fifth of the attention's time.
   const auto scores = at::baddbmm(causal_mask(t, q.options()), q.reshape({b * h, t, d}),
-                                  k.reshape({b * h, t, d}).transpose(1, 2), /*beta=*/1,
-                                  /*alpha=*/1.0 / std::sqrt(static_cast<double>(d)));
+                                  k.reshape({b * h, t, d}).transpose(1, 2), /*beta=*/1, /*alpha=*/scale);
   return torch::matmul(fast_dropout(torch::softmax(scores.view({b, h, t, t}), -1), p, training), v);
 }
 

@@ -1,0 +1,192 @@
+// causal_softmax_dropout's kernels (attention_kernels.h), built as gelu_kernels.cc is, one copy
+// per instruction set, each row's loops in vectors of 16 floats (lanes.h: a row of attention scores
+// is a few vectors long), the random bits among them.
+#include "attention_kernels.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "bf16_bits.h"
+#include "dropout_hash.h"
+#include "kernel_clones.h"
+#include "lanes.h"
+#include "vector_math.h"
+
+namespace lockstep::models::kernels {
+namespace {
+
+// The 16-bit draws (dropout_hash.h) of the 16 elements from index `first`: the eight hashes of
+// the words they fall in (four, or five when `first` is not a multiple of 4), each lane's 16 bits
+// picked out. One hash per element would cost twice the row's other arithmetic.
+using Longs8 = std::uint64_t __attribute__((vector_size(64)));
+using Words8 = std::uint32_t __attribute__((vector_size(32)));
+
+// The 16 bits at each lane's place (counted in elements from the first hash's first element).
+LOCKSTEP_INLINE Words8 bits_at(Longs8 hashes, Longs8 place) {
+  return __builtin_convertvector(__builtin_shuffle(hashes, place >> 2) >> ((place & 3) * 16), Words8);
+}
+
+LOCKSTEP_INLINE Words draws_at(std::uint64_t seed, std::uint64_t first) {
+  const Longs8 eight{0, 1, 2, 3, 4, 5, 6, 7};
+  const Longs8 hashes = mix(seed + ((first >> 2) + eight) * kGolden);
+  const Longs8 low = eight + (first & 3), high = low + 8;
+  return __builtin_shufflevector(bits_at(hashes, low), bits_at(hashes, high), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                 12, 13, 14, 15) &
+         0xffffu;
+}
+
+// The mask's factor for the 16 elements from index `first`: drop.kept or 0.
+template <bool dropout>
+LOCKSTEP_INLINE Floats mask_at(const DropoutBits& drop, std::uint64_t first) {
+  if constexpr (!dropout) {
+    return splat<Floats>(1.0f);
+  } else {
+    return draws_at(drop.seed, first) >= drop.threshold ? splat<Floats>(drop.kept) : Floats{};
+  }
+}
+
+// A row's loops go over whole vectors of 16 keys up to the last the query sees, those past it
+// masked by selects; the last vector of a row whose length is not a multiple of 16 is loaded and
+// stored in part.
+LOCKSTEP_INLINE std::int64_t lanes_at(std::int64_t c, std::int64_t end) {
+  return end - c < kLanes ? end - c : kLanes;
+}
+
+// The keys the row's loops go over: what the query sees, rounded up to whole vectors within the row.
+LOCKSTEP_INLINE std::int64_t span_of(std::int64_t visible, std::int64_t t) {
+  return std::min(t, (visible + kLanes - 1) / kLanes * kLanes);
+}
+
+// Lanes of the vector at key c that the query sees (all ones), of `visible`.
+LOCKSTEP_INLINE Ints seen(std::int64_t c, std::int64_t visible) {
+  return lane_index() + static_cast<std::int32_t>(c) < static_cast<std::int32_t>(visible);
+}
+
+// The row's P (as its type rounds it) and Y over its span. e: the row's exponentials, then free.
+template <bool dropout, class T>
+LOCKSTEP_INLINE void forward_row(const T* s, T* p, T* y, std::uint64_t first, std::int64_t visible,
+                                 std::int64_t span, float scale, const DropoutBits& drop, float* e) {
+  const Floats none = splat<Floats>(-std::numeric_limits<float>::infinity());
+  Floats top = none;
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const Floats x = seen(c, visible) ? load(s + c, lanes_at(c, span)) : none;
+    top = top < x ? x : top;
+  }
+  const Floats largest = splat<Floats>(max_of(top));
+  Floats sum{};
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const Floats x = exp_clamped(clamp88((load(s + c, lanes_at(c, span)) - largest) * scale));
+    const Floats kept = seen(c, visible) ? x : Floats{};
+    store(e + c, kept, lanes_at(c, span));
+    sum += kept;
+  }
+  const float inverse = 1.0f / sum_of(sum);
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const std::int64_t n = lanes_at(c, span);
+    const Floats probability = rounded_to<T>(load(e + c, n) * inverse);
+    store(p + c, probability, n);
+    store(y + c, probability * mask_at<dropout>(drop, first + c), n);
+  }
+}
+
+// The row's ds from dY and P over its span (P is 0 past what the query sees, and so is ds). g: dP,
+// then free.
+template <bool dropout, class T>
+LOCKSTEP_INLINE void backward_row(const T* dy, const T* p, T* ds, std::uint64_t first, std::int64_t span,
+                                  float scale, const DropoutBits& drop, float* g) {
+  Floats dot{};
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const std::int64_t n = lanes_at(c, span);
+    const Floats dp = rounded_to<T>(load(dy + c, n) * mask_at<dropout>(drop, first + c));
+    store(g + c, dp, n);
+    dot += dp * load(p + c, n);
+  }
+  const Floats total = splat<Floats>(sum_of(dot));
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const std::int64_t n = lanes_at(c, span);
+    store(ds + c, load(p + c, n) * (load(g + c, n) - total) * scale, n);
+  }
+}
+
+// Row r of the block: where it starts in the block, its first element's index in the whole
+// tensor, how many keys it sees. (Plain loops below, not a lambda: a lambda would be compiled
+// once, for the baseline instruction set, outside each copy made for the CPU's.)
+struct CausalRow {
+  std::int64_t at;
+  std::uint64_t first;
+  std::int64_t visible, span;
+};
+
+LOCKSTEP_INLINE CausalRow causal_row(std::int64_t first_row, std::int64_t r, std::int64_t t) {
+  const std::int64_t index = first_row + r, visible = index % t + 1;
+  return {r * t, static_cast<std::uint64_t>(index * t), visible, span_of(visible, t)};
+}
+
+// Zeros past the row's span.
+template <class T>
+LOCKSTEP_INLINE void zero_past_span(T* out, const CausalRow& row, std::int64_t t) {
+  std::fill(out + row.at + row.span, out + row.at + t, T{});
+}
+
+template <bool dropout, class T>
+LOCKSTEP_INLINE void forward_rows(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                  float scale, const DropoutBits& drop, float* scratch) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const CausalRow row = causal_row(first_row, r, t);
+    forward_row<dropout>(s + row.at, p + row.at, y + row.at, row.first, row.visible, row.span, scale, drop, scratch);
+    zero_past_span(p, row, t);
+    zero_past_span(y, row, t);
+  }
+}
+
+template <bool dropout, class T>
+LOCKSTEP_INLINE void backward_rows(const T* dy, const T* p, T* ds, std::int64_t first_row, std::int64_t rows,
+                                   std::int64_t t, float scale, const DropoutBits& drop, float* scratch) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const CausalRow row = causal_row(first_row, r, t);
+    backward_row<dropout>(dy + row.at, p + row.at, ds + row.at, row.first, row.span, scale, drop, scratch);
+    zero_past_span(ds, row, t);
+  }
+}
+
+template <class T>
+LOCKSTEP_INLINE void forward(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                             float scale, const DropoutBits& drop, float* scratch) {
+  if (drop.threshold == 0) return forward_rows<false>(s, p, y, first_row, rows, t, scale, drop, scratch);
+  forward_rows<true>(s, p, y, first_row, rows, t, scale, drop, scratch);
+}
+
+template <class T>
+LOCKSTEP_INLINE void backward(const T* dy, const T* p, T* ds, std::int64_t first_row, std::int64_t rows,
+                              std::int64_t t, float scale, const DropoutBits& drop, float* scratch) {
+  if (drop.threshold == 0) return backward_rows<false>(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+  backward_rows<true>(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+}
+
+}  // namespace
+
+LOCKSTEP_CLONES void causal_softmax_dropout_forward(const float* s, float* p, float* y, std::int64_t first_row,
+                                                    std::int64_t rows, std::int64_t t, float scale,
+                                                    const DropoutBits& drop, float* scratch) {
+  forward(s, p, y, first_row, rows, t, scale, drop, scratch);
+}
+
+LOCKSTEP_CLONES void causal_softmax_dropout_forward(const Bf16Bits* s, Bf16Bits* p, Bf16Bits* y,
+                                                    std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                    float scale, const DropoutBits& drop, float* scratch) {
+  forward(s, p, y, first_row, rows, t, scale, drop, scratch);
+}
+
+LOCKSTEP_CLONES void causal_softmax_dropout_backward(const float* dy, const float* p, float* ds,
+                                                     std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                     float scale, const DropoutBits& drop, float* scratch) {
+  backward(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+}
+
+LOCKSTEP_CLONES void causal_softmax_dropout_backward(const Bf16Bits* dy, const Bf16Bits* p, Bf16Bits* ds,
+                                                     std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                     float scale, const DropoutBits& drop, float* scratch) {
+  backward(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+}
+
+}  // namespace lockstep::models::kernels

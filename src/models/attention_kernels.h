@@ -1,0 +1,43 @@
+// The CPU kernels of causal_softmax_dropout (attention.h): over rows of t attention scores, row r
+// the query at position r mod t, which sees the keys at positions 0..r mod t,
+//   P = softmax(scale * s) over the keys it sees, 0 over the rest,
+//   Y = P * mask, the mask fast_dropout's (dropout_hash.h) for the element's index in the whole
+//       tensor: kept (times `kept`) when its 16 random bits reach `threshold`, else 0,
+// and back, from dY and the P kept by the forward (the mask drawn again from its seed):
+//   dP = dY * mask,  ds = scale * P (dP - sum over the row of P dP).
+// In float or bf16 (as its bits): computed in float, rounded where libtorch's separate ops round
+// (P; the product with the mask; ds), so that the results are theirs within one rounding.
+// Torch-free, so that this file is compiled with the vectorizer's options (one copy per
+// instruction set, chosen when the program starts) without libtorch's headers.
+#pragma once
+
+#include <cstdint>
+
+#include "bf16_bits.h"
+
+namespace lockstep::models::kernels {
+
+// One call's dropout mask. threshold 0 keeps every element (no dropout); `kept` is the kept
+// values' scale in the element's type.
+struct DropoutBits {
+  std::uint64_t seed;
+  std::uint32_t threshold;
+  float kept;
+};
+
+// Rows [first_row, first_row + rows) of the whole tensor, at s, p, y (each the block's first row).
+// scratch: t floats.
+void causal_softmax_dropout_forward(const float* s, float* p, float* y, std::int64_t first_row, std::int64_t rows,
+                                    std::int64_t t, float scale, const DropoutBits& drop, float* scratch);
+void causal_softmax_dropout_forward(const Bf16Bits* s, Bf16Bits* p, Bf16Bits* y, std::int64_t first_row,
+                                    std::int64_t rows, std::int64_t t, float scale, const DropoutBits& drop,
+                                    float* scratch);
+
+void causal_softmax_dropout_backward(const float* dy, const float* p, float* ds, std::int64_t first_row,
+                                     std::int64_t rows, std::int64_t t, float scale, const DropoutBits& drop,
+                                     float* scratch);
+void causal_softmax_dropout_backward(const Bf16Bits* dy, const Bf16Bits* p, Bf16Bits* ds, std::int64_t first_row,
+                                     std::int64_t rows, std::int64_t t, float scale, const DropoutBits& drop,
+                                     float* scratch);
+
+}  // namespace lockstep::models::kernels
