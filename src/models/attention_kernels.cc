@@ -8,6 +8,7 @@
 
 #include "bf16_bits.h"
 #include "dropout_hash.h"
+#include "dropout_lanes.h"
 #include "kernel_clones.h"
 #include "lanes.h"
 #include "vector_math.h"
@@ -15,33 +16,13 @@
 namespace lockstep::models::kernels {
 namespace {
 
-// The 16-bit draws (dropout_hash.h) of the 16 elements from index `first`: the eight hashes of
-// the words they fall in (four, or five when `first` is not a multiple of 4), each lane's 16 bits
-// picked out. One hash per element would cost twice the row's other arithmetic.
-using Longs8 = std::uint64_t __attribute__((vector_size(64)));
-using Words8 = std::uint32_t __attribute__((vector_size(32)));
-
-// The 16 bits at each lane's place (counted in elements from the first hash's first element).
-LOCKSTEP_INLINE Words8 bits_at(Longs8 hashes, Longs8 place) {
-  return __builtin_convertvector(__builtin_shuffle(hashes, place >> 2) >> ((place & 3) * 16), Words8);
-}
-
-LOCKSTEP_INLINE Words draws_at(std::uint64_t seed, std::uint64_t first) {
-  const Longs8 eight{0, 1, 2, 3, 4, 5, 6, 7};
-  const Longs8 hashes = mix(seed + ((first >> 2) + eight) * kGolden);
-  const Longs8 low = eight + (first & 3), high = low + 8;
-  return __builtin_shufflevector(bits_at(hashes, low), bits_at(hashes, high), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                 12, 13, 14, 15) &
-         0xffffu;
-}
-
 // The mask's factor for the 16 elements from index `first`: drop.kept or 0.
 template <bool dropout>
 LOCKSTEP_INLINE Floats mask_at(const DropoutBits& drop, std::uint64_t first) {
   if constexpr (!dropout) {
     return splat<Floats>(1.0f);
   } else {
-    return draws_at(drop.seed, first) >= drop.threshold ? splat<Floats>(drop.kept) : Floats{};
+    return kept_lanes(drop, first) ? splat<Floats>(drop.kept) : Floats{};
   }
 }
 

@@ -14,16 +14,9 @@
 #include <cstdint>
 
 #include "bf16_bits.h"
+#include "dropout_hash.h"
 
 namespace lockstep::models::kernels {
-
-// One call's dropout mask. threshold 0 keeps every element (no dropout); `kept` is the kept
-// values' scale in the element's type.
-struct DropoutBits {
-  std::uint64_t seed;
-  std::uint32_t threshold;
-  float kept;
-};
 
 // Rows [first_row, first_row + rows) of the whole tensor, at s, p, y (each the block's first row).
 // scratch: t floats.

@@ -14,6 +14,7 @@
 #include "bf16_bits.h"
 #include "dropout_draw.h"
 #include "dropout_hash.h"
+#include "dropout_kernels.h"
 #include "lockstep/error.h"
 
 namespace lockstep::models {
@@ -36,105 +37,59 @@ Mask draw_mask(std::uint32_t threshold) {
   return {next_dropout_seed(), threshold, dropout_scale(threshold)};
 }
 
-// Chunks of whole hash words. The kernels below run a loop of constant length over each whole
-// chunk, on restricted pointers with nothing called in between, so that the compiler vectorizes
-// them (at -O2 too).
-constexpr std::int64_t kChunk = 64;
-
-// The chunk's 16-bit draws from element `first`: element i's are 16 bits of the hash of (seed, i / 4).
-void chunk_draws(std::int64_t first, std::uint64_t seed, std::uint16_t* draw) {
-  std::uint64_t bits[kChunk / 4];
-  for (std::int64_t w = 0; w < kChunk / 4; ++w)
-    bits[w] = mix(seed + static_cast<std::uint64_t>(first / 4 + w) * kGolden);
-  for (std::int64_t w = 0; w < kChunk / 4; ++w)
-    for (int j = 0; j < 4; ++j) draw[4 * w + j] = static_cast<std::uint16_t>(bits[w] >> (16 * j));
+// The mask's bits for a kernel over elements of type T: `kept` as T holds it.
+template <class T>
+kernels::DropoutBits bits_for(const Mask& m) {
+  return {m.seed, m.threshold, static_cast<float>(static_cast<T>(m.kept))};
 }
 
-// f(first, length, draws) for each chunk of [0, n).
+// f(first, count) over blocks of [0, n) in parallel; blocks start at multiples of 64 (whole hash
+// words, whole vectors).
 template <class F>
-void for_each_chunk(std::int64_t n, std::uint64_t seed, const F& f) {
+void for_each_block(std::int64_t n, const F& f) {
+  constexpr std::int64_t kChunk = 64;
   at::parallel_for(0, (n + kChunk - 1) / kChunk, 256, [&](std::int64_t begin, std::int64_t end) {
-    std::uint16_t draw[kChunk];
-    for (std::int64_t c = begin; c < end; ++c) {
-      chunk_draws(c * kChunk, seed, draw);
-      f(c * kChunk, std::min(kChunk, n - c * kChunk), draw);
+    f(begin * kChunk, std::min(end * kChunk, n) - begin * kChunk);
+  });
+}
+
+// The mask of elements of type T into `out`: the kernels for float and bf16, element by element
+// for the other types.
+template <class T>
+void fill_mask(T* out, std::int64_t n, const Mask& m) {
+  const auto bits = bits_for<T>(m);
+  for_each_block(n, [&](std::int64_t first, std::int64_t count) {
+    if constexpr (std::is_same_v<T, float>) {
+      kernels::dropout_mask(out + first, first, count, bits);
+    } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      kernels::dropout_mask(reinterpret_cast<kernels::Bf16Bits*>(out) + first, first, count, bits);
+    } else {
+      const T kept = static_cast<T>(m.kept);
+      for (std::int64_t i = first; i < first + count; ++i)
+        out[i] = kernels::draw16(m.seed, static_cast<std::uint64_t>(i)) >= m.threshold ? kept : T(0);
     }
   });
 }
 
-// Element types through float (bf16_bits.h).
-using kernels::Bf16Bits;
-using kernels::narrow;
-using kernels::widen;
-template <class T>
-T narrowed(float v) {
-  T out;
-  narrow(v, out);
-  return out;
-}
-
-// The chunk's mask, element by element: `kept` or 0, as bits (S: an unsigned integer of the
-// element's size; 0 is +0 in every floating type).
-template <class S>
-void mask_chunk(const std::uint16_t* __restrict draw, std::uint32_t threshold, S kept, S* __restrict out,
-                std::int64_t length) {
-  if (length == kChunk) {
-    for (std::int64_t j = 0; j < kChunk; ++j) out[j] = draw[j] >= threshold ? kept : S(0);
-  } else {
-    for (std::int64_t j = 0; j < length; ++j) out[j] = draw[j] >= threshold ? kept : S(0);
-  }
-}
-
-// The mask of elements of type T into `out`, written as their bits.
-template <class T>
-void fill_mask(void* out, std::int64_t n, const Mask& m) {
-  using S = std::conditional_t<sizeof(T) == 2, std::uint16_t,
-                               std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
-  static_assert(sizeof(T) == sizeof(S));
-  const T kept_value = static_cast<T>(m.kept);
-  S kept;
-  std::memcpy(&kept, &kept_value, sizeof kept);
-  for_each_chunk(n, m.seed, [&](std::int64_t first, std::int64_t length, const std::uint16_t* draw) {
-    mask_chunk<S>(draw, m.threshold, kept, static_cast<S*>(out) + first, length);
-  });
-}
-
-// Elements [0, length) of a chunk: residual + x * mask, the product rounded to x's type first
-// (fast_dropout's product, then the sum), and which elements it kept.
-template <class R, class X>
-inline void sum_range(const R* __restrict residual, const X* __restrict x,
-                      const std::uint16_t* __restrict draw, std::uint32_t threshold, float kept,
-                      R* __restrict out, std::uint8_t* __restrict keep, std::int64_t length) {
-  for (std::int64_t j = 0; j < length; ++j) {
-    keep[j] = draw[j] >= threshold;
-    narrow(widen(residual[j]) + widen(narrowed<X>(widen(x[j]) * (keep[j] ? kept : 0.0f))), out[j]);
-  }
-}
-
-// Elements [0, length) of a chunk: the gradient of x, grad_out rounded to x's type times the mask,
-// as autograd gives it through the sum and fast_dropout.
-template <class R, class X>
-inline void gradient_range(const R* __restrict grad_out, const std::uint8_t* __restrict keep, float kept,
-                           X* __restrict grad_x, std::int64_t length) {
-  for (std::int64_t j = 0; j < length; ++j)
-    narrow(widen(narrowed<X>(widen(grad_out[j]))) * (keep[j] ? kept : 0.0f), grad_x[j]);
-}
-
-// kept in x's type, as a float.
-template <class X>
-float kept_as(const Mask& m) {
-  return widen(narrowed<X>(static_cast<float>(m.kept)));
-}
-
-// f(R(), X()) for the pairs the fused sum takes: float and bf16 each way.
+// f(R(), X()) for the pairs the fused sum takes: float and bf16 (as its bits) each way.
 template <class F>
 void dispatch_pair(at::ScalarType residual, at::ScalarType x, const F& f) {
   const auto with_x = [&](auto r) {
     if (x == at::kFloat) return f(r, float());
-    return f(r, Bf16Bits());
+    return f(r, kernels::Bf16Bits());
   };
   if (residual == at::kFloat) return with_x(float());
-  with_x(Bf16Bits());
+  with_x(kernels::Bf16Bits());
+}
+
+// X's kept scale, as the kernels take it.
+template <class X>
+float kept_for(double kept) {
+  if constexpr (std::is_same_v<X, float>) {
+    return static_cast<float>(kept);
+  } else {
+    return static_cast<float>(c10::BFloat16(static_cast<float>(kept)));
+  }
 }
 
 bool fusable_type(at::ScalarType t) {
@@ -153,19 +108,14 @@ struct DropoutAdd : torch::autograd::Function<DropoutAdd> {
     dispatch_pair(r.scalar_type(), in.scalar_type(), [&](auto rt, auto xt) {
       using R = decltype(rt);
       using X = decltype(xt);
+      const kernels::DropoutBits bits{m.seed, m.threshold, kept_for<X>(m.kept)};
       const auto* rp = static_cast<const R*>(r.data_ptr());
       const auto* xp = static_cast<const X*>(in.data_ptr());
       auto* op = static_cast<R*>(out.data_ptr());
       auto* kp = keep.data_ptr<std::uint8_t>();
-      const float kept = kept_as<X>(m);
-      for_each_chunk(
-          out.numel(), m.seed, [&](std::int64_t first, std::int64_t length, const std::uint16_t* draw) {
-            if (length == kChunk) {
-              sum_range(rp + first, xp + first, draw, m.threshold, kept, op + first, kp + first, kChunk);
-            } else {
-              sum_range(rp + first, xp + first, draw, m.threshold, kept, op + first, kp + first, length);
-            }
-          });
+      for_each_block(out.numel(), [&](std::int64_t first, std::int64_t count) {
+        kernels::dropout_add_forward(rp + first, xp + first, op + first, kp + first, first, count, bits);
+      });
     });
     ctx->save_for_backward({keep});
     ctx->saved_data["kept"] = m.kept;
@@ -179,23 +129,15 @@ struct DropoutAdd : torch::autograd::Function<DropoutAdd> {
     const auto keep = ctx->get_saved_variables()[0];
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     auto grad_x = torch::empty(g.sizes(), g.options().dtype(x_dtype));
-    const Mask m{0, 0, ctx->saved_data["kept"].toDouble()};
+    const double kept = ctx->saved_data["kept"].toDouble();
     dispatch_pair(g.scalar_type(), x_dtype, [&](auto rt, auto xt) {
       using R = decltype(rt);
       using X = decltype(xt);
       const auto* gp = static_cast<const R*>(g.data_ptr());
       const auto* kp = keep.data_ptr<std::uint8_t>();
       auto* xp = static_cast<X*>(grad_x.data_ptr());
-      const float kept = kept_as<X>(m);
-      at::parallel_for(0, (g.numel() + kChunk - 1) / kChunk, 256, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t c = begin; c < end; ++c) {
-          const std::int64_t first = c * kChunk, length = std::min(kChunk, g.numel() - first);
-          if (length == kChunk) {
-            gradient_range(gp + first, kp + first, kept, xp + first, kChunk);
-          } else {
-            gradient_range(gp + first, kp + first, kept, xp + first, length);
-          }
-        }
+      for_each_block(g.numel(), [&](std::int64_t first, std::int64_t count) {
+        kernels::dropout_add_backward(gp + first, kp + first, kept_for<X>(kept), xp + first, count);
       });
     });
     return {g, grad_x, torch::Tensor()};
@@ -246,7 +188,7 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
   auto mask = torch::empty(x.sizes(), x.options().requires_grad(false));
   const Mask m = draw_mask(threshold);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mask.scalar_type(), "lockstep_dropout",
-                                  [&] { fill_mask<scalar_t>(mask.data_ptr(), mask.numel(), m); });
+                                  [&] { fill_mask(mask.data_ptr<scalar_t>(), mask.numel(), m); });
   return x * mask;
 }
 

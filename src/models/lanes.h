@@ -69,23 +69,21 @@ LOCKSTEP_INLINE void store(float* p, Floats v, std::int64_t n = kLanes) {
   store_raw(p, v, n);
 }
 
-LOCKSTEP_INLINE void store(Bf16Bits* p, Floats v, std::int64_t n = kLanes) {
-  const Words bits = bits_as<Words>(v);
-  const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const Words nan = bits_as<Words>(v != v);  // all ones for a NaN
-  store_raw(p, __builtin_convertvector((rounded & ~nan) | (0x7fc0u & nan), Halves), n);
-}
-
-// v as the element type T rounds it, back in float.
+// v as the element type T rounds it, still in float: bf16 to nearest even, a NaN staying a NaN.
 template <class T>
 LOCKSTEP_INLINE Floats rounded_to(Floats v) {
   if constexpr (sizeof(T) == sizeof(float)) {
     return v;
   } else {
-    T out[kLanes];
-    store(out, v);
-    return load(out);
+    const Words bits = bits_as<Words>(v);
+    const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    const Words nan = bits_as<Words>(v != v);  // all ones for a NaN
+    return bits_as<Floats>((rounded & ~nan) | (0x7fc00000u & nan));
   }
+}
+
+LOCKSTEP_INLINE void store(Bf16Bits* p, Floats v, std::int64_t n = kLanes) {
+  store_raw(p, __builtin_convertvector(bits_as<Words>(rounded_to<Bf16Bits>(v)) >> 16, Halves), n);
 }
 
 LOCKSTEP_INLINE float sum_of(Floats v) {

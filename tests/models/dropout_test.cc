@@ -54,6 +54,21 @@ TEST(Dropout, OffInEvaluationAtZeroAndAllAtOneAndTheGradientIsTheMask) {
   EXPECT_THROW(fast_dropout(x, -0.1, true), lockstep::ConfigError);
 }
 
+// The same elements dropped in every dtype from the same generator state: float and bf16 masks
+// come from the vectorized kernels (16 elements, eight hashes at a time), the others element by
+// element from the hash's definition. An odd size, so that the last block ends inside a vector.
+TEST(Dropout, EveryDtypeDropsTheSameElements) {
+  const auto x = torch::rand({5, 1001}) + 1;  // no zeros of its own
+  const auto zeros = [&](torch::ScalarType type) {
+    torch::manual_seed(17);
+    return fast_dropout(x.to(type), 0.4, true) == 0;
+  };
+  const auto want = zeros(torch::kDouble);
+  EXPECT_NEAR(want.to(torch::kFloat).mean().item<float>(), 0.4, 0.02);
+  for (const auto type : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    EXPECT_TRUE(torch::equal(zeros(type), want)) << type;
+}
+
 // The fused sum: residual + fast_dropout(x) to the bit, forward and both gradients, for the types
 // the GPT adds (an fp32 residual stream and bf16 products under autocast, fp32 alone, bf16 alone).
 TEST(Dropout, TheFusedSumIsTheSumOfTheDroppedValuesToTheBit) {
