@@ -28,6 +28,7 @@ GROUPS = [
     ("products (oneDNN jitted kernels, BLAS)", r"^\[JIT\]|dnnl|gemm|openblas|libblas|mkl_|brgemm"),
     ("fused bias + GELU (models::fast_bias_gelu)", r"bias_gelu"),
     ("fused layer norm (models::fast_layer_norm)", r"layer_norm_(forward|backward)"),
+    ("fused softmax + dropout of the attention (models::causal_softmax_dropout)", r"causal_softmax_dropout"),
     ("dropout and dropout + residual (models::fast_dropout*)", r"chunk_draws|DropoutAdd|Dropout|mask_chunk|dropout"),
     ("libtorch layer norm", r"LayerNorm|RowwiseMoments"),
     ("softmax", r"softmax"),

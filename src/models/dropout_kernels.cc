@@ -43,7 +43,7 @@ LOCKSTEP_INLINE void add_backward(const R* grad_out, const std::uint8_t* keep, f
                                   std::int64_t n) {
   for (std::int64_t c = 0; c < n; c += kLanes) {
     const std::int64_t m = lanes_left(c, n);
-    const Ints kept_here = __builtin_convertvector(load_raw<Bytes>(keep + c, m), Ints) != 0;
+    const Ints kept_here = __builtin_convertvector(load_raw<Bytes>(keep + c, m) != 0, Ints);  // 0 or -1 each
     store(grad_x + c, rounded_to<X>(load(grad_out + c, m)) * (kept_here ? splat<Floats>(kept) : Floats{}), m);
   }
 }
