@@ -34,19 +34,21 @@ float kept_in(at::ScalarType type, double kept) {
                                : static_cast<float>(kept);
 }
 
-// f(row_begin, row_end, scratch) over the rows of t scores, in parallel blocks.
-template <class F>
-void rows_of(const torch::Tensor& s, const F& f) {
+// kernel(a, b, c, first_row, rows, t, scratch) over the rows of t scores in parallel blocks, with
+// a, b, c the three tensors' rows from first_row as float or bf16 (their dtype, s's).
+template <class Kernel>
+void rows_of(const torch::Tensor& s, const torch::Tensor& b, const torch::Tensor& c, const Kernel& kernel) {
   const std::int64_t t = s.size(-1);
-  for_row_blocks(s.numel() / t, t, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> scratch(static_cast<std::size_t>(t));
-    f(begin, end, scratch.data());
-  });
-}
-
-template <class T>
-T* at_row(const torch::Tensor& x, std::int64_t row) {
-  return static_cast<T*>(x.data_ptr()) + row * x.size(-1);
+  const auto run = [&](auto element) {
+    using T = decltype(element);
+    const auto row = [&](const torch::Tensor& x, std::int64_t r) { return static_cast<T*>(x.data_ptr()) + r * t; };
+    for_row_blocks(s.numel() / t, t, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<float> scratch(static_cast<std::size_t>(t));
+      kernel(row(s, begin), row(b, begin), row(c, begin), begin, end - begin, t, scratch.data());
+    });
+  };
+  if (s.scalar_type() == at::kBFloat16) return run(Bf16Bits());
+  run(float());
 }
 
 struct CausalSoftmaxDropout : torch::autograd::Function<CausalSoftmaxDropout> {
@@ -57,17 +59,10 @@ struct CausalSoftmaxDropout : torch::autograd::Function<CausalSoftmaxDropout> {
     const DropoutBits drop{
         threshold ? next_dropout_seed() : 0, static_cast<std::uint32_t>(threshold),
         threshold ? kept_in(s.scalar_type(), dropout_scale(static_cast<std::uint32_t>(threshold))) : 1.0f};
-    const auto t = s.size(-1);
     const auto f = static_cast<float>(scale);
-    rows_of(s, [&](std::int64_t begin, std::int64_t end, float* scratch) {
-      if (s.scalar_type() == at::kBFloat16) {
-        kernels::causal_softmax_dropout_forward(at_row<Bf16Bits>(s, begin), at_row<Bf16Bits>(probs, begin),
-                                                at_row<Bf16Bits>(out, begin), begin, end - begin, t, f, drop,
-                                                scratch);
-      } else {
-        kernels::causal_softmax_dropout_forward(at_row<float>(s, begin), at_row<float>(probs, begin),
-                                                at_row<float>(out, begin), begin, end - begin, t, f, drop, scratch);
-      }
+    rows_of(s, probs, out, [&](auto* in, auto* p, auto* y, std::int64_t first, std::int64_t rows, std::int64_t t,
+                               float* scratch) {
+      kernels::causal_softmax_dropout_forward(in, p, y, first, rows, t, f, drop, scratch);
     });
     ctx->save_for_backward({probs});
     ctx->saved_data["scale"] = scale;
@@ -85,18 +80,10 @@ struct CausalSoftmaxDropout : torch::autograd::Function<CausalSoftmaxDropout> {
     const DropoutBits drop{static_cast<std::uint64_t>(ctx->saved_data["seed"].toInt()),
                            static_cast<std::uint32_t>(ctx->saved_data["threshold"].toInt()),
                            static_cast<float>(ctx->saved_data["kept"].toDouble())};
-    const auto t = probs.size(-1);
     const auto f = static_cast<float>(ctx->saved_data["scale"].toDouble());
-    rows_of(probs, [&](std::int64_t begin, std::int64_t end, float* scratch) {
-      if (probs.scalar_type() == at::kBFloat16) {
-        kernels::causal_softmax_dropout_backward(at_row<Bf16Bits>(dy, begin), at_row<Bf16Bits>(probs, begin),
-                                                 at_row<Bf16Bits>(ds, begin), begin, end - begin, t, f, drop,
-                                                 scratch);
-      } else {
-        kernels::causal_softmax_dropout_backward(at_row<float>(dy, begin), at_row<float>(probs, begin),
-                                                 at_row<float>(ds, begin), begin, end - begin, t, f, drop,
-                                                 scratch);
-      }
+    rows_of(dy, probs, ds, [&](auto* g, auto* p, auto* out, std::int64_t first, std::int64_t rows, std::int64_t t,
+                               float* scratch) {
+      kernels::causal_softmax_dropout_backward(g, p, out, first, rows, t, f, drop, scratch);
     });
     return {ds, torch::Tensor(), torch::Tensor()};
   }
