@@ -17,7 +17,8 @@
 namespace lockstep::models {
 
 // fast_dropout(softmax(scale * scores + causal mask, -1), p, training) for scores [..., T, T]
-// (query by key; query t sees keys 0..t), in scores' dtype. ConfigError for p outside [0, 1].
+// (query by key; query t sees keys 0..t), in scores' dtype. ConfigError for p outside [0, 1] or
+// scores that are not square in their last two dimensions.
 torch::Tensor causal_softmax_dropout(const torch::Tensor& scores, double scale, double p, bool training);
 
 }  // namespace lockstep::models
