@@ -28,12 +28,6 @@ torch::Tensor unfused(const torch::Tensor& scores, double scale, double p, bool 
   return fast_dropout(torch::softmax(scores * scale + mask, -1), p, training);
 }
 
-// The mask's kept scale as the element type holds it (fast_dropout's mask is in that type).
-float kept_in(at::ScalarType type, double kept) {
-  return type == at::kBFloat16 ? static_cast<float>(c10::BFloat16(static_cast<float>(kept)))
-                               : static_cast<float>(kept);
-}
-
 // kernel(a, b, c, first_row, rows, t, scratch) over the rows of t scores in parallel blocks, with
 // a, b, c the three tensors' rows from first_row as float or bf16 (their dtype, s's).
 template <class Kernel>
@@ -56,9 +50,9 @@ struct CausalSoftmaxDropout : torch::autograd::Function<CausalSoftmaxDropout> {
                                std::int64_t threshold) {
     const auto s = scores.contiguous();
     auto probs = torch::empty_like(s), out = torch::empty_like(s);
-    const DropoutBits drop{
-        threshold ? next_dropout_seed() : 0, static_cast<std::uint32_t>(threshold),
-        threshold ? kept_in(s.scalar_type(), dropout_scale(static_cast<std::uint32_t>(threshold))) : 1.0f};
+    const auto bar = static_cast<std::uint32_t>(threshold);  // 0: no dropout, no seed drawn
+    const DropoutBits drop{threshold ? next_dropout_seed() : 0, bar,
+                           threshold ? dropout_scale_in(s.scalar_type(), dropout_scale(bar)) : 1.0f};
     const auto f = static_cast<float>(scale);
     rows_of(s, probs, out, [&](auto* in, auto* p, auto* y, std::int64_t first, std::int64_t rows, std::int64_t t,
                                float* scratch) {

@@ -85,11 +85,7 @@ void dispatch_pair(at::ScalarType residual, at::ScalarType x, const F& f) {
 // X's kept scale, as the kernels take it.
 template <class X>
 float kept_for(double kept) {
-  if constexpr (std::is_same_v<X, float>) {
-    return static_cast<float>(kept);
-  } else {
-    return static_cast<float>(c10::BFloat16(static_cast<float>(kept)));
-  }
+  return dropout_scale_in(std::is_same_v<X, float> ? at::kFloat : at::kBFloat16, kept);
 }
 
 bool fusable_type(at::ScalarType t) {
@@ -157,6 +153,11 @@ std::uint32_t dropout_threshold(double p) {
 
 double dropout_scale(std::uint32_t threshold) {
   return 65536.0 / static_cast<double>(65536 - threshold);
+}
+
+float dropout_scale_in(at::ScalarType type, double scale) {
+  const auto as_float = static_cast<float>(scale);
+  return type == at::kBFloat16 ? static_cast<float>(c10::BFloat16(as_float)) : as_float;
 }
 
 std::uint64_t next_dropout_seed() {
