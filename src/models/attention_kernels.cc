@@ -28,10 +28,7 @@ LOCKSTEP_INLINE Floats mask_at(const DropoutBits& drop, std::uint64_t first) {
 
 // A row's loops go over whole vectors of 16 keys up to the last the query sees, those past it
 // masked by selects; the last vector of a row whose length is not a multiple of 16 is loaded and
-// stored in part.
-LOCKSTEP_INLINE std::int64_t lanes_at(std::int64_t c, std::int64_t end) {
-  return end - c < kLanes ? end - c : kLanes;
-}
+// stored in part (lanes_at).
 
 // The keys the row's loops go over: what the query sees, rounded up to whole vectors within the row.
 LOCKSTEP_INLINE std::int64_t span_of(std::int64_t visible, std::int64_t t) {

@@ -14,15 +14,11 @@ namespace {
 
 using Bytes = std::uint8_t __attribute__((vector_size(kLanes)));
 
-LOCKSTEP_INLINE std::int64_t lanes_left(std::int64_t c, std::int64_t n) {
-  return n - c < kLanes ? n - c : kLanes;
-}
-
 template <class T>
 LOCKSTEP_INLINE void mask(T* out, std::int64_t first, std::int64_t n, const DropoutBits& drop) {
   for (std::int64_t c = 0; c < n; c += kLanes) {
     const Ints kept = kept_lanes(drop, static_cast<std::uint64_t>(first + c));
-    store(out + c, kept ? splat<Floats>(drop.kept) : Floats{}, lanes_left(c, n));
+    store(out + c, kept ? splat<Floats>(drop.kept) : Floats{}, lanes_at(c, n));
   }
 }
 
@@ -30,7 +26,7 @@ template <class R, class X>
 LOCKSTEP_INLINE void add_forward(const R* residual, const X* x, R* out, std::uint8_t* keep, std::int64_t first,
                                  std::int64_t n, const DropoutBits& drop) {
   for (std::int64_t c = 0; c < n; c += kLanes) {
-    const std::int64_t m = lanes_left(c, n);
+    const std::int64_t m = lanes_at(c, n);
     const Ints kept = kept_lanes(drop, static_cast<std::uint64_t>(first + c));
     const Floats dropped = rounded_to<X>(load(x + c, m) * (kept ? splat<Floats>(drop.kept) : Floats{}));
     store(out + c, load(residual + c, m) + dropped, m);
@@ -42,7 +38,7 @@ template <class R, class X>
 LOCKSTEP_INLINE void add_backward(const R* grad_out, const std::uint8_t* keep, float kept, X* grad_x,
                                   std::int64_t n) {
   for (std::int64_t c = 0; c < n; c += kLanes) {
-    const std::int64_t m = lanes_left(c, n);
+    const std::int64_t m = lanes_at(c, n);
     const Ints kept_here = __builtin_convertvector(load_raw<Bytes>(keep + c, m) != 0, Ints);  // 0 or -1 each
     store(grad_x + c, rounded_to<X>(load(grad_out + c, m)) * (kept_here ? splat<Floats>(kept) : Floats{}), m);
   }

@@ -30,6 +30,11 @@ LOCKSTEP_INLINE To bits_as(const From& from) {
   return to;
 }
 
+// How many of the 16 lanes from element c hold elements of [0, end): 16, or what is left at the end.
+LOCKSTEP_INLINE std::int64_t lanes_at(std::int64_t c, std::int64_t end) {
+  return end - c < kLanes ? end - c : kLanes;
+}
+
 // 0, 1, ..., 15.
 LOCKSTEP_INLINE Ints lane_index() {
   return Ints{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
