@@ -45,7 +45,7 @@
 #include "lockstep/ddp/zero_elastic.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train_core/metrics.h"
-#include "lockstep/train_core/run_env.h"
+#include "lockstep/base/run_env.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {

@@ -24,7 +24,7 @@
 #include "lockstep/train/device.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/progress.h"
-#include "lockstep/train_core/run_env.h"
+#include "lockstep/base/run_env.h"
 #include "trainer_impl.h"
 
 namespace fs = std::filesystem;

@@ -15,7 +15,7 @@
 #include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train_core/durable_file.h"
 #include "lockstep/train_core/metrics.h"
-#include "lockstep/train_core/run_env.h"
+#include "lockstep/base/run_env.h"
 #include "trainer_impl.h"
 
 namespace fs = std::filesystem;

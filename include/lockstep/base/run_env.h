@@ -1,10 +1,10 @@
-// What the environment tells the Trainer: restarts by the launcher, and the tests' fault
+// What the environment tells a worker: restarts by the launcher, and the tests' fault
 // injection. Torch-free.
 #pragma once
 
 #include <cstdint>
 
-namespace lockstep::train {
+namespace lockstep {
 
 // LOCKSTEP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT); 0 when unset.
 int restart_count_from_env();
@@ -15,4 +15,4 @@ int restart_count_from_env();
 // (LOCKSTEP_RESTART_COUNT 0), so a restarted job runs through.
 bool fault_requested(const char* kind, std::int64_t step, int rank);
 
-}  // namespace lockstep::train
+}  // namespace lockstep

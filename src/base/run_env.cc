@@ -1,4 +1,4 @@
-#include "lockstep/train_core/run_env.h"
+#include "lockstep/base/run_env.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 
 #include "lockstep/base/knobs.h"
 
-namespace lockstep::train {
+namespace lockstep {
 
 int restart_count_from_env() {
   for (const knobs::Knob* k : {&knobs::kRestartCount, &knobs::kTorchelasticRestartCount}) {
@@ -34,4 +34,4 @@ bool fault_requested(const char* kind, std::int64_t step, int rank) {
   return false;
 }
 
-}  // namespace lockstep::train
+}  // namespace lockstep
