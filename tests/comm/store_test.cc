@@ -105,6 +105,37 @@ TEST(Store, WaitTimesOutNamingTheMissingKeys) {
   EXPECT_EQ(c->get("after"), "1");
 }
 
+// A wait under a WaitWatch looks between slices and fails with the watch's verdict once it names
+// someone: here at its third look, long before the wait's 30 s. The watch's own store calls (a wait
+// among them) are not watched, and a wait after the watch ends is a plain one again.
+TEST(Store, AWatchedWaitFailsWithTheWatchsVerdict) {
+  LocalStore store;
+  auto c = store.client();
+  c->set("present", "1");
+  int looks = 0;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    comm::WaitWatch watch(
+        [&] {
+          c->wait({"present"}, Seconds(1));
+          return ++looks < 3 ? std::string() : std::string("rank 7 is gone");
+        },
+        Seconds(0.05));
+    try {
+      c->wait({"present", "never"}, Seconds(30));
+      FAIL() << "wait returned";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 7 is gone"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'never'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(looks, 3);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
+  EXPECT_EQ(comm::WaitWatch::current(), nullptr);
+  EXPECT_THROW(c->wait({"never"}, Seconds(0.2)), TimeoutError);
+  EXPECT_EQ(looks, 3);
+}
+
 TEST(Store, WrongTokenIsRefusedOnBothSides) {
   LocalStore store;
   comm::StoreClientOptions bad{"127.0.0.1", store.port(), "not-the-token", Seconds(5)};

@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -118,6 +119,8 @@ class StoreClient {
  private:
   struct Reply;
   Reply call(const std::string& request, Clock::time_point deadline, bool idempotent);
+  // One WAIT request: the keys still missing after `timeout` (quoted, comma-separated), or nullopt.
+  std::optional<std::string> wait_once(const std::vector<std::string>& keys, Seconds timeout);
   void connect_until(Clock::time_point deadline);
   void bind_to(const std::string& instance, int fd);
   void close_socket();
@@ -127,6 +130,30 @@ class StoreClient {
   int fd_ = -1;
   std::string instance_;  // raw bytes; empty until the first handshake
   std::atomic<std::uint64_t> requests_{0};
+};
+
+// While one lives, the waits its thread makes on a StoreClient (wait, get) ask `gone` between
+// slices of `slice` and fail with PeerError(what it said) as soon as it names someone: for a
+// creation among workers whose liveness the caller can see (an elastic membership building its
+// communicator), which must fail within a slice of a member's death, not at the wait's timeout.
+// `gone` may use a store itself (its own waits are not watched). Nests: the innermost watches.
+class WaitWatch {
+ public:
+  WaitWatch(std::function<std::string()> gone, Seconds slice);
+  ~WaitWatch();
+  WaitWatch(const WaitWatch&) = delete;
+  WaitWatch& operator=(const WaitWatch&) = delete;
+
+  // The watch of the calling thread, or nullptr.
+  static const WaitWatch* current();
+  Seconds slice() const { return slice_; }
+  // Who is gone ("" when nobody), asked with this watch set aside.
+  std::string look() const;
+
+ private:
+  std::function<std::string()> gone_;
+  Seconds slice_;
+  const WaitWatch* outer_;
 };
 
 // Hex of 32 random bytes from the OS: a fresh run token.

@@ -297,7 +297,7 @@ void StoreClient::wait(const std::vector<std::string>& keys) {
   wait(keys, options_.timeout);
 }
 
-void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
+std::optional<std::string> StoreClient::wait_once(const std::vector<std::string>& keys, Seconds timeout) {
   auto deadline = deadline_after(timeout);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
   wire::Writer w(Type::kWait);
@@ -307,13 +307,52 @@ void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
   // The server answers at its own deadline; give the reply a moment to travel.
   auto reply = call(w.frame(), deadline + std::chrono::seconds(5), true);
   wire::Reader r(reply.message);
-  if (r.type() == Type::kTimeout) {
-    std::uint32_t n = r.u32();
-    std::ostringstream missing;
-    for (std::uint32_t i = 0; i < n; ++i) missing << (i ? ", " : "") << "'" << r.str() << "'";
-    throw TimeoutError("store: waited " + log::seconds_text(timeout.count()) +
-                       " for keys that never appeared: " + missing.str());
+  if (r.type() != Type::kTimeout) return std::nullopt;
+  std::uint32_t n = r.u32();
+  std::ostringstream missing;
+  for (std::uint32_t i = 0; i < n; ++i) missing << (i ? ", " : "") << "'" << r.str() << "'";
+  return missing.str();
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys, Seconds timeout) {
+  const auto deadline = deadline_after(timeout);
+  for (;;) {
+    const WaitWatch* watch = WaitWatch::current();
+    const Seconds left = std::max(Seconds(0), std::chrono::duration_cast<Seconds>(deadline - Clock::now()));
+    const auto missing = wait_once(keys, watch ? std::min(left, watch->slice()) : left);
+    if (!missing) return;
+    if (!watch || Clock::now() >= deadline)
+      throw TimeoutError("store: waited " + log::seconds_text(timeout.count()) +
+                         " for keys that never appeared: " + *missing);
+    if (const std::string gone = watch->look(); !gone.empty())
+      throw PeerError(gone + " (this worker was waiting for " + *missing + ")");
   }
+}
+
+namespace {
+thread_local const WaitWatch* t_watch = nullptr;
+}  // namespace
+
+WaitWatch::WaitWatch(std::function<std::string()> gone, Seconds slice)
+    : gone_(std::move(gone)), slice_(slice), outer_(t_watch) {
+  t_watch = this;
+}
+
+WaitWatch::~WaitWatch() {
+  t_watch = outer_;
+}
+
+const WaitWatch* WaitWatch::current() {
+  return t_watch;
+}
+
+std::string WaitWatch::look() const {
+  struct SetAside {
+    const WaitWatch* held = t_watch;
+    SetAside() { t_watch = nullptr; }
+    ~SetAside() { t_watch = held; }
+  } aside;
+  return gone_();
 }
 
 bool StoreClient::remove(const std::string& key) {
