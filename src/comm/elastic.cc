@@ -9,6 +9,7 @@
 #include "lockstep/base/clock.h"
 #include "lockstep/comm/elastic.h"
 
+#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
+#include "lockstep/base/run_env.h"
 #include "lockstep/comm/rendezvous.h"
 #include "store/wire.h"
 
@@ -30,6 +32,7 @@ using nlohmann::json;
 namespace {
 
 constexpr Seconds kSlice{0.2};  // between looks at a leader's liveness while waiting for it
+constexpr Seconds kFormingLook{0.25};  // between looks at the members' liveness while a communicator forms
 
 std::string host_name() {
   char host[256] = {};
@@ -233,7 +236,7 @@ void ElasticGroup::lead_first_epoch() {
   store_->set(key("epoch"), "0");
 }
 
-void ElasticGroup::wait_to_be_admitted() {
+ElasticGroup::Epoch ElasticGroup::wait_to_be_admitted() {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.join_timeout);
   for (;;) {
     if (store_->try_get(key("finished")))
@@ -249,8 +252,7 @@ void ElasticGroup::wait_to_be_admitted() {
       const Epoch current = Epoch::from_json(store_->get(key("epoch/" + std::to_string(e))));
       if (current.includes(me_.id)) {
         joined_epoch_ = e;  // it formed between this worker's registration and its first look
-        enter(current);
-        return;
+        return enter(current);
       }
       const std::string leader_key = key("next/" + std::to_string(e) + "/leader");
       const bool orphaned =
@@ -264,8 +266,7 @@ void ElasticGroup::wait_to_be_admitted() {
     }
     if (next && next->includes(me_.id)) {
       joined_epoch_ = next->number;
-      enter(*next);
-      return;
+      return enter(*next);
     }
     if (next)
       LOCKSTEP_LOG(debug, comm) << "elastic: " << me_.id << " is not in membership " << next->number << ": "
@@ -311,22 +312,55 @@ void ElasticGroup::lead_transition(std::uint64_t from, const std::string& reason
   store_->set(key("epoch"), std::to_string(next.number));
 }
 
-// Takes the published epoch as this worker's: its rank, and its communicator.
-void ElasticGroup::enter(const Epoch& epoch) {
+// Takes `epoch` as this worker's (its members, number and this worker's rank in it).
+void ElasticGroup::take(const Epoch& epoch) {
   members_ = epoch.members;
   epoch_ = epoch.number;
   admitted_ = epoch.admitted;
   for (std::size_t i = 0; i < members_.size(); ++i)
     if (members_[i].id == me_.id) rank_ = static_cast<int>(i);
-  CommOptions options = options_.comm;
-  options.name = key("comm/" + std::to_string(epoch_));
-  comm_ = Communicator::create(store_, rank_, size(), options);
-  LOCKSTEP_LOG(debug, comm) << "elastic: membership " << epoch_ << ", rank " << rank_ << " of " << size();
+  if (first_size_ == 0) first_size_ = size();
 }
 
-MembershipChange ElasticGroup::change(const std::string& reason) {
-  const auto start = Clock::now();
-  comm_.reset();  // its peers blocked on it fail at once instead of at their next check
+// The members of the current epoch that are gone, described; "" when every one is there.
+std::string ElasticGroup::members_gone() {
+  std::vector<Member> gone;
+  for (const auto& m : members_)
+    if (!alive(m.id)) gone.push_back(m);
+  if (gone.empty()) return "";
+  return "elastic: " + describe_members(gone) + " left membership " + std::to_string(epoch_) +
+         " while its communicator formed";
+}
+
+// Takes the published epoch as this worker's and builds its communicator; returns the epoch it
+// entered. A member that dies before joining the communicator is noticed by the others' waits
+// within a slice (WaitWatch): they agree on the next epoch and build that one, instead of waiting
+// out the creation's timeout for a worker that will never come.
+ElasticGroup::Epoch ElasticGroup::enter(Epoch epoch) {
+  for (;;) {
+    take(epoch);
+    if (fault_requested("kill-before-communicator", static_cast<std::int64_t>(epoch_), rank_)) std::raise(SIGKILL);
+    try {
+      CommOptions options = options_.comm;
+      options.name = key("comm/" + std::to_string(epoch_));
+      WaitWatch watch([this] { return members_gone(); }, kFormingLook);
+      comm_ = Communicator::create(store_, rank_, size(), options);
+      LOCKSTEP_LOG(debug, comm) << "elastic: membership " << epoch_ << ", rank " << rank_ << " of " << size();
+      return epoch;
+    } catch (const PeerError& e) {
+      LOCKSTEP_LOG(warn, comm) << "elastic: the communicator of membership " << epoch_ << " did not form: " << e.what();
+      const bool holds_nothing = joined_in_current_epoch() && epoch_ > 0;
+      const Epoch next = agree_on_next(std::string("failure: ") + e.what());
+      if (!next.includes(me_.id)) return rejoin(next);
+      if (holds_nothing) joined_epoch_ = next.number;  // still a joiner: it never received the state
+      epoch = next;
+    }
+  }
+}
+
+// The epoch after the current one, agreed with the other survivors: this worker announces itself,
+// then leads the transition or waits for its leader (and takes over from one that dies).
+ElasticGroup::Epoch ElasticGroup::agree_on_next(const std::string& reason) {
   const std::uint64_t from = epoch_;
   const std::string leader_key = key("next/" + std::to_string(from) + "/leader");
   store_->set(key("next/" + std::to_string(from) + "/here/" + me_.id), "1");
@@ -337,25 +371,38 @@ MembershipChange ElasticGroup::change(const std::string& reason) {
     if (store_->compare_set(leader_key, "", me_.id) == me_.id) lead_transition(from, reason);
     next = await_epoch(from + 1, leader_key, deadline, /*candidate=*/false);
   }
+  return *next;
+}
+
+// Left out of `next` (too late to announce itself): joins again as a new worker.
+ElasticGroup::Epoch ElasticGroup::rejoin(const Epoch& next) {
+  LOCKSTEP_LOG(warn, comm) << "elastic: left out of membership " << next.number
+                           << " (too late to announce itself); joining again as a new worker";
+  epoch_ = next.number;
+  register_candidate();
+  return wait_to_be_admitted();
+}
+
+MembershipChange ElasticGroup::change(const std::string& reason) {
+  const auto start = Clock::now();
+  comm_.reset();  // its peers blocked on it fail at once instead of at their next check
+  const std::vector<Member> before = members_;
+  const Epoch next = agree_on_next(reason);
   MembershipChange c;
-  c.epoch = next->number;
-  c.reason = next->reason;
-  c.left = next->left;
-  c.joined = next->joined;
   c.agree_seconds = seconds_since(start);
-  if (!next->includes(me_.id)) {
-    LOCKSTEP_LOG(warn, comm) << "elastic: left out of membership " << next->number
-                             << " (too late to announce itself); joining again as a new worker";
-    epoch_ = next->number;
-    register_candidate();
-    wait_to_be_admitted();
-    c.epoch = epoch_;
-    c.rebuild_seconds = 0;
-    return c;
-  }
   const auto rebuild = Clock::now();
-  enter(*next);
+  const Epoch entered = next.includes(me_.id) ? enter(next) : rejoin(next);
   c.rebuild_seconds = seconds_since(rebuild);
+  c.epoch = entered.number;
+  c.reason = entered.number == next.number ? next.reason : next.reason + "; then " + entered.reason;
+  auto missing_from = [](const std::vector<Member>& a, const std::vector<Member>& b) {
+    std::vector<Member> out;
+    for (const auto& m : a)
+      if (std::none_of(b.begin(), b.end(), [&](const Member& o) { return o.id == m.id; })) out.push_back(m);
+    return out;
+  };
+  c.left = missing_from(before, members_);
+  c.joined = missing_from(members_, before);
   LOCKSTEP_LOG(debug, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
                            << " machines) after " << c.reason << "; left: " << describe_members(c.left)
                            << "; joined: " << describe_members(c.joined);
@@ -416,7 +463,9 @@ void run_elastic(ElasticGroup& group, ElasticState& state, const ElasticLoop& lo
     bring_up_to_date(group, state);
     loop.changed(c);
   };
-  if (group.joined_in_current_epoch() && group.epoch() > 0) bring_up_to_date(group, state);
+  // Starting in a later epoch, this worker meets members that run a change's collectives: those of a
+  // running job admitting it, or others whose first epoch lost a member before its communicator was up.
+  if (group.epoch() > 0) bring_up_to_date(group, state);
   for (;;) {
     try {
       if (!loop.step()) return;

@@ -379,18 +379,22 @@ void ElasticRun::complete_epilogue(data::ElasticSampler& sampler, RunProgress& r
 
 TrainResult ElasticRun::train() {
   torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.rank()));
-  global_batch_ = t_.samples_per_step() * static_cast<std::size_t>(t_.world());
+  // The first membership's: a run whose first membership lost a member before training keeps it.
+  global_batch_ = t_.samples_per_step() * static_cast<std::size_t>(group_->first_membership_size());
   progress_ = std::make_unique<ElasticProgress>(
       data::ElasticSampler(t_.train_set->size(), global_batch_, /*shuffle=*/true, t_.args.seed));
   data::ElasticSampler& sampler = progress_->sampler;
   RunProgress& run = progress_->run;
   prepare(sampler);
   t_.state.membership = static_cast<std::int64_t>(group_->epoch());
-  const bool joined = group_->joined_in_current_epoch() && group_->epoch() > 0;
+  // Starting in a later membership, this worker meets members that run a change's collectives:
+  // those of a running job admitting it, or others whose first membership lost a member before
+  // its communicator was up.
+  const bool joined = group_->epoch() > 0;
   const std::int64_t membership_at_start = t_.state.membership;
   run_recovering([&] {
     if (t_.state.membership != membership_at_start) return;  // a change brought this worker up to date
-    if (joined) {  // the members run the same collectives right after admitting this one
+    if (joined) {  // the same collectives as the members' change_membership
       if (t_.zero_plan.sharded()) t_.step.hold_whole_state(recover_sharded(sampler, run));
       sync_state(sampler, run);
     }

@@ -36,6 +36,8 @@ class ElasticRun {
   // The current membership's communicator (a new one after each change).
   comm::Communicator& comm() { return group_->comm(); }
   std::uint64_t membership() const { return group_->epoch(); }
+  // Samples per step: the first membership's, whatever the membership of the moment.
+  std::size_t global_batch() const { return global_batch_; }
   TrainResult train();
   // Runs `work` (collective). When a member is lost in it, the survivors change membership and run
   // it again, until it completes; before train() began, it runs once.

@@ -91,14 +91,24 @@ void TrainerReports::announce() {
   const std::string who = run_.step.pipeline() ? std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") +
                                                      " (of " + std::to_string(args.pipeline_parallel) + " pipeline ranks)"
                                                : std::to_string(workers) + " worker" + (workers == 1 ? "" : "s");
-  char head[512];
+  // An elastic job's step is its first membership's, dealt over the members of the moment.
+  const std::size_t per_worker = run_.samples_per_step();
+  const std::size_t step_samples = run_.elastic ? run_.elastic->global_batch() : per_worker * std::size_t(replicas);
+  char batch[256];
+  if (step_samples == per_worker * std::size_t(replicas))
+    std::snprintf(batch, sizeof batch, "%s x %d per device x %d accumulation = %lld samples per step", who.c_str(),
+                  args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                  static_cast<long long>(step_samples));
+  else
+    std::snprintf(batch, sizeof batch, "%s share %lld samples per step (the first membership's %lld x %d per device x %d accumulation)",
+                  who.c_str(), static_cast<long long>(step_samples), static_cast<long long>(step_samples / per_worker),
+                  args.per_device_train_batch_size, args.gradient_accumulation_steps);
+  char head[768];
   std::snprintf(
       head, sizeof head,
-      "%s x %d per device x %d accumulation = %lld samples per step; %lld steps (%.2f epochs of "
+      "%s; %lld steps (%.2f epochs of "
       "%lld steps), %s, lr %g (%s), backend %s",
-      who.c_str(), args.per_device_train_batch_size, args.gradient_accumulation_steps,
-      static_cast<long long>(run_.samples_per_step() * static_cast<std::size_t>(run_.data_world())),
-      static_cast<long long>(state.max_steps),
+      batch, static_cast<long long>(state.max_steps),
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), run_.comm->backend_name().c_str());

@@ -21,10 +21,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // One elastic member, as lockstep run would start it on machine `node`.
 std::unique_ptr<Process> member(const LocalStore& store, const std::string& backend, int node, int local,
                                 const std::string& machines, int steps, const std::string& run,
-                                int local_workers = 1) {
+                                int local_workers = 1, const std::string& fault = "") {
   return std::make_unique<Process>(
       std::vector<std::string>{helper_path("comm_worker"), "elastic", backend, std::to_string(steps)},
-      std::map<std::string, std::string>{{"LOCKSTEP_ELASTIC", machines},
+      std::map<std::string, std::string>{{"LOCKSTEP_FAULT_INJECT", fault.empty() ? "<unset>" : fault},
+                                         {"LOCKSTEP_ELASTIC", machines},
                                          {"LOCKSTEP_STORE_ADDR", "127.0.0.1:" + std::to_string(store.port())},
                                          {"LOCKSTEP_TOKEN", store.token()},
                                          {"LOCKSTEP_RUN_ID", run},
@@ -68,6 +69,30 @@ TEST_P(ElasticKill, SurvivorsGoOnWithoutTheKilledMemberInTheSameProcesses) {
   }
   EXPECT_EQ(workers[0]->pid(), survivor_pids[0]);  // the same processes went on
   EXPECT_EQ(workers[2]->pid(), survivor_pids[1]);
+}
+
+// A member of the first membership dies before it joins its communicator (the fault point, so that
+// it is always that moment): the other two, waiting for it to join, notice within seconds (not at
+// the creation's timeout of 300 s), agree on a membership of two and run every step in it.
+TEST(Elastic, AMemberLostBeforeTheFirstCommunicatorFormedIsLeftOutWithinSeconds) {
+  LocalStore store;
+  std::vector<std::unique_ptr<Process>> workers;
+  const auto start = std::chrono::steady_clock::now();
+  for (int w = 0; w < 3; ++w)
+    workers.push_back(member(store, "shm", 0, w, "1:1", 100, "lost-while-forming", 3, "kill-before-communicator:0:1"));
+  for (int w : {0, 2}) {
+    auto& p = *workers[static_cast<std::size_t>(w)];
+    ASSERT_TRUE(p.read_until("joined membership 1 as rank " + std::to_string(w / 2) + " of 2", 30)) << p.output();
+  }
+  EXPECT_LT(seconds_since(start), 20.0) << "the survivors waited for the lost member:\n" << workers[0]->output();
+  EXPECT_EQ(workers[1]->wait(30), 128 + SIGKILL) << workers[1]->output();
+  for (int w : {0, 2}) {
+    auto& p = *workers[static_cast<std::size_t>(w)];
+    EXPECT_EQ(p.wait(60), 0) << p.output();
+    EXPECT_NE(p.output().find("done: rank " + std::to_string(w / 2) + " of 2 after 100 steps"), std::string::npos)
+        << p.output();
+    EXPECT_EQ(p.output().find("WRONG"), std::string::npos) << p.output();
+  }
 }
 
 std::vector<std::string> elastic_backends() {

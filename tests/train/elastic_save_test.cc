@@ -3,8 +3,9 @@
 // per epoch, and the final checkpoint holds what an uninterrupted run's holds.
 //
 // ElasticSave.RandomKills draws its trials: the ZeRO stage, the checkpoint limit, and the kill,
-// either at a fault point (after a step, the last one too; inside a save; inside an evaluation;
-// inside a join's state transfer; before or inside a ZeRO update) at a random step and rank, or a
+// either at a fault point (before the first membership's communicator is up; after a step, the
+// last one too; inside a save; inside an evaluation; inside a join's state transfer; before or
+// inside a ZeRO update) at a random step and rank, or a
 // SIGKILL to a random worker at a random moment. LOCKSTEP_ELASTIC_TRIALS sets how many (3 in the
 // suite; bench/elastic_trials runs a hundred and more), LOCKSTEP_TRIAL_SEED the first seed (each
 // trial prints its own, to replay it alone).
@@ -63,7 +64,7 @@ Trial draw(std::uint64_t seed) {
   t.zero_stage = pick(3);
   t.limit_and_best = pick(2) == 1;
   const std::string rank = std::to_string(pick(3));
-  switch (pick(t.zero_stage > 0 ? 8 : 6)) {
+  switch (pick(t.zero_stage > 0 ? 9 : 7)) {
     case 0: t.kill_at = std::uniform_real_distribution<double>(0.1, 1.0)(rng); break;
     case 1: t.fault = "kill-after-step:" + std::to_string(1 + pick(kSteps)) + ":" + rank; break;
     case 2: t.fault = "kill-after-step:" + std::to_string(kSteps) + ":" + rank; break;
@@ -72,7 +73,8 @@ Trial draw(std::uint64_t seed) {
     case 5:  // a first loss, then the source of the joiner's state dies sending it
       t.fault = "kill-after-step:" + std::to_string(1 + pick(kSteps - 5)) + ":" + rank + ",kill-in-state-transfer:2:0";
       break;
-    case 6: t.fault = "kill-before-update:" + std::to_string(1 + pick(kSteps)) + ":" + rank; break;
+    case 6: t.fault = "kill-before-communicator:0:" + rank; break;
+    case 7: t.fault = "kill-before-update:" + std::to_string(1 + pick(kSteps)) + ":" + rank; break;
     default: t.fault = "kill-in-update:" + std::to_string(1 + pick(kSteps)) + ":" + rank; break;
   }
   return t;
@@ -237,6 +239,16 @@ TEST(ElasticSave, AJoinWhoseSourceDiesStartsOver) {
   EXPECT_EQ(o.wrong, "");
   EXPECT_EQ(o.kills, 2u) << "the worker after step 12, and the source of the joiner's state";
   EXPECT_GE(o.changes, 2u) << "one change for each loss at least";
+}
+
+// A worker dies after the first membership is published, before its communicator is up: the
+// others leave it out at once (not at the creation's timeout), start training in the next
+// membership with the first one's global batch (ZeRO 2: nobody holds a shard yet), admit its
+// replacement, and the run keeps every promise.
+TEST(ElasticSave, AWorkerLostBeforeTheFirstCommunicatorFormedCostsOneChange) {
+  const Outcome o = run_trial(Trial{3, false, 2, false, "kill-before-communicator:0:1", 0});
+  EXPECT_EQ(o.wrong, "");
+  EXPECT_EQ(o.kills, 1u);
 }
 
 TEST(ElasticSave, RandomKills) {

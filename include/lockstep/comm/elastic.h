@@ -11,7 +11,10 @@
 // the failed epoch either announced itself or is gone (its ephemeral liveness key vanished), or
 // until the agreement deadline, and publishes the next epoch: the survivors and any candidates,
 // ordered by (machine, local rank). Every member of it builds that epoch's communicator in the same
-// process; nothing is restarted and nothing is read from disk. A member left out (it was too late,
+// process; nothing is restarted and nothing is read from disk. A member that dies before it joined
+// its epoch's communicator (the first epoch's too) is noticed by the others while they wait for it
+// to join (within a quarter of a second), and they agree on the next epoch the same way instead of
+// waiting out the creation's timeout. A member left out (it was too late,
 // or cut off) gets an ElasticError and may join again as a candidate.
 //
 // Store keys, under "elastic/<run_id>/": candidates (a counter), candidate/<n> (one per
@@ -105,6 +108,9 @@ class ElasticGroup {
   int nodes() const;  // machines in the current epoch
   // Whether this worker became a member in the current epoch (it holds no state yet).
   bool joined_in_current_epoch() const { return joined_epoch_ == epoch_; }
+  // Workers in the first membership this worker was admitted into: the first epoch's size for
+  // the workers that formed it, even when it lost a member before its communicator was up.
+  int first_membership_size() const { return first_size_; }
 
   // The measured time of one step: changes wait at least three of them for busy members.
   void set_step_seconds(double seconds) { step_seconds_ = seconds; }
@@ -127,14 +133,18 @@ class ElasticGroup {
  private:
   struct Epoch;
   void register_candidate();
-  void wait_to_be_admitted();
+  Epoch wait_to_be_admitted();
   MembershipChange change(const std::string& reason);
+  Epoch agree_on_next(const std::string& reason);
+  Epoch rejoin(const Epoch& next);
   void lead_first_epoch();
   void lead_transition(std::uint64_t from, const std::string& reason);
   // A candidate (not a member) gives up with JobOver once the job is finished.
   std::optional<Epoch> await_epoch(std::uint64_t e, const std::string& leader_key, Clock::time_point deadline,
                                    bool candidate);
-  void enter(const Epoch& epoch);
+  Epoch enter(Epoch epoch);
+  void take(const Epoch& epoch);
+  std::string members_gone();
   std::vector<Member> live_candidates(std::uint64_t after);
   bool alive(const std::string& id);
   Seconds agree_timeout() const;
@@ -147,6 +157,7 @@ class ElasticGroup {
   std::uint64_t epoch_ = 0, joined_epoch_ = 0;
   std::uint64_t admitted_ = 0;  // candidates numbered up to this were admitted or passed over
   int rank_ = 0;
+  int first_size_ = 0;
   double step_seconds_ = 0;
   std::unique_ptr<Communicator> comm_;
 };
