@@ -260,10 +260,11 @@ TEST(ElasticSave, RandomKills) {
   double worst[2] = {0, 0};  // SGD, AdamW: the largest distance to the uninterrupted run
   for (int i = 0; i < count; ++i) {
     const Trial t = draw(first + static_cast<std::uint64_t>(i));
+    std::printf("trial %d, %s: ", i + 1, t.text().c_str());  // named before it runs: a throw may end it
+    std::fflush(stdout);
     const Outcome o = run_trial(t);
-    std::printf("trial %d, %s: %s (%zu membership changes%s, parameters %.3g off)\n", i + 1, t.text().c_str(),
-                o.wrong.empty() ? "ok" : "FAILED", o.changes, o.redone ? ", a step's epilogue completed" : "",
-                o.difference);
+    std::printf("%s (%zu membership changes%s, parameters %.3g off)\n", o.wrong.empty() ? "ok" : "FAILED", o.changes,
+                o.redone ? ", a step's epilogue completed" : "", o.difference);
     std::fflush(stdout);
     EXPECT_EQ(o.wrong, "") << t.text() << " (replay: LOCKSTEP_TRIAL_SEED=" << t.seed << " LOCKSTEP_ELASTIC_TRIALS=1)";
     failed += !o.wrong.empty();
