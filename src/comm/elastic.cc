@@ -85,6 +85,14 @@ void sort_by_place(std::vector<Member>& ms) {
   });
 }
 
+// The members of `a` that are not in `b`.
+std::vector<Member> members_not_in(const std::vector<Member>& a, const std::vector<Member>& b) {
+  std::vector<Member> out;
+  for (const auto& m : a)
+    if (std::none_of(b.begin(), b.end(), [&](const Member& o) { return o.id == m.id; })) out.push_back(m);
+  return out;
+}
+
 }  // namespace
 
 std::string describe_members(const std::vector<Member>& members) {
@@ -134,7 +142,17 @@ ElasticGroup::ElasticGroup(std::shared_ptr<StoreClient> store, ElasticOptions op
   me_.id = "n" + std::to_string(me_.node) + "l" + std::to_string(me_.local_rank) + "p" +
            std::to_string(::getpid()) + "-" + wire::hex(wire::random_bytes(3));
   register_candidate();
-  wait_to_be_admitted();
+  const Epoch entered = wait_to_be_admitted();
+  if (entered.number != admitted_epoch_) {  // it lost a member before its communicator was up
+    MembershipChange c;
+    c.epoch = entered.number;
+    c.reason = entered.reason;
+    c.left = members_not_in(admitted_members_, members_);
+    c.joined = members_not_in(members_, admitted_members_);
+    c.rebuild_seconds = last_build_seconds_;
+    c.agree_seconds = seconds_since(first_failure_) - c.rebuild_seconds;
+    start_change_ = c;
+  }
 }
 
 ElasticGroup::~ElasticGroup() = default;
@@ -319,7 +337,10 @@ void ElasticGroup::take(const Epoch& epoch) {
   admitted_ = epoch.admitted;
   for (std::size_t i = 0; i < members_.size(); ++i)
     if (members_[i].id == me_.id) rank_ = static_cast<int>(i);
-  if (first_size_ == 0) first_size_ = size();
+  if (admitted_members_.empty()) {
+    admitted_members_ = epoch.members;
+    admitted_epoch_ = epoch.number;
+  }
 }
 
 // The members of the current epoch that are gone, described; "" when every one is there.
@@ -340,15 +361,18 @@ ElasticGroup::Epoch ElasticGroup::enter(Epoch epoch) {
   for (;;) {
     take(epoch);
     if (fault_requested("kill-before-communicator", static_cast<std::int64_t>(epoch_), rank_)) std::raise(SIGKILL);
+    const auto build = Clock::now();
     try {
       CommOptions options = options_.comm;
       options.name = key("comm/" + std::to_string(epoch_));
       WaitWatch watch([this] { return members_gone(); }, kFormingLook);
       comm_ = Communicator::create(store_, rank_, size(), options);
+      last_build_seconds_ = seconds_since(build);
       LOCKSTEP_LOG(debug, comm) << "elastic: membership " << epoch_ << ", rank " << rank_ << " of " << size();
       return epoch;
     } catch (const PeerError& e) {
       LOCKSTEP_LOG(warn, comm) << "elastic: the communicator of membership " << epoch_ << " did not form: " << e.what();
+      if (first_failure_ == Clock::time_point{}) first_failure_ = Clock::now();
       const bool holds_nothing = joined_in_current_epoch() && epoch_ > 0;
       const Epoch next = agree_on_next(std::string("failure: ") + e.what());
       if (!next.includes(me_.id)) return rejoin(next);
@@ -395,14 +419,8 @@ MembershipChange ElasticGroup::change(const std::string& reason) {
   c.rebuild_seconds = seconds_since(rebuild);
   c.epoch = entered.number;
   c.reason = entered.number == next.number ? next.reason : next.reason + "; then " + entered.reason;
-  auto missing_from = [](const std::vector<Member>& a, const std::vector<Member>& b) {
-    std::vector<Member> out;
-    for (const auto& m : a)
-      if (std::none_of(b.begin(), b.end(), [&](const Member& o) { return o.id == m.id; })) out.push_back(m);
-    return out;
-  };
-  c.left = missing_from(before, members_);
-  c.joined = missing_from(members_, before);
+  c.left = members_not_in(before, members_);
+  c.joined = members_not_in(members_, before);
   LOCKSTEP_LOG(debug, comm) << "elastic: membership " << c.epoch << " (" << size() << " workers on " << nodes()
                            << " machines) after " << c.reason << "; left: " << describe_members(c.left)
                            << "; joined: " << describe_members(c.joined);

@@ -404,6 +404,11 @@ TrainResult ElasticRun::train() {
   plan(sampler);  // a joiner learnt the job's global batch
   next_membership_check_ = t_.state.global_step + 1;
   t_.reports.announce();
+  if (const auto& lost = group_->start_change()) {  // the membership it was admitted into never trained
+    const auto took = std::chrono::duration<double>(lost->agree_seconds + lost->rebuild_seconds);
+    log_change(*lost, group_->first_membership_size(), 0, 0,
+               Clock::now() - std::chrono::duration_cast<Clock::duration>(took));
+  }
   for (auto& cb : t_.callbacks) cb->on_train_begin(t_.state);
   run.first_step = t_.state.global_step;
   run.network_at_window_start = t_.comm->network_stats();

@@ -190,6 +190,7 @@ struct Outcome {
   std::size_t kills = 0;  // workers the launcher saw die of SIGKILL
   bool redone = false;  // a checkpoint or what followed a step was completed on a new membership
   double difference = 0;
+  std::string first_change;  // the first membership_change record: its membership, reason and who left
 };
 
 Outcome run_trial(const Trial& t) {
@@ -210,7 +211,12 @@ Outcome run_trial(const Trial& t) {
     o.wrong = "exit " + std::to_string(code) + "; output ends:\n" + all.substr(all.size() > 3000 ? all.size() - 3000 : 0);
     return o;
   }
-  o.changes = changes(dir.path()).size();
+  const auto records = changes(dir.path());
+  o.changes = records.size();
+  if (!records.empty())
+    o.first_change = "membership " + std::to_string(records.front().membership) + " from " +
+                     std::to_string(records.front().world_size_before) + " workers: " + records.front().reason +
+                     "; left: " + records.front().left;
   o.kills = count_of(run->output(), "was killed by SIGKILL");
   o.redone = run->output().find("completing what follows step") != std::string::npos;
   o.wrong = check_run(dir.path(), t, ref, &o.difference);
@@ -244,11 +250,15 @@ TEST(ElasticSave, AJoinWhoseSourceDiesStartsOver) {
 // A worker dies after the first membership is published, before its communicator is up: the
 // others leave it out at once (not at the creation's timeout), start training in the next
 // membership with the first one's global batch (ZeRO 2: nobody holds a shard yet), admit its
-// replacement, and the run keeps every promise.
+// replacement, and the run keeps every promise; metrics.jsonl records the change.
 TEST(ElasticSave, AWorkerLostBeforeTheFirstCommunicatorFormedCostsOneChange) {
   const Outcome o = run_trial(Trial{3, false, 2, false, "kill-before-communicator:0:1", 0});
   EXPECT_EQ(o.wrong, "");
   EXPECT_EQ(o.kills, 1u);
+  // metrics.jsonl tells of it as of any change: the first membership's 3 workers, local 1 gone.
+  EXPECT_NE(o.first_change.find("membership 1 from 3 workers"), std::string::npos) << o.first_change;
+  EXPECT_NE(o.first_change.find("while its communicator formed"), std::string::npos) << o.first_change;
+  EXPECT_NE(o.first_change.find(" machine 0 local 1"), std::string::npos) << o.first_change;
 }
 
 TEST(ElasticSave, RandomKills) {

@@ -110,7 +110,10 @@ class ElasticGroup {
   bool joined_in_current_epoch() const { return joined_epoch_ == epoch_; }
   // Workers in the first membership this worker was admitted into: the first epoch's size for
   // the workers that formed it, even when it lost a member before its communicator was up.
-  int first_membership_size() const { return first_size_; }
+  int first_membership_size() const { return static_cast<int>(admitted_members_.size()); }
+  // When the membership this worker was admitted into at its start lost a member before its
+  // communicator was up, the change from it to the membership the worker started in.
+  const std::optional<MembershipChange>& start_change() const { return start_change_; }
 
   // The measured time of one step: changes wait at least three of them for busy members.
   void set_step_seconds(double seconds) { step_seconds_ = seconds; }
@@ -157,7 +160,11 @@ class ElasticGroup {
   std::uint64_t epoch_ = 0, joined_epoch_ = 0;
   std::uint64_t admitted_ = 0;  // candidates numbered up to this were admitted or passed over
   int rank_ = 0;
-  int first_size_ = 0;
+  std::vector<Member> admitted_members_;  // of the first membership this worker was admitted into
+  std::uint64_t admitted_epoch_ = 0;
+  std::optional<MembershipChange> start_change_;
+  double last_build_seconds_ = 0;  // the newest communicator's creation
+  Clock::time_point first_failure_{};  // of a communicator that did not form, at the start
   double step_seconds_ = 0;
   std::unique_ptr<Communicator> comm_;
 };
