@@ -41,11 +41,11 @@
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/main.h"
+#include "lockstep/base/run_env.h"
 #include "lockstep/error.h"
 #include "lockstep/ddp/zero_elastic.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train_core/metrics.h"
-#include "lockstep/base/run_env.h"
 #include "trainer_impl.h"
 
 namespace lockstep::train {
@@ -390,16 +390,16 @@ TrainResult ElasticRun::train() {
   // Starting in a later membership, this worker meets members that run a change's collectives:
   // those of a running job admitting it, or others whose first membership lost a member before
   // its communicator was up.
-  const bool joined = group_->epoch() > 0;
+  const bool meets_a_change = group_->epoch() > 0;
   const std::int64_t membership_at_start = t_.state.membership;
   run_recovering([&] {
     if (t_.state.membership != membership_at_start) return;  // a change brought this worker up to date
-    if (joined) {  // the same collectives as the members' change_membership
+    if (meets_a_change) {  // the same collectives as the members' change_membership
       if (t_.zero_plan.sharded()) t_.step.hold_whole_state(recover_sharded(sampler, run));
       sync_state(sampler, run);
     }
     t_.step.build_reducer();
-    if (t_.zero_plan.sharded()) t_.step.build_optimizer(zero_options(), /*from_held=*/joined);
+    if (t_.zero_plan.sharded()) t_.step.build_optimizer(zero_options(), /*from_held=*/meets_a_change);
   });
   plan(sampler);  // a joiner learnt the job's global batch
   next_membership_check_ = t_.state.global_step + 1;
