@@ -37,6 +37,18 @@ std::unique_ptr<Process> member(const LocalStore& store, const std::string& back
                                          {"WORLD_SIZE", "<unset>"}});
 }
 
+// Three members of one job: on shm, three workers of one machine (1:1); elsewhere one worker on
+// each of three machines (3:3).
+std::vector<std::unique_ptr<Process>> three_members(const LocalStore& store, const std::string& backend, int steps,
+                                                    const std::string& run, const std::string& fault = "") {
+  const bool one_machine = backend == "shm";
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int w = 0; w < 3; ++w)
+    workers.push_back(member(store, backend, one_machine ? 0 : w, one_machine ? w : 0, one_machine ? "1:1" : "3:3",
+                             steps, run, one_machine ? 3 : 1, fault));
+  return workers;
+}
+
 class ElasticKill : public ::testing::TestWithParam<std::string> {};
 
 // Three members; one is killed mid-run. The other two agree on a membership of two within
@@ -44,12 +56,8 @@ class ElasticKill : public ::testing::TestWithParam<std::string> {};
 // once every member's all-reduce of it completed.
 TEST_P(ElasticKill, SurvivorsGoOnWithoutTheKilledMemberInTheSameProcesses) {
   const std::string backend = GetParam();
-  const bool one_machine = backend == "shm";
   LocalStore store;
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int w = 0; w < 3; ++w)
-    workers.push_back(member(store, backend, one_machine ? 0 : w, one_machine ? w : 0, one_machine ? "1:1" : "3:3",
-                             400, "kill-" + backend, one_machine ? 3 : 1));
+  auto workers = three_members(store, backend, 400, "kill-" + backend);
   for (auto& w : workers) ASSERT_TRUE(w->read_until("step 50 of 3 workers", 60)) << w->output();
   const pid_t survivor_pids[] = {workers[0]->pid(), workers[2]->pid()};
   ASSERT_EQ(::kill(workers[1]->pid(), SIGKILL), 0);
@@ -87,13 +95,9 @@ class ElasticLostWhileForming : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ElasticLostWhileForming, TheOthersLeaveItOutWithinSeconds) {
   const std::string backend = GetParam();
-  const bool one_machine = backend == "shm";
   LocalStore store;
-  std::vector<std::unique_ptr<Process>> workers;
   const auto start = std::chrono::steady_clock::now();
-  for (int w = 0; w < 3; ++w)
-    workers.push_back(member(store, backend, one_machine ? 0 : w, one_machine ? w : 0, one_machine ? "1:1" : "3:3",
-                             100, "lost-while-forming-" + backend, one_machine ? 3 : 1, "kill-before-communicator:0:1"));
+  auto workers = three_members(store, backend, 100, "lost-while-forming-" + backend, "kill-before-communicator:0:1");
   for (int w : {0, 2}) {
     auto& p = *workers[static_cast<std::size_t>(w)];
     ASSERT_TRUE(p.read_until("joined membership 1 as rank " + std::to_string(w / 2) + " of 2", 30)) << p.output();
