@@ -44,8 +44,7 @@ std::string PeerLiveness::dead_now() {
   try {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || store_->try_get(key("alive", r), patience_) || failure_of(r)) continue;
-      const int global = global_ranks_.empty() ? r : global_ranks_[static_cast<std::size_t>(r)];
-      dead += (dead.empty() ? "" : ", ") + std::to_string(global);
+      dead += (dead.empty() ? "" : ", ") + std::to_string(global(r));
       ++count;
     }
   } catch (const Error&) {
@@ -65,6 +64,21 @@ std::string PeerLiveness::dead_within(Seconds patience) {
     // Bounded poll of a diagnostic, after the failure is already certain.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::string PeerLiveness::gone_among(const std::vector<int>& ranks) {
+  std::string gone;
+  for (int r : ranks) {
+    if (r == rank_) continue;
+    if (auto failed = failure_of(r)) {
+      const std::string what = failed->substr(failed->find('\n') + 1);
+      gone += (gone.empty() ? "" : "; ") + ("rank " + std::to_string(global(r)) + " left with an error: " +
+                                            what.substr(0, what.find('\n')));
+    } else if (!store_->try_get(key("alive", r), patience_)) {
+      gone += (gone.empty() ? "" : "; ") + ("rank " + std::to_string(global(r)) + " died");
+    }
+  }
+  return gone;
 }
 
 }  // namespace lockstep::comm

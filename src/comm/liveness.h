@@ -40,11 +40,17 @@ class PeerLiveness {
   std::string dead_now();
   // dead_now(), asked again until it names someone or `patience` passes.
   std::string dead_within(Seconds patience);
+  // The peers among `ranks` (this backend's) that died or left with an error, described ("rank 3
+  // died", "rank 2 left with an error: ..."); "" when every one is there. Only for peers known to
+  // have announced themselves: one that has not yet looks dead too.
+  std::string gone_among(const std::vector<int>& ranks);
   bool store_reachable() const { return store_reachable_; }
+  Seconds patience() const { return patience_; }
   static std::string unreachable_verdict();
 
  private:
   std::string key(const char* kind, int r) const;
+  int global(int r) const { return global_ranks_.empty() ? r : global_ranks_[static_cast<std::size_t>(r)]; }
 
   std::shared_ptr<StoreClient> store_;
   std::string prefix_;

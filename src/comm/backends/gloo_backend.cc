@@ -5,8 +5,9 @@
 // this communicator's prefix, so errors can name the peer behind an address. Gloo is never
 // given a hostname: 0.0~git2022 crashes on one that does not resolve.
 //
-// Rendezvous: Gloo's full-mesh connect exchanges addresses through a gloo::rendezvous::Store;
-// ours adapts lockstep's authenticated StoreClient. After that the store is not used while
+// Rendezvous: Gloo's full-mesh connect exchanges addresses through lockstep's authenticated
+// StoreClient, watched so that a peer gone before its pairs connect is a PeerError within a
+// second (gloo_connect.h). After that the store is not used while
 // collectives run normally: each collective is tagged with its sequence number (Gloo matches
 // messages by tag), and at checked positions (CommOptions::check_every) the ranks compare their
 // collectives' signatures with a small Gloo all-gather of their own (SignatureCheck).
@@ -37,20 +38,17 @@
 // to 16 bits at each hop of the ring (once for 2 ranks). reduce_scatter is an allreduce of
 // the whole input keeping this rank's block (2x the minimal traffic: Gloo 0.0~git2022 has no
 // functional reduce_scatter).
-#include <dirent.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +63,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "gloo_connect.h"
 #include "liveness.h"
 #include "net/socket.h"
 #include "p2p/mailbox.h"
@@ -78,29 +77,8 @@
 namespace lockstep::comm {
 namespace {
 
-class GlooStoreAdapter : public gloo::rendezvous::Store {
- public:
-  GlooStoreAdapter(std::shared_ptr<StoreClient> store, std::string prefix, Seconds timeout)
-      : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(prefix_ + key, std::string(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    std::string v = store_->get(prefix_ + key, timeout_);
-    return std::vector<char>(v.begin(), v.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
-    std::vector<std::string> full;
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    store_->wait(full, timeout_);
-  }
-
- private:
-  std::shared_ptr<StoreClient> store_;
-  std::string prefix_;
-  Seconds timeout_;
-};
+// Between looks at the peers while Gloo's pairs connect (gloo_connect.h).
+constexpr Seconds kConnectLook{1};
 
 // Applies `f` elementwise: c[i] = f(a[i], b[i]).
 template <typename T, typename F>
@@ -167,19 +145,6 @@ gloo::AllreduceOptions::Func half_reduce_fn(ReduceOp op) {
 void ignore_sigpipe_unless_handled() {
   struct sigaction current {};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-}
-
-std::set<int> open_sockets() {
-  std::set<int> fds;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (dirent* e = ::readdir(d)) {
-      const int fd = std::atoi(e->d_name);
-      struct stat st {};
-      if (e->d_name[0] != '.' && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) fds.insert(fd);
-    }
-    ::closedir(d);
-  }
-  return fds;
 }
 
 std::string peer_address(int fd) {
@@ -354,16 +319,24 @@ class GlooBackend final : public Backend {
     const std::set<int> before = open_sockets();
     gloo::transport::tcp::attr attr;
     attr.hostname = bind_.address;  // numeric: Gloo resolves it without DNS
+    MeshOptions mesh;
+    mesh.rank = rank_;
+    mesh.size = size_;
+    mesh.global_rank = global(rank_);
+    mesh.prefix = prefix_;
+    mesh.store_timeout = options_.timeout;
+    // A backstop behind the watchdog, which names the ranks that are behind at options_.timeout.
+    mesh.gloo_timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout + 2 * options_.peer_check);
+    mesh.look_every = std::min(options_.peer_check, kConnectLook);
     try {
       device_ = gloo::transport::tcp::CreateDevice(attr);
-      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      GlooStoreAdapter store(store_, prefix_, options_.timeout);
-      // A backstop behind the watchdog, which names the ranks that are behind at options_.timeout.
-      context->setTimeout(
-          std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout + 2 * options_.peer_check));
-      context->connectFullMesh(store, device_);
-      context_ = context;
+      context_ = connect_full_mesh(mesh, store_, device_, alive_);
+    } catch (const PeerError& e) {
+      mark_failed("error", e.what());  // peers waiting for this rank's connections give up too
+      throw;
     } catch (const gloo::Exception& e) {
+      mark_failed("error", first_line(e.what()));
       throw PeerError("gloo: rank " + std::to_string(global(rank_)) + " bound " + bind_.describe() +
                       " but could not connect to its peers: " + first_line(e.what()) +
                       " (if the machines share another network, name its interface with GLOO_SOCKET_IFNAME)");
