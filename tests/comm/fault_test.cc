@@ -5,7 +5,11 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <random>
+#include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/error.h"
@@ -60,35 +64,58 @@ INSTANTIATE_TEST_SUITE_P(Backends, KillOneRank, ::testing::ValuesIn(kill_backend
 // side of a pair with the lower address listens, the other connects (which side a survivor is on
 // is chance: Gloo compares the pairs' ports). Before, a survivor that listened for the dead rank
 // waited 5 x its timeout (here 5 x 64 s), and one that connected was refused with an error that
-// named no rank. Now each must raise PeerError naming rank 5 within seconds.
-TEST(GlooConnect, ARankKilledBeforeItsPairsConnectIsAPeerErrorWithinSeconds) {
+// named no rank. Now each must raise PeerError naming the dead rank within seconds.
+void expect_survivors_name_the_rank_killed_while_connecting(int world, int victim) {
   LocalStore store;
   const auto start = std::chrono::steady_clock::now();
-  auto children = spawn_ranks(6, {helper_path("comm_worker"), "loop", "gloo"}, store,
-                              {{"LOCKSTEP_FAULT_INJECT", "kill-after-gloo-address:0:5"},
+  auto children = spawn_ranks(world, {helper_path("comm_worker"), "loop", "gloo"}, store,
+                              {{"LOCKSTEP_FAULT_INJECT", "kill-after-gloo-address:0:" + std::to_string(victim)},
                                {"LOCKSTEP_PEER_CHECK", "2"},
                                {"LOCKSTEP_TIMEOUT", "60"}});
-  // The survivors not yet waited for, if a wait throws (wait_child has killed the one it waited
-  // for, or the victim outlived its wait before any).
-  int r = 0;
+  std::vector<int> survivors;
+  for (int r = 0; r < world; ++r)
+    if (r != victim) survivors.push_back(r);
+  // If a wait throws, the survivors not yet waited for (wait_child kills the one it waited for).
+  std::size_t next = 0;
   struct KillTheRest {
     std::vector<Child>& children;
-    const int& waiting;
+    const std::vector<int>& survivors;
+    const std::size_t& next;
     ~KillTheRest() {
-      for (int later = waiting; later < 5; ++later) {
-        ::kill(children[static_cast<std::size_t>(later)].pid, SIGKILL);
-        ::waitpid(children[static_cast<std::size_t>(later)].pid, nullptr, 0);
+      for (std::size_t i = next; i < survivors.size(); ++i) {
+        ::kill(children[static_cast<std::size_t>(survivors[i])].pid, SIGKILL);
+        ::waitpid(children[static_cast<std::size_t>(survivors[i])].pid, nullptr, 0);
       }
     }
-  } guard{children, r};
-  EXPECT_EQ(wait_child(children[5], 60), 128 + SIGKILL) << read_file(children[5].stdout_path);
-  for (; r < 5; ++r) {
-    const int code = wait_child(children[static_cast<std::size_t>(r)], 30);
+  } guard{children, survivors, next};
+  const Child& killed = children[static_cast<std::size_t>(victim)];
+  EXPECT_EQ(wait_child(killed, 60), 128 + SIGKILL) << read_file(killed.stdout_path);
+  for (; next < survivors.size(); ++next) {
+    const Child& child = children[static_cast<std::size_t>(survivors[next])];
+    const int code = wait_child(child, 30);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const std::string out = read_file(children[static_cast<std::size_t>(r)].stdout_path);
-    EXPECT_EQ(code, 3) << "rank " << r << " should exit with PeerError:\n" << out;
-    EXPECT_NE(out.find("rank 5 died"), std::string::npos) << out;
-    EXPECT_LT(seconds, 20.0) << "rank " << r << " took " << seconds << " s";
+    const std::string out = read_file(child.stdout_path);
+    EXPECT_EQ(code, 3) << "rank " << survivors[next] << " should exit with PeerError:\n" << out;
+    EXPECT_NE(out.find("rank " + std::to_string(victim) + " died"), std::string::npos) << out;
+    EXPECT_LT(seconds, 20.0) << "rank " << survivors[next] << " took " << seconds << " s";
+  }
+}
+
+// The world (2 to 6 ranks) and the rank killed are drawn: one trial in the suite, more with
+// LOCKSTEP_GLOO_TRIALS; LOCKSTEP_TRIAL_SEED sets the first trial's seed (each is printed).
+TEST(GlooConnect, ARankKilledBeforeItsPairsConnectIsAPeerErrorWithinSeconds) {
+  const char* count_text = std::getenv("LOCKSTEP_GLOO_TRIALS");
+  const char* seed_text = std::getenv("LOCKSTEP_TRIAL_SEED");
+  const int count = count_text ? std::atoi(count_text) : 1;
+  const std::uint64_t first = seed_text ? std::strtoull(seed_text, nullptr, 10) : std::random_device{}();
+  for (int i = 0; i < count; ++i) {
+    std::mt19937_64 draw(first + static_cast<std::uint64_t>(i));
+    const int world = 2 + static_cast<int>(draw() % 5);
+    const int victim = static_cast<int>(draw() % static_cast<std::uint64_t>(world));
+    std::printf("trial %d (LOCKSTEP_TRIAL_SEED=%llu): %d ranks, rank %d killed\n", i + 1,
+                static_cast<unsigned long long>(first + static_cast<std::uint64_t>(i)), world, victim);
+    std::fflush(stdout);
+    expect_survivors_name_the_rank_killed_while_connecting(world, victim);
   }
 }
 #endif

@@ -47,13 +47,18 @@ bool is_rank_number(const std::string& key) {
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
   StoreAdapter(std::shared_ptr<StoreClient> store, const MeshOptions& o)
-      : store_(std::move(store)), prefix_(o.prefix), timeout_(o.store_timeout), rank_(o.rank), ordinal_(count_++) {}
+      : store_(std::move(store)),
+        prefix_(o.prefix),
+        timeout_(o.store_timeout),
+        rank_(o.rank),
+        ordinal_(count_++) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     InStore in(*this);
     store_->set(prefix_ + key, std::string(data.begin(), data.end()));
     // Gloo's pairs' addresses are under the rank's number.
-    if (is_rank_number(key) && fault_requested("kill-after-gloo-address", ordinal_, rank_)) std::raise(SIGKILL);
+    if (is_rank_number(key) && fault_requested("kill-after-gloo-address", ordinal_, rank_))
+      std::raise(SIGKILL);
   }
   std::vector<char> get(const std::string& key) override {
     InStore in(*this);
@@ -90,7 +95,8 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // themselves alive), described; "" when none.
 class GonePeers {
  public:
-  GonePeers(const MeshOptions& o, StoreClient& store, PeerLiveness& alive) : o_(o), store_(store), alive_(alive) {
+  GonePeers(const MeshOptions& o, StoreClient& store, PeerLiveness& alive)
+      : o_(o), store_(store), alive_(alive) {
     for (int r = 0; r < o.size; ++r)
       if (r != o.rank) unpublished_.push_back(r);
   }
@@ -122,7 +128,8 @@ void shut_down_pending_pairs(const std::set<int>& before) {
     const bool listens = ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening;
     sockaddr_storage peer{};
     socklen_t peer_len = sizeof peer;
-    const bool connecting = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 && errno == ENOTCONN;
+    const bool connecting =
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 && errno == ENOTCONN;
     if (listens || connecting) ::shutdown(fd, SHUT_RDWR);
   }
 }
@@ -198,7 +205,8 @@ std::string gone_within(GonePeers& gone, Seconds patience) {
 
 }  // namespace
 
-std::shared_ptr<gloo::Context> connect_full_mesh(const MeshOptions& options, std::shared_ptr<StoreClient> store,
+std::shared_ptr<gloo::Context> connect_full_mesh(const MeshOptions& options,
+                                                 std::shared_ptr<StoreClient> store,
                                                  std::shared_ptr<gloo::transport::Device>& device,
                                                  PeerLiveness& alive) {
   StoreAdapter adapter(store, options);

@@ -33,16 +33,17 @@ namespace lockstep::comm {
 
 struct MeshOptions {
   int rank = 0, size = 0;
-  int global_rank = 0;                    // for messages
-  std::string prefix;                     // the communicator's keys on the store
-  Seconds store_timeout{300};             // each wait for a peer's addresses
+  int global_rank = 0;                             // for messages
+  std::string prefix;                              // the communicator's keys on the store
+  Seconds store_timeout{300};                      // each wait for a peer's addresses
   std::chrono::milliseconds gloo_timeout{300000};  // Gloo's own, a backstop (its connect waits 5x)
-  Seconds look_every{1};                  // between the watcher's looks at the peers
+  Seconds look_every{1};                           // between the watcher's looks at the peers
 };
 
 // The connected context. PeerError when a peer that published is gone (or, after Gloo failed, is
 // found gone within `alive`'s patience); Gloo's own exception for any other failure.
-std::shared_ptr<gloo::Context> connect_full_mesh(const MeshOptions& options, std::shared_ptr<StoreClient> store,
+std::shared_ptr<gloo::Context> connect_full_mesh(const MeshOptions& options,
+                                                 std::shared_ptr<StoreClient> store,
                                                  std::shared_ptr<gloo::transport::Device>& device,
                                                  PeerLiveness& alive);
 
