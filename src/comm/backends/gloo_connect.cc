@@ -134,7 +134,7 @@ void shut_down_pending_pairs(const std::set<int>& before) {
   }
 }
 
-// Every `every`, while Gloo is in a pair's connect, asks `look` who is gone; at the first answer
+// Every `every`, while Gloo is in a pair's connect, asks `gone` who is gone; at the first answer
 // keeps it as the verdict and wakes Gloo's waits. stop() ends it and returns the verdict.
 class Watcher {
  public:
@@ -161,7 +161,7 @@ class Watcher {
       std::string gone;
       try {
         gone = gone_.look();
-      } catch (const Error&) {
+      } catch (const std::exception&) {
         // The store is unreachable: Gloo's or the store's own error will say so.
       }
       lock.lock();
