@@ -187,7 +187,7 @@ class GlooBackend final : public Backend {
     store_->set(prefix_ + "addr/" + std::to_string(rank_), bind_.address);
     open_mailbox_path();
     connect();
-    agree_on_mailbox_path();
+    agree_on_mailbox_path_or_name_who_went();
   }
 
   const std::string& name() const override {
@@ -384,6 +384,20 @@ class GlooBackend final : public Backend {
     MailboxAllreduce::Hooks hooks{[this] { throw_if_aborted(); },
                                   [this](MailboxAllreduce::Exchange& e, std::size_t count) { await(e, count); }};
     mailbox_allreduce_ = std::make_unique<MailboxAllreduce>(*mailbox_, rank_, size_, std::move(hooks));
+  }
+
+  // The first exchange over the new connections: a peer that died just after connecting (or one
+  // that gave up on its own connect and closed them) breaks it. A PeerError naming the dead, as
+  // for a collective, so that an elastic membership treats it as any loss.
+  void agree_on_mailbox_path_or_name_who_went() {
+    try {
+      agree_on_mailbox_path();
+    } catch (const gloo::Exception& e) {
+      const std::string what = first_line(e.what());
+      mark_failed("error", what);
+      throw PeerError("gloo: " + who_went(what) + " while rank " + std::to_string(global(rank_)) +
+                      " agreed on its all-reduce path with its peers (" + what + "); the job cannot continue");
+    }
   }
 
   std::set<std::string> peer_addresses() {
