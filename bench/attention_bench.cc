@@ -10,15 +10,23 @@
 //
 // rows = batch x context (16 x 128 by default, the GPT benchmarks' per-worker batch); each head
 // is width / heads wide.
+//
+// With --strips CONTEXTS (e.g. 128,512,1024), instead: the fused attention above against
+// models::causal_attention_in_strips, the same rows at each context, with dropout 0.1: the
+// milliseconds per step and the memory the forward leaves held for backward (glibc's count of
+// bytes in use, after the forward less before).
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <malloc.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "kernel_bench.h"
 #include "lockstep/ddp/autocast.h"
@@ -68,6 +76,73 @@ double step(bool fused, bool bf16, double p, bool middle, Heads& x) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
+// The fused attention of the GPT's CPU path before the strips: the scores' product,
+// causal_softmax_dropout, the product with v.
+torch::Tensor fused_whole(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p) {
+  const auto scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  return torch::matmul(lockstep::models::causal_softmax_dropout(torch::matmul(q, k.transpose(-2, -1)), scale, p, true),
+                       v);
+}
+
+std::int64_t strip_rows = 0;  // --strip-rows: queries per strip, 0 for the default
+
+torch::Tensor attention_of(bool strips, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           double p) {
+  if (!strips) return fused_whole(q, k, v, p);
+  return lockstep::models::causal_attention_in_strips(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(-1))), p,
+                                                      true, strip_rows);
+}
+
+std::size_t bytes_in_use() {
+  const auto m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+struct StripSide {
+  double seconds, held_mb;
+};
+
+// One step of a side (forward, backward from x.grad): its seconds, and the megabytes the forward
+// left held.
+StripSide strip_step(bool strips, bool bf16, Heads& x) {
+  lockstep::Autocast autocast(bf16 ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt, c10::kCPU);
+  const auto cast = [&](const torch::Tensor& t) { return bf16 ? t.to(at::kBFloat16) : t; };
+  const auto q = cast(x.q), k = cast(x.k), v = cast(x.v);
+  const auto before = bytes_in_use();
+  const auto begin = std::chrono::steady_clock::now();
+  const auto y = attention_of(strips, q, k, v, 0.1);
+  const double held = static_cast<double>(bytes_in_use()) - static_cast<double>(before) -
+                      static_cast<double>(y.numel() * y.element_size());
+  y.backward(x.grad.to(y.scalar_type()));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  for (auto* t : {&x.q, &x.k, &x.v}) t->mutable_grad().reset();
+  return {seconds, held / 1e6};
+}
+
+void compare_strips(const lockstep::bench::KernelBenchOptions& o, std::int64_t heads,
+                    const std::vector<std::int64_t>& contexts) {
+  std::printf("| context | dtype | fused ms | strips ms | fused / strips | fused held MB | strips held MB |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (const auto context : contexts) {
+    const auto batch = std::max<std::int64_t>(1, o.rows / context), d = o.width / heads;
+    const auto heads_of = [&] { return torch::randn({batch, heads, context, d}).requires_grad_(true); };
+    Heads x{heads_of(), heads_of(), heads_of(), torch::randn({batch, heads, context, d}), {}, {}, {}};
+    for (const bool bf16 : {false, true}) {
+      StripSide fused{}, strips{};
+      const auto [fused_s, strips_s] = lockstep::bench::interleaved_medians(
+          o.repeat, [&] { return (fused = strip_step(false, bf16, x)).seconds; },
+          [&] { return (strips = strip_step(true, bf16, x)).seconds; });
+      std::printf("| %lld | %s | %.2f | %.2f | %.2fx | %.1f | %.1f |\n", static_cast<long long>(context),
+                  bf16 ? "bf16 (autocast)" : "float32", fused_s * 1e3, strips_s * 1e3, fused_s / strips_s,
+                  fused.held_mb, strips.held_mb);
+    }
+  }
+  std::printf("\n%lld tokens a step (batch x context), %lld heads of %lld, attention dropout 0.1, %d intra-op "
+              "thread(s), median of %d steps per side (forward and backward); held: the last step's\n",
+              static_cast<long long>(o.rows), static_cast<long long>(heads), static_cast<long long>(o.width / heads),
+              o.threads, o.repeat);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,9 +152,17 @@ int main(int argc, char** argv) {
   o.add_to(app, "the model's width (heads x head width)");
   app.add_option("--heads", heads, "attention heads");
   app.add_option("--context", context, "tokens per sequence (rows must be a multiple)");
+  std::vector<std::int64_t> strip_contexts;
+  app.add_option("--strips", strip_contexts, "compare the fused attention with the strips at these contexts")
+      ->delimiter(',');
+  app.add_option("--strip-rows", strip_rows, "queries per strip (0: causal_attention_in_strips' default)");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(o.threads);
   torch::manual_seed(0);
+  if (!strip_contexts.empty()) {
+    compare_strips(o, heads, strip_contexts);
+    return 0;
+  }
   const auto batch = o.rows / context, d = o.width / heads;
   const auto heads_of = [&] { return torch::randn({batch, heads, context, d}).requires_grad_(true); };
   Heads x{heads_of(),

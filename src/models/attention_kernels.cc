@@ -31,8 +31,8 @@ LOCKSTEP_INLINE Floats mask_at(const DropoutBits& drop, std::uint64_t first) {
 // stored in part (lanes_at).
 
 // The keys the row's loops go over: what the query sees, rounded up to whole vectors within the row.
-LOCKSTEP_INLINE std::int64_t span_of(std::int64_t visible, std::int64_t t) {
-  return std::min(t, (visible + kLanes - 1) / kLanes * kLanes);
+LOCKSTEP_INLINE std::int64_t span_of(std::int64_t visible, std::int64_t width) {
+  return std::min(width, (visible + kLanes - 1) / kLanes * kLanes);
 }
 
 // Lanes of the vector at key c that the query sees (all ones), of `visible`.
@@ -87,7 +87,7 @@ LOCKSTEP_INLINE void backward_row(const T* dy, const T* p, T* ds, std::uint64_t 
 }
 
 // Row r of the block: where it starts in the block, its first element's index in the whole
-// tensor, how many keys it sees. (Plain loops below, not a lambda: a lambda would be compiled
+// scores, how many keys it sees. (Plain loops below, not a lambda: a lambda would be compiled
 // once, for the baseline instruction set, outside each copy made for the CPU's.)
 struct CausalRow {
   std::int64_t at;
@@ -95,76 +95,78 @@ struct CausalRow {
   std::int64_t visible, span;
 };
 
-LOCKSTEP_INLINE CausalRow causal_row(std::int64_t first_row, std::int64_t r, std::int64_t t) {
-  const std::int64_t index = first_row + r, visible = index % t + 1;
-  return {r * t, static_cast<std::uint64_t>(index * t), visible, span_of(visible, t)};
+LOCKSTEP_INLINE CausalRow causal_row(std::int64_t first_row, std::int64_t r, const ScoreRows& block) {
+  const std::int64_t index = first_row + r, head = index / block.queries;
+  const std::int64_t query = block.first_query + index % block.queries, visible = query + 1;
+  return {r * block.width, static_cast<std::uint64_t>((head * block.t + query) * block.t), visible,
+          span_of(visible, block.width)};
 }
 
 // Zeros past the row's span.
 template <class T>
-LOCKSTEP_INLINE void zero_past_span(T* out, const CausalRow& row, std::int64_t t) {
-  std::fill(out + row.at + row.span, out + row.at + t, T{});
+LOCKSTEP_INLINE void zero_past_span(T* out, const CausalRow& row, std::int64_t width) {
+  std::fill(out + row.at + row.span, out + row.at + width, T{});
 }
 
 template <bool dropout, class T>
-LOCKSTEP_INLINE void forward_rows(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows, std::int64_t t,
-                                  float scale, const DropoutBits& drop, float* scratch) {
+LOCKSTEP_INLINE void forward_rows(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows,
+                                  const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    const CausalRow row = causal_row(first_row, r, t);
+    const CausalRow row = causal_row(first_row, r, block);
     forward_row<dropout>(s + row.at, p + row.at, y + row.at, row.first, row.visible, row.span, scale, drop, scratch);
-    zero_past_span(p, row, t);
-    zero_past_span(y, row, t);
+    zero_past_span(p, row, block.width);
+    zero_past_span(y, row, block.width);
   }
 }
 
 template <bool dropout, class T>
 LOCKSTEP_INLINE void backward_rows(const T* dy, const T* p, T* ds, std::int64_t first_row, std::int64_t rows,
-                                   std::int64_t t, float scale, const DropoutBits& drop, float* scratch) {
+                                   const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    const CausalRow row = causal_row(first_row, r, t);
+    const CausalRow row = causal_row(first_row, r, block);
     backward_row<dropout>(dy + row.at, p + row.at, ds + row.at, row.first, row.span, scale, drop, scratch);
-    zero_past_span(ds, row, t);
+    zero_past_span(ds, row, block.width);
   }
 }
 
 template <class T>
-LOCKSTEP_INLINE void forward(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows, std::int64_t t,
-                             float scale, const DropoutBits& drop, float* scratch) {
-  if (drop.threshold == 0) return forward_rows<false>(s, p, y, first_row, rows, t, scale, drop, scratch);
-  forward_rows<true>(s, p, y, first_row, rows, t, scale, drop, scratch);
+LOCKSTEP_INLINE void forward(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows,
+                             const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
+  if (drop.threshold == 0) return forward_rows<false>(s, p, y, first_row, rows, block, scale, drop, scratch);
+  forward_rows<true>(s, p, y, first_row, rows, block, scale, drop, scratch);
 }
 
 template <class T>
 LOCKSTEP_INLINE void backward(const T* dy, const T* p, T* ds, std::int64_t first_row, std::int64_t rows,
-                              std::int64_t t, float scale, const DropoutBits& drop, float* scratch) {
-  if (drop.threshold == 0) return backward_rows<false>(dy, p, ds, first_row, rows, t, scale, drop, scratch);
-  backward_rows<true>(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+                              const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
+  if (drop.threshold == 0) return backward_rows<false>(dy, p, ds, first_row, rows, block, scale, drop, scratch);
+  backward_rows<true>(dy, p, ds, first_row, rows, block, scale, drop, scratch);
 }
 
 }  // namespace
 
 LOCKSTEP_CLONES void causal_softmax_dropout_forward(const float* s, float* p, float* y, std::int64_t first_row,
-                                                    std::int64_t rows, std::int64_t t, float scale,
+                                                    std::int64_t rows, const ScoreRows& block, float scale,
                                                     const DropoutBits& drop, float* scratch) {
-  forward(s, p, y, first_row, rows, t, scale, drop, scratch);
+  forward(s, p, y, first_row, rows, block, scale, drop, scratch);
 }
 
 LOCKSTEP_CLONES void causal_softmax_dropout_forward(const Bf16Bits* s, Bf16Bits* p, Bf16Bits* y,
-                                                    std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                    std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
                                                     float scale, const DropoutBits& drop, float* scratch) {
-  forward(s, p, y, first_row, rows, t, scale, drop, scratch);
+  forward(s, p, y, first_row, rows, block, scale, drop, scratch);
 }
 
 LOCKSTEP_CLONES void causal_softmax_dropout_backward(const float* dy, const float* p, float* ds,
-                                                     std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                     std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
                                                      float scale, const DropoutBits& drop, float* scratch) {
-  backward(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+  backward(dy, p, ds, first_row, rows, block, scale, drop, scratch);
 }
 
 LOCKSTEP_CLONES void causal_softmax_dropout_backward(const Bf16Bits* dy, const Bf16Bits* p, Bf16Bits* ds,
-                                                     std::int64_t first_row, std::int64_t rows, std::int64_t t,
+                                                     std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
                                                      float scale, const DropoutBits& drop, float* scratch) {
-  backward(dy, p, ds, first_row, rows, t, scale, drop, scratch);
+  backward(dy, p, ds, first_row, rows, block, scale, drop, scratch);
 }
 
 }  // namespace lockstep::models::kernels

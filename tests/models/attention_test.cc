@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
 #include "close.h"
+#include "lockstep/ddp/autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/models/dropout.h"
+#include "lockstep/models/gpt.h"
 
 using lockstep::models::causal_softmax_dropout;
 using lockstep::testing::close;
@@ -139,4 +142,183 @@ TEST(CausalSoftmaxDropout, StridedInputsOtherDtypesAndBadArguments) {
   EXPECT_EQ(causal_softmax_dropout(base, kScale, 1.0, true).abs().sum().item<float>(), 0);
   EXPECT_THROW(causal_softmax_dropout(base, kScale, 1.5, true), lockstep::ConfigError);
   EXPECT_THROW(causal_softmax_dropout(torch::randn({2, 3, 4}), kScale, 0.1, true), lockstep::ConfigError);
+}
+
+// causal_attention_in_strips (models/attention.h): the whole attention from q, k and v in strips
+// of queries, against the stepwise attention (the scores' product, causal_softmax_dropout, the
+// product with v), forward and the three gradients.
+namespace {
+
+using lockstep::models::causal_attention_in_strips;
+
+struct Gradients {
+  torch::Tensor y, dq, dk, dv;
+};
+
+// y = f(q, k, v) and the gradients of (y * g).sum().
+template <class F>
+Gradients attend(const F& f, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                 const torch::Tensor& g) {
+  auto a = q.detach().clone().requires_grad_(true), b = k.detach().clone().requires_grad_(true),
+       c = v.detach().clone().requires_grad_(true);
+  const auto y = f(a, b, c);
+  (y.to(torch::kDouble) * g).sum().backward();
+  return {y.detach(), a.grad(), b.grad(), c.grad()};
+}
+
+// The attention as separate ops, in the inputs' dtype or (wide) float64; the mask (p > 0) is
+// causal_softmax_dropout's, drawn from the generator's state.
+Gradients stepwise_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& g, double p, bool wide) {
+  return attend(
+      [&](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+        const auto cast = [&](const torch::Tensor& x) { return wide ? x.to(torch::kDouble) : x; };
+        const auto s = torch::matmul(cast(a), cast(b).transpose(-2, -1));
+        return torch::matmul(causal_softmax_dropout(s, kScale, p, true), cast(c));
+      },
+      q, k, v, g);
+}
+
+Gradients in_strips(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
+                    double p, std::int64_t rows) {
+  return attend(
+      [&](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+        return causal_attention_in_strips(a, b, c, kScale, p, true, rows);
+      },
+      q, k, v, g);
+}
+
+// |a - b| / |b| in the L2 norm: unlike the worst element, not a whole bf16 ulp up or down by luck.
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto wide = b.to(torch::kDouble);
+  return (a.to(torch::kDouble) - wide).norm().item<double>() / (wide.norm().item<double>() + 1e-30);
+}
+
+// The output's and the three gradients' relative errors.
+std::vector<double> errors(const Gradients& a, const Gradients& b) {
+  return {relative(a.y, b.y), relative(a.dq, b.dq), relative(a.dk, b.dk), relative(a.dv, b.dv)};
+}
+
+struct StripCase {
+  std::vector<std::int64_t> shape;  // q's and k's [..., T, d]
+  std::int64_t value_width, rows;   // v's last dimension; queries per strip (0: the default)
+};
+
+// Strips of one query, of a few, ragged (T not a multiple), the whole T at once, the default; odd
+// widths; v wider or narrower than q.
+const std::vector<StripCase> kStripCases = {
+    {{1, 1, 4}, 4, 0},       {{2, 3, 37, 24}, 24, 1},  {{2, 3, 37, 24}, 24, 5}, {{2, 3, 37, 24}, 8, 16},
+    {{3, 37, 24}, 40, 37},   {{1, 2, 130, 16}, 16, 48}, {{1, 2, 130, 16}, 16, 0}, {{2, 1, 2, 64, 9}, 9, 17}};
+
+}  // namespace
+
+// float32 within rounding of float64 everywhere; bf16's relative error (L2) no more than 1.5x the
+// stepwise bf16 ops' (the keys' and values' gradients sum the strips' rounded products).
+TEST(CausalAttentionInStrips, WithoutDropoutItIsTheStepwiseAttentionAndItsGradients) {
+  torch::manual_seed(31);
+  for (const auto& c : kStripCases) {
+    auto vshape = c.shape;
+    vshape.back() = c.value_width;
+    const auto q = torch::randn(c.shape), k = torch::randn(c.shape), v = torch::randn(vshape);
+    const auto g = torch::randn(vshape, torch::kDouble);
+    const auto want = stepwise_attention(q, k, v, g, 0.0, true);
+    const auto got = in_strips(q, k, v, g, 0.0, c.rows);
+    EXPECT_EQ(got.y.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(close(got.y, want.y, 1e-4, 1e-6)) << c.shape << " rows " << c.rows;
+    EXPECT_TRUE(close(got.dq, want.dq, 1e-4, 1e-5)) << c.shape << " rows " << c.rows;
+    EXPECT_TRUE(close(got.dk, want.dk, 1e-4, 1e-5)) << c.shape << " rows " << c.rows;
+    EXPECT_TRUE(close(got.dv, want.dv, 1e-4, 1e-5)) << c.shape << " rows " << c.rows;
+
+    const auto q16 = q.to(torch::kBFloat16), k16 = k.to(torch::kBFloat16), v16 = v.to(torch::kBFloat16);
+    const auto want16 = stepwise_attention(q16, k16, v16, g, 0.0, true);
+    const auto got16 = errors(in_strips(q16, k16, v16, g, 0.0, c.rows), want16);
+    const auto libtorch16 = errors(stepwise_attention(q16, k16, v16, g, 0.0, false), want16);
+    for (std::size_t i = 0; i < got16.size(); ++i)
+      EXPECT_LE(got16[i], 1.5 * libtorch16[i] + 1e-3) << c.shape << " rows " << c.rows << " output " << i;
+  }
+}
+
+// With dropout, the mask the stepwise attention's causal_softmax_dropout draws from the same state
+// (the same elements dropped wherever the strips fall), float32 and bf16.
+TEST(CausalAttentionInStrips, WithDropoutItDropsWhatTheStepwiseAttentionDrops) {
+  torch::manual_seed(32);
+  const auto q = torch::randn({2, 3, 70, 16}), k = torch::randn({2, 3, 70, 16}), v = torch::randn({2, 3, 70, 16});
+  const auto g = torch::randn({2, 3, 70, 16}, torch::kDouble);
+  for (const std::int64_t rows : {7, 32, 70}) {
+    torch::manual_seed(33);
+    const auto got = in_strips(q, k, v, g, 0.3, rows);
+    torch::manual_seed(33);
+    const auto want = stepwise_attention(q, k, v, g, 0.3, false);
+    EXPECT_TRUE(close(got.y, want.y, 1e-4, 1e-5)) << rows;
+    EXPECT_TRUE(close(got.dq, want.dq, 1e-4, 1e-5)) << rows;
+    EXPECT_TRUE(close(got.dk, want.dk, 1e-4, 1e-5)) << rows;
+    EXPECT_TRUE(close(got.dv, want.dv, 1e-4, 1e-5)) << rows;
+
+    const auto q16 = q.to(torch::kBFloat16), k16 = k.to(torch::kBFloat16), v16 = v.to(torch::kBFloat16);
+    torch::manual_seed(33);
+    const auto got16 = in_strips(q16, k16, v16, g, 0.3, rows);
+    torch::manual_seed(33);
+    const auto libtorch16 = stepwise_attention(q16, k16, v16, g, 0.3, false);
+    EXPECT_TRUE(close(got16.y, libtorch16.y, 0.05, 0.02)) << rows;
+    EXPECT_TRUE(close(got16.dv, libtorch16.dv, 0.05, 0.05)) << rows;
+  }
+  torch::manual_seed(34);
+  const auto a = causal_attention_in_strips(q, k, v, kScale, 0.3, true, 16);
+  const auto b = causal_attention_in_strips(q, k, v, kScale, 0.3, true, 16);
+  EXPECT_FALSE(torch::equal(a, b)) << "each call draws its own mask";
+  EXPECT_TRUE(torch::equal(causal_attention_in_strips(q, k, v, kScale, 0.3, false, 16),
+                           causal_attention_in_strips(q, k, v, kScale, 0.0, true, 16)))
+      << "evaluation drops nothing";
+}
+
+// Under CPU autocast to bf16 it computes in bf16 as autocast's products would, and float32
+// inputs get float32 gradients; one seed drawn per dropping call, as fast_dropout draws.
+TEST(CausalAttentionInStrips, FollowsAutocastAndDrawsOneSeedPerDroppingCall) {
+  torch::manual_seed(35);
+  const auto q = torch::randn({2, 40, 8}), k = torch::randn({2, 40, 8}), v = torch::randn({2, 40, 8});
+  const auto g = torch::randn({2, 40, 8}, torch::kDouble);
+  Gradients got;
+  {
+    lockstep::Autocast autocast(torch::kBFloat16, c10::kCPU);
+    got = in_strips(q, k, v, g, 0.0, 16);
+  }
+  EXPECT_EQ(got.y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(got.dq.scalar_type(), torch::kFloat);
+  const auto q16 = q.to(torch::kBFloat16), k16 = k.to(torch::kBFloat16), v16 = v.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(got.y, causal_attention_in_strips(q16, k16, v16, kScale, 0.0, true, 16)));
+
+  const auto next_after = [](const auto& call) {
+    torch::manual_seed(36);
+    call();
+    return torch::randint(1 << 30, {1}).item<std::int64_t>();
+  };
+  EXPECT_EQ(next_after([&] { causal_attention_in_strips(q, k, v, kScale, 0.5, false); }), next_after([] {}));
+  EXPECT_EQ(next_after([&] { causal_attention_in_strips(q, k, v, kScale, 0.5, true); }),
+            next_after([&] { lockstep::models::fast_dropout(q, 0.5, true); }));
+}
+
+// Mismatched shapes and a negative strip are clear errors; float64 and p = 1 take libtorch's path.
+TEST(CausalAttentionInStrips, BadArgumentsAndOtherDtypes) {
+  const auto q = torch::randn({2, 9, 4});
+  EXPECT_THROW(causal_attention_in_strips(q, torch::randn({2, 8, 4}), q, kScale, 0.0, true), lockstep::ConfigError);
+  EXPECT_THROW(causal_attention_in_strips(q, q, torch::randn({2, 8, 4}), kScale, 0.0, true), lockstep::ConfigError);
+  EXPECT_THROW(causal_attention_in_strips(q, q, q, kScale, 0.0, true, -1), lockstep::ConfigError);
+  EXPECT_THROW(causal_attention_in_strips(q, q, q, kScale, 1.5, true), lockstep::ConfigError);
+  const auto wide = q.to(torch::kDouble);
+  const auto g = torch::randn({2, 9, 4}, torch::kDouble);
+  EXPECT_TRUE(close(causal_attention_in_strips(wide, wide, wide, kScale, 0.0, true),
+                    stepwise_attention(wide, wide, wide, g, 0.0, true).y, 1e-12, 1e-12));
+  EXPECT_EQ(causal_attention_in_strips(q, q, q, kScale, 1.0, true).abs().sum().item<float>(), 0);
+}
+
+// The GPT's attention (models::causal_attention) goes through the strips from 512 tokens on the
+// CPU: the same mask and the same arithmetic, so bit for bit what the strips give.
+TEST(CausalAttentionInStrips, TheGptAttendsInStripsFrom512Tokens) {
+  torch::manual_seed(37);
+  const auto q = torch::randn({1, 2, 512, 8}), k = torch::randn({1, 2, 512, 8}), v = torch::randn({1, 2, 512, 8});
+  torch::manual_seed(38);
+  const auto gpt = lockstep::models::causal_attention(q, k, v, 0.1, true);
+  torch::manual_seed(38);
+  const auto strips = causal_attention_in_strips(q, k, v, 1 / std::sqrt(8.0), 0.1, true);
+  EXPECT_TRUE(torch::equal(gpt, strips));
 }

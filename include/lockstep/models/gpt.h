@@ -59,8 +59,9 @@ struct GptConfig {
 
 // softmax(q k^T / sqrt(d), causally masked) v for heads [B, H, T, d], with dropout p on the
 // probabilities while training. Without dropout, on libtorch 2.x, one fused kernel
-// (scaled_dot_product_attention: flash attention) on GPUs, and on the CPU in float32; otherwise
-// the same arithmetic in steps, through the T x T scores.
+// (scaled_dot_product_attention: flash attention) on GPUs, and on the CPU in float32; otherwise,
+// on the CPU from 512 tokens, models::causal_attention_in_strips (no T x T tensor kept); else the
+// same arithmetic in steps, through the T x T scores.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                                bool training);
 
