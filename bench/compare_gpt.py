@@ -24,9 +24,13 @@ AdamW(fused=True), the kernel lockstep's Trainer uses on a 2.x libtorch (1.13 ha
   bf16-loss   2 workers, default model, --loss-steps steps in fp32 and with --bf16, lockstep and
               PyTorch 2.x: the validation loss each side's bf16 autocast reaches against its own
               fp32 (PyTorch's gap is the yardstick for lockstep's).
+  context     2 workers, default model, --context bytes of context (1024), per-worker batch of
+              2048 / context blocks (the other parts' tokens per step), fp32 and --bf16, with the
+              attention dropout: tokens/s, the growth of tensor memory within a step and rank 0's
+              resident high-water mark. (lockstep's GPT attends in strips from 512 tokens.)
 
-    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,precision,loss,bf16-loss]
-        [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x]
+    /usr/bin/python3 bench/compare_gpt.py [--build build] [--parts throughput,memory,precision,loss,bf16-loss,context]
+        [--repeat 3] [--steps 40] [--loss-steps 300] [--json out.json] [--models default,4x] [--context 1024]
         [--torch2-python ~/.cache/lockstep/venv-torch-2.15.0/bin/python]
 
 Every part runs the PyTorch side on both generations when the 2.x python is there. PyTorch 2.x
@@ -63,7 +67,7 @@ def events(path, kind):
         return [e for e in map(json.loads, filter(str.strip, f)) if e.get("event") == kind]
 
 
-def lockstep_result(out_dir, world):
+def lockstep_result(out_dir, world, step_tokens=16 * 128):
     """tokens/s over the logged windows after the first (the untimed warm-up), the memory the
     windows recorded, and the final evaluation, from what the Trainer wrote."""
     all_logs = events(os.path.join(out_dir, "metrics.jsonl"), "log")
@@ -73,7 +77,7 @@ def lockstep_result(out_dir, world):
     begin = events(os.path.join(out_dir, "metrics.jsonl"), "train_begin")[-1]
     with open(os.path.join(out_dir, "eval_results.json")) as f:
         final = json.load(f)
-    block_tokens = 16 * 128 * world  # per step: the per-device batch of 128-byte blocks on every worker
+    block_tokens = step_tokens * world  # per step: the per-device batch of blocks on every worker
     tokens = [(e["step"] - before["step"]) * block_tokens for before, e in zip(all_logs, logs)]
     seconds = [t / e["tokens_per_second"] for t, e in zip(tokens, logs)]
     return {"side": "lockstep", "world": world, "tokens_per_s": sum(tokens) / sum(seconds),
@@ -88,7 +92,7 @@ def lockstep_result(out_dir, world):
             "mfu": statistics.mean(e["mfu"] for e in logs) if all("mfu" in e for e in logs) else None}
 
 
-def run_lockstep(build, world, flags, env):
+def run_lockstep(build, world, flags, env, step_tokens=16 * 128):
     with tempfile.TemporaryDirectory(prefix="compare-gpt-") as out:
         cmd = [os.path.join(build, "tools", "lockstep"), "run", "--nproc-per-node", str(world),
                os.path.join(build, "examples", "gpt"), "--output-dir", out, "--logging-steps", "10",
@@ -96,7 +100,7 @@ def run_lockstep(build, world, flags, env):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
         if done.returncode != 0:
             raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
-        return lockstep_result(out, world)
+        return lockstep_result(out, world, step_tokens)
 
 
 PYTHONS = {"pytorch": "/usr/bin/python3"}  # "pytorch2" added by main() when a 2.x python is there
@@ -230,6 +234,39 @@ def loss(args, env):
     return got
 
 
+def context(args, env):
+    batch = max(1, 2048 // args.context)
+    flags = ["--max-steps", str(args.steps), "--eval-limit", "8", "--block-size", str(args.context)]
+    sides = ["lockstep"] + list(PYTHONS)
+    got = {(side, bf16): [] for side in sides for bf16 in (False, True)}
+    for _ in range(args.repeat):
+        for side, bf16 in got:
+            extra = ["--bf16"] if bf16 else []
+            if side == "lockstep":
+                got[side, bf16].append(run_lockstep(args.build, 2, flags + extra + [
+                    "--per-device-train-batch-size", str(batch)], env, batch * args.context))
+            else:
+                got[side, bf16].append(run_pytorch(args.build, 2, flags + extra + [
+                    "--batch", str(batch), "--measure-memory"], env, side))
+    print(f"\n### {args.context} bytes of context: 2 workers, default model, {batch} blocks per worker, "
+          f"attention dropout 0.1, median of {args.repeat} interleaved runs\n")
+    print("| side | precision | tokens/s (range) | tensor growth within a step | peak RSS rank 0 | "
+          "vs PyTorch 1.13 | vs PyTorch 2.x |")
+    print("|---|---|---|---|---|---|---|")
+    med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in got.items()}
+    for side in sides:
+        for bf16 in (False, True):
+            runs = got[side, bf16]
+            tps = [r["tokens_per_s"] for r in runs]
+            grown = statistics.median(r["step_tensor_bytes"] for r in runs)
+            rss = statistics.median(r["peak_rss_bytes"] for r in runs)
+            versus = lambda peer: f"{med[side, bf16] / med[peer, bf16]:.2f}x" if (peer, bf16) in med else ""
+            print(f"| {SIDE_NAMES[side]} | {'bf16' if bf16 else 'fp32'} | {med[side, bf16]:.0f} ({min(tps):.0f}-"
+                  f"{max(tps):.0f}) | {grown / 2**20:.1f} MiB | {rss / 2**20:.0f} MiB | {versus('pytorch')} | "
+                  f"{versus('pytorch2')} |")
+    return {f"{s} {'bf16' if b else 'fp32'}": v for (s, b), v in got.items()}
+
+
 def bf16_loss(args, env):
     flags = ["--max-steps", str(args.loss_steps)]
     sides = ["lockstep"] + (["pytorch2"] if "pytorch2" in PYTHONS else [])
@@ -252,6 +289,7 @@ def main():
     ap.add_argument("--steps", type=int, default=40, help="steps per throughput/memory run (10 untimed)")
     ap.add_argument("--loss-steps", type=int, default=300)
     ap.add_argument("--models", default="default,4x", help="the throughput part's models")
+    ap.add_argument("--context", type=int, default=1024, help="the context part's bytes of context")
     ap.add_argument("--json", help="also write every measurement here")
     ap.add_argument("--torch2-python", default=os.path.expanduser("~/.cache/lockstep/venv-torch-2.15.0/bin/python"),
                     help="a python with torch 2.x for the 2.x rows (none: skip them)")
@@ -275,7 +313,7 @@ def main():
     results = {}
     for part in args.parts.split(","):
         results[part] = {"throughput": throughput, "memory": memory, "precision": precision, "loss": loss,
-                         "bf16-loss": bf16_loss}[part](args, env)
+                         "bf16-loss": bf16_loss, "context": context}[part](args, env)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -33,19 +33,20 @@ torch::Tensor unfused(const torch::Tensor& scores, double scale, double p, bool 
   return fast_dropout(torch::softmax(scores * scale + mask, -1), p, training);
 }
 
-// kernel(a, b, c, first_row, rows, scratch) over the rows of `block` in parallel blocks,
-// with a, b, c the three tensors' rows from first_row as float or bf16 (their dtype, s's).
-template <class Kernel>
-void rows_of(const torch::Tensor& s, const torch::Tensor& b, const torch::Tensor& c, const ScoreRows& block,
-             const Kernel& kernel) {
+// kernel(each tensor's rows from first_row..., first_row, rows, scratch) over the rows of `block`
+// in parallel blocks, the rows as float or bf16 (the tensors' dtype); scratch: `scratch_rows` rows
+// of block.width floats.
+template <class Kernel, class... Tensors>
+void rows_of(const ScoreRows& block, std::int64_t scratch_rows, const Kernel& kernel, const torch::Tensor& s,
+             const Tensors&... rest) {
   const auto run = [&](auto element) {
     using T = decltype(element);
     const auto row = [&](const torch::Tensor& x, std::int64_t r) {
       return static_cast<T*>(x.data_ptr()) + r * block.width;
     };
     for_row_blocks(s.numel() / block.width, block.width, [&](std::int64_t begin, std::int64_t end) {
-      std::vector<float> scratch(static_cast<std::size_t>(block.width));
-      kernel(row(s, begin), row(b, begin), row(c, begin), begin, end - begin, scratch.data());
+      std::vector<float> scratch(static_cast<std::size_t>(scratch_rows * block.width));
+      kernel(row(s, begin), row(rest, begin)..., begin, end - begin, scratch.data());
     });
   };
   if (s.scalar_type() == at::kBFloat16) return run(Bf16Bits());
@@ -56,22 +57,46 @@ void rows_of(const torch::Tensor& s, const torch::Tensor& b, const torch::Tensor
 std::pair<torch::Tensor, torch::Tensor> probabilities(const torch::Tensor& s, const ScoreRows& block, float scale,
                                                       const DropoutBits& drop) {
   auto probs = torch::empty_like(s), out = torch::empty_like(s);
-  rows_of(s, probs, out, block,
-          [&](auto* in, auto* p, auto* y, std::int64_t first, std::int64_t rows, float* scratch) {
-            kernels::causal_softmax_dropout_forward(in, p, y, first, rows, block, scale, drop, scratch);
-          });
+  const auto kernel = [&](auto* in, auto* p, auto* y, std::int64_t first, std::int64_t rows, float* scratch) {
+    kernels::causal_softmax_dropout_forward(in, p, y, first, rows, block, scale, drop, scratch);
+  };
+  rows_of(block, 1, kernel, s, probs, out);
   return {probs, out};
+}
+
+// The dropped probabilities alone (the kernel writes P and then Y over it).
+torch::Tensor dropped_probabilities(const torch::Tensor& s, const ScoreRows& block, float scale,
+                                    const DropoutBits& drop) {
+  auto out = torch::empty_like(s);
+  const auto kernel = [&](auto* in, auto* y, std::int64_t first, std::int64_t rows, float* scratch) {
+    kernels::causal_softmax_dropout_forward(in, y, y, first, rows, block, scale, drop, scratch);
+  };
+  rows_of(block, 1, kernel, s, out);
+  return out;
 }
 
 // The scores' gradient of the block from the dropped probabilities' gradient dy and probs.
 torch::Tensor scores_gradient(const torch::Tensor& dy, const torch::Tensor& probs, const ScoreRows& block, float scale,
                               const DropoutBits& drop) {
   auto ds = torch::empty_like(probs);
-  rows_of(dy, probs, ds, block,
-          [&](auto* g, auto* p, auto* out, std::int64_t first, std::int64_t rows, float* scratch) {
-            kernels::causal_softmax_dropout_backward(g, p, out, first, rows, block, scale, drop, scratch);
-          });
+  const auto kernel = [&](auto* g, auto* p, auto* out, std::int64_t first, std::int64_t rows, float* scratch) {
+    kernels::causal_softmax_dropout_backward(g, p, out, first, rows, block, scale, drop, scratch);
+  };
+  rows_of(block, 1, kernel, dy, probs, ds);
   return ds;
+}
+
+// The dropped probabilities and the scores' gradient from the scores and dy, in one pass.
+std::pair<torch::Tensor, torch::Tensor> rebuilt_gradient(const torch::Tensor& s, const torch::Tensor& dy,
+                                                         const ScoreRows& block, float scale,
+                                                         const DropoutBits& drop) {
+  auto dropped = torch::empty_like(s), ds = torch::empty_like(s);
+  const auto kernel = [&](auto* in, auto* g, auto* y, auto* out, std::int64_t first, std::int64_t rows,
+                          float* scratch) {
+    kernels::causal_softmax_dropout_rebuilt_backward(in, g, y, out, first, rows, block, scale, drop, scratch);
+  };
+  rows_of(block, 2, kernel, s, dy, dropped, ds);
+  return {dropped, ds};
 }
 
 // A forward's mask (threshold 0: none, and no seed drawn), kept in ctx for its backward.
@@ -140,7 +165,7 @@ struct StripAttention : torch::autograd::Function<StripAttention> {
     auto out = torch::empty({q.size(0), q.size(1), v.size(2)}, v.options());
     for_strips(q.size(1), rows, [&](std::int64_t first, std::int64_t queries) {
       const auto [s, block] = strip_scores(q, k, first, queries);
-      const auto dropped = probabilities(s, block, static_cast<float>(scale), drop).second;
+      const auto dropped = dropped_probabilities(s, block, static_cast<float>(scale), drop);
       out.narrow(1, first, queries).copy_(at::bmm(dropped, v.narrow(1, 0, block.width)));
     });
     ctx->save_for_backward({q, k, v});
@@ -162,11 +187,10 @@ struct StripAttention : torch::autograd::Function<StripAttention> {
     auto dv = torch::zeros(v.sizes(), v.options().dtype(at::kFloat));
     for_strips(q.size(1), ctx->saved_data["rows"].toInt(), [&](std::int64_t first, std::int64_t queries) {
       const auto [s, block] = strip_scores(q, k, first, queries);
-      const auto [probs, dropped] = probabilities(s, block, scale, drop);
       const auto g = dout.narrow(1, first, queries);
       const auto keys = k.narrow(1, 0, block.width), values = v.narrow(1, 0, block.width);
+      const auto [dropped, ds] = rebuilt_gradient(s, at::bmm(g, values.transpose(1, 2)), block, scale, drop);
       dv.narrow(1, 0, block.width).add_(at::bmm(dropped.transpose(1, 2), g));
-      const auto ds = scores_gradient(at::bmm(g, values.transpose(1, 2)), probs, block, scale, drop);
       dq.narrow(1, first, queries).copy_(at::bmm(ds, keys));
       dk.narrow(1, 0, block.width).add_(at::bmm(ds.transpose(1, 2), q.narrow(1, first, queries)));
     });

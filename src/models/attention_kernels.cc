@@ -40,10 +40,10 @@ LOCKSTEP_INLINE Ints seen(std::int64_t c, std::int64_t visible) {
   return lane_index() + static_cast<std::int32_t>(c) < static_cast<std::int32_t>(visible);
 }
 
-// The row's P (as its type rounds it) and Y over its span. e: the row's exponentials, then free.
-template <bool dropout, class T>
-LOCKSTEP_INLINE void forward_row(const T* s, T* p, T* y, std::uint64_t first, std::int64_t visible,
-                                 std::int64_t span, float scale, const DropoutBits& drop, float* e) {
+// The row's exp(scale * (s - the largest score it sees)) over its span in e, 0 for keys it does not
+// see: the inverse of their sum.
+template <class T>
+LOCKSTEP_INLINE float exponentials(const T* s, std::int64_t visible, std::int64_t span, float scale, float* e) {
   const Floats none = splat<Floats>(-std::numeric_limits<float>::infinity());
   Floats top = none;
   for (std::int64_t c = 0; c < span; c += kLanes) {
@@ -58,12 +58,45 @@ LOCKSTEP_INLINE void forward_row(const T* s, T* p, T* y, std::uint64_t first, st
     store(e + c, kept, lanes_at(c, span));
     sum += kept;
   }
-  const float inverse = 1.0f / sum_of(sum);
+  return 1.0f / sum_of(sum);
+}
+
+// The row's P (as its type rounds it) and Y over its span (p may be y: Y is stored last). e: the
+// row's exponentials, then free.
+template <bool dropout, class T>
+LOCKSTEP_INLINE void forward_row(const T* s, T* p, T* y, std::uint64_t first, std::int64_t visible,
+                                 std::int64_t span, float scale, const DropoutBits& drop, float* e) {
+  const float inverse = exponentials(s, visible, span, scale, e);
   for (std::int64_t c = 0; c < span; c += kLanes) {
     const std::int64_t n = lanes_at(c, span);
     const Floats probability = rounded_to<T>(load(e + c, n) * inverse);
     store(p + c, probability, n);
     store(y + c, probability * mask_at<dropout>(drop, first + c), n);
+  }
+}
+
+// forward_row's Y and backward_row's ds from the row's scores and dY, P made again as forward_row
+// makes it but never stored: the same results as those two, in one pass less. e: the exponentials,
+// then P; g: dP.
+template <bool dropout, class T>
+LOCKSTEP_INLINE void rebuilt_backward_row(const T* s, const T* dy, T* y, T* ds, std::uint64_t first,
+                                          std::int64_t visible, std::int64_t span, float scale,
+                                          const DropoutBits& drop, float* e, float* g) {
+  const float inverse = exponentials(s, visible, span, scale, e);
+  Floats dot{};
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const std::int64_t n = lanes_at(c, span);
+    const Floats probability = rounded_to<T>(load(e + c, n) * inverse), mask = mask_at<dropout>(drop, first + c);
+    store(y + c, probability * mask, n);
+    const Floats dp = rounded_to<T>(load(dy + c, n) * mask);
+    store(e + c, probability, n);
+    store(g + c, dp, n);
+    dot += dp * probability;
+  }
+  const Floats total = splat<Floats>(sum_of(dot));
+  for (std::int64_t c = 0; c < span; c += kLanes) {
+    const std::int64_t n = lanes_at(c, span);
+    store(ds + c, load(e + c, n) * (load(g + c, n) - total) * scale, n);
   }
 }
 
@@ -129,6 +162,19 @@ LOCKSTEP_INLINE void backward_rows(const T* dy, const T* p, T* ds, std::int64_t 
   }
 }
 
+template <bool dropout, class T>
+LOCKSTEP_INLINE void rebuilt_backward_rows(const T* s, const T* dy, T* y, T* ds, std::int64_t first_row,
+                                           std::int64_t rows, const ScoreRows& block, float scale,
+                                           const DropoutBits& drop, float* scratch) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const CausalRow row = causal_row(first_row, r, block);
+    rebuilt_backward_row<dropout>(s + row.at, dy + row.at, y + row.at, ds + row.at, row.first, row.visible, row.span,
+                                  scale, drop, scratch, scratch + block.width);
+    zero_past_span(y, row, block.width);
+    zero_past_span(ds, row, block.width);
+  }
+}
+
 template <class T>
 LOCKSTEP_INLINE void forward(const T* s, T* p, T* y, std::int64_t first_row, std::int64_t rows,
                              const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
@@ -141,6 +187,14 @@ LOCKSTEP_INLINE void backward(const T* dy, const T* p, T* ds, std::int64_t first
                               const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
   if (drop.threshold == 0) return backward_rows<false>(dy, p, ds, first_row, rows, block, scale, drop, scratch);
   backward_rows<true>(dy, p, ds, first_row, rows, block, scale, drop, scratch);
+}
+
+template <class T>
+LOCKSTEP_INLINE void rebuilt_backward(const T* s, const T* dy, T* y, T* ds, std::int64_t first_row, std::int64_t rows,
+                                      const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch) {
+  if (drop.threshold == 0)
+    return rebuilt_backward_rows<false>(s, dy, y, ds, first_row, rows, block, scale, drop, scratch);
+  rebuilt_backward_rows<true>(s, dy, y, ds, first_row, rows, block, scale, drop, scratch);
 }
 
 }  // namespace
@@ -167,6 +221,20 @@ LOCKSTEP_CLONES void causal_softmax_dropout_backward(const Bf16Bits* dy, const B
                                                      std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
                                                      float scale, const DropoutBits& drop, float* scratch) {
   backward(dy, p, ds, first_row, rows, block, scale, drop, scratch);
+}
+
+LOCKSTEP_CLONES void causal_softmax_dropout_rebuilt_backward(const float* s, const float* dy, float* y, float* ds,
+                                                             std::int64_t first_row, std::int64_t rows,
+                                                             const ScoreRows& block, float scale,
+                                                             const DropoutBits& drop, float* scratch) {
+  rebuilt_backward(s, dy, y, ds, first_row, rows, block, scale, drop, scratch);
+}
+
+LOCKSTEP_CLONES void causal_softmax_dropout_rebuilt_backward(const Bf16Bits* s, const Bf16Bits* dy, Bf16Bits* y,
+                                                             Bf16Bits* ds, std::int64_t first_row, std::int64_t rows,
+                                                             const ScoreRows& block, float scale,
+                                                             const DropoutBits& drop, float* scratch) {
+  rebuilt_backward(s, dy, y, ds, first_row, rows, block, scale, drop, scratch);
 }
 
 }  // namespace lockstep::models::kernels

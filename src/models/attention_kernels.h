@@ -27,8 +27,8 @@ struct ScoreRows {
   std::int64_t t, first_query, queries, width;
 };
 
-// Rows [first_row, first_row + rows) of the block, at s, p, y (each the first of those rows).
-// scratch: block.width floats.
+// Rows [first_row, first_row + rows) of the block, at s, p, y (each the first of those rows; p may
+// be y, for Y alone). scratch: block.width floats.
 void causal_softmax_dropout_forward(const float* s, float* p, float* y, std::int64_t first_row, std::int64_t rows,
                                     const ScoreRows& block, float scale, const DropoutBits& drop, float* scratch);
 void causal_softmax_dropout_forward(const Bf16Bits* s, Bf16Bits* p, Bf16Bits* y, std::int64_t first_row,
@@ -41,5 +41,15 @@ void causal_softmax_dropout_backward(const float* dy, const float* p, float* ds,
 void causal_softmax_dropout_backward(const Bf16Bits* dy, const Bf16Bits* p, Bf16Bits* ds, std::int64_t first_row,
                                      std::int64_t rows, const ScoreRows& block, float scale, const DropoutBits& drop,
                                      float* scratch);
+
+// The forward's Y and the backward's ds at once, from the rows' scores s and dY (P made again and
+// never stored), for a backward that did not keep P: the same results as the two kernels above.
+// scratch: 2 x block.width floats.
+void causal_softmax_dropout_rebuilt_backward(const float* s, const float* dy, float* y, float* ds,
+                                             std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
+                                             float scale, const DropoutBits& drop, float* scratch);
+void causal_softmax_dropout_rebuilt_backward(const Bf16Bits* s, const Bf16Bits* dy, Bf16Bits* y, Bf16Bits* ds,
+                                             std::int64_t first_row, std::int64_t rows, const ScoreRows& block,
+                                             float scale, const DropoutBits& drop, float* scratch);
 
 }  // namespace lockstep::models::kernels

@@ -69,8 +69,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     return torch_compat::fused_causal_attention(q, k, v);
   const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // From 512 tokens the strips keep no T x T tensor for backward and ran 1.3-1.5x as fast in
-  // float32, 0.93-1.04x in bf16; at 128 tokens 0.7-0.8x (bench/RESULTS.md, attention_bench).
+  // From 512 tokens the strips keep no T x T tensor for backward and ran 1.25-1.5x as fast in
+  // float32, 1.0-1.17x in bf16; at 128 tokens 0.75-0.85x (bench/RESULTS.md, attention_bench).
   constexpr std::int64_t kStripsFrom = 512;
   if (q.device().is_cpu() && t >= kStripsFrom) return causal_attention_in_strips(q, k, v, scale, p, training);
   if (q.device().is_cpu()) {
