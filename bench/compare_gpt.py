@@ -306,7 +306,8 @@ def main():
         kernels = f"OpenBLAS kernels {best} on both sides (by itself OpenBLAS picks {detected} here)"
     else:
         kernels = f"OpenBLAS kernels {detected or 'unknown'}, as OpenBLAS picked them"
-    print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes, 1 intra-op + 1 BLAS thread per worker; "
+    print(f"GPT on the fortune corpus, per-worker batch 16 x 128 bytes (the context part: 2048 bytes in blocks of "
+          f"--context), 1 intra-op + 1 BLAS thread per worker; "
           f"{cpu_model()}, {os.cpu_count()} cores; lockstep and PyTorch 1.13: BLAS {compare_ddp.blas()}; {kernels}; "
           f"PyTorch 2.x: {compare_ddp.torch_build(PYTHONS.get('pytorch2'))}, AdamW(fused=True); "
           f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} on every side")
