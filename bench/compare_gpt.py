@@ -184,6 +184,11 @@ def memory(args, env):
     return {f"{s} {'on' if c else 'off'}": v for (s, c), v in got.items()}
 
 
+def versus(med, side, bf16, peer):
+    """side's median tokens/s over peer's at the same precision, as a table cell."""
+    return f"{med[side, bf16] / med[peer, bf16]:.2f}x" if (peer, bf16) in med else ""
+
+
 def precision(args, env):
     """fp32 and bf16 autocast on both sides, the 4x model on 2 workers, and lockstep's model FLOPs
     utilisation against the matmul rates its workers measured at the model's shapes
@@ -212,10 +217,9 @@ def precision(args, env):
         for bf16 in (False, True):
             tps = [r["tokens_per_s"] for r in got[side, bf16]]
             achieved = med[side, bf16] * per_token / 2
-            versus = lambda peer: f"{med[side, bf16] / med[peer, bf16]:.2f}x" if (peer, bf16) in med else ""
             print(f"| {SIDE_NAMES[side]} | {'bf16' if bf16 else 'fp32'} | {med[side, bf16]:.0f} ({min(tps):.0f}-"
-                  f"{max(tps):.0f}) | {achieved / 1e9:.0f} | {achieved / rate[bf16]:.0%} | {versus('pytorch')} | "
-                  f"{versus('pytorch2')} |")
+                  f"{max(tps):.0f}) | {achieved / 1e9:.0f} | {achieved / rate[bf16]:.0%} | "
+                  f"{versus(med, side, bf16, 'pytorch')} | {versus(med, side, bf16, 'pytorch2')} |")
     return {f"{s} {'bf16' if b else 'fp32'}": v for (s, b), v in got.items()}
 
 
@@ -260,10 +264,9 @@ def context(args, env):
             tps = [r["tokens_per_s"] for r in runs]
             grown = statistics.median(r["step_tensor_bytes"] for r in runs)
             rss = statistics.median(r["peak_rss_bytes"] for r in runs)
-            versus = lambda peer: f"{med[side, bf16] / med[peer, bf16]:.2f}x" if (peer, bf16) in med else ""
             print(f"| {SIDE_NAMES[side]} | {'bf16' if bf16 else 'fp32'} | {med[side, bf16]:.0f} ({min(tps):.0f}-"
-                  f"{max(tps):.0f}) | {grown / 2**20:.1f} MiB | {rss / 2**20:.0f} MiB | {versus('pytorch')} | "
-                  f"{versus('pytorch2')} |")
+                  f"{max(tps):.0f}) | {grown / 2**20:.1f} MiB | {rss / 2**20:.0f} MiB | "
+                  f"{versus(med, side, bf16, 'pytorch')} | {versus(med, side, bf16, 'pytorch2')} |")
     return {f"{s} {'bf16' if b else 'fp32'}": v for (s, b), v in got.items()}
 
 
