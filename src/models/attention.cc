@@ -220,9 +220,10 @@ std::optional<std::uint32_t> fusable_threshold(double p, bool training) {
   return threshold;
 }
 
-// The dtype autocast gives the scores' product of q and k (q's own where CPU autocast is off).
+// The dtype autocast gives the scores' product of q and k: its own for float32 on the CPU while
+// CPU autocast is on (it leaves float64 alone), else q's.
 at::ScalarType product_dtype(const torch::Tensor& q) {
-  if (q.device().is_cpu() && q.is_floating_point() && torch_compat::autocast_enabled(at::kCPU))
+  if (q.device().is_cpu() && q.scalar_type() == at::kFloat && torch_compat::autocast_enabled(at::kCPU))
     return torch_compat::autocast_dtype(at::kCPU);
   return q.scalar_type();
 }

@@ -76,8 +76,8 @@ LOCKSTEP_INLINE void forward_row(const T* s, T* p, T* y, std::uint64_t first, st
 }
 
 // forward_row's Y and backward_row's ds from the row's scores and dY, P made again as forward_row
-// makes it but never stored: the same results as those two, in one pass less. e: the exponentials,
-// then P; g: dP.
+// makes it but never stored: those two's expressions, in one pass less. e: the exponentials, then
+// P; g: dP.
 template <bool dropout, class T>
 LOCKSTEP_INLINE void rebuilt_backward_row(const T* s, const T* dy, T* y, T* ds, std::uint64_t first,
                                           std::int64_t visible, std::int64_t span, float scale,

@@ -43,7 +43,7 @@ void causal_softmax_dropout_backward(const Bf16Bits* dy, const Bf16Bits* p, Bf16
                                      float* scratch);
 
 // The forward's Y and the backward's ds at once, from the rows' scores s and dY (P made again and
-// never stored), for a backward that did not keep P: the same results as the two kernels above.
+// never stored), for a backward that did not keep P: the two kernels above's expressions.
 // scratch: 2 x block.width floats.
 void causal_softmax_dropout_rebuilt_backward(const float* s, const float* dy, float* y, float* ds,
                                              std::int64_t first_row, std::int64_t rows, const ScoreRows& block,

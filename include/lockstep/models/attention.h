@@ -15,9 +15,10 @@
 // ever holding the B x H x T x T scores: the queries go in strips of a few rows, each strip's
 // scores against only the keys it may see (the products batched over the heads), its
 // probabilities made, dropped and multiplied by the values, then let go. Backward makes each strip
-// again from q and k (the same products and arithmetic give the same probabilities bit for bit),
-// its dropped probabilities and its scores' gradient in one pass over the strip, and
-// sums the keys' and values' gradients over the strips in float32. What it keeps for backward is
+// again from q and k (the same products and expressions as the forward's), its dropped
+// probabilities and its scores' gradient in one pass over the strip, and sums the keys' and
+// values' gradients over the strips in float32 (each strip's part rounded to the dtype by its
+// product first, so bf16's error grows with the number of strips). What it keeps for backward is
 // q, k and v: memory linear in T where the stepwise attention keeps two T x T tensors per layer,
 // and half the scores' products at long contexts (a strip skips the keys after its last query).
 #pragma once
