@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "lockstep/comm/store.h"
@@ -33,17 +34,32 @@ int server_port() {
 }
 
 [[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "store fuzz: %s\n", what);
+  std::fprintf(stderr, "store fuzz: %s (%s)\n", what, std::strerror(errno));
   std::abort();
+}
+
+// Each connection comes from the next of 200 loopback addresses. The client closes first, so
+// each of its ports waits in TIME_WAIT for a minute: from one address, a few thousand inputs a
+// second would use up the ephemeral ports (CI once saw connect() fail after 62,000 inputs).
+void bind_next_source_address(int fd) {
+  static unsigned next = 0;
+  const int defer_port = 1;  // the port is chosen by connect(), which knows the whole 4-tuple
+  ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &defer_port, sizeof defer_port);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + next++ % 200);  // 127.0.0.2 .. 127.0.0.201
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot bind a loopback source address");
 }
 
 int connect_to_server() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) fail("cannot make a socket");
+  bind_next_source_address(fd);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(server_port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot connect");
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot connect");
   timeval limit{30, 0};  // a server that neither answers nor closes in this long hangs
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
