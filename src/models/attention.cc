@@ -257,9 +257,9 @@ torch::Tensor causal_attention_in_strips(const torch::Tensor& q, const torch::Te
   const auto threshold = fusable_threshold(p, training);
   check_strip_shapes(q, k, v, strip_rows);
   const auto type = product_dtype(q);
-  const bool fusable = q.device().is_cpu() && (type == at::kFloat || type == at::kBFloat16) && q.numel() > 0 &&
-                       v.numel() > 0 && threshold && scale > 0;
-  if (!fusable || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
+  const bool in_strips = q.device().is_cpu() && (type == at::kFloat || type == at::kBFloat16) && q.numel() > 0 &&
+                         v.numel() > 0 && threshold && scale > 0;
+  if (!in_strips || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
     return torch::matmul(causal_softmax_dropout(torch::matmul(q, k.transpose(-2, -1)), scale, p, training), v);
   const auto t = q.size(-2);
   const auto flat = [&](const torch::Tensor& x) { return x.to(type).reshape({-1, t, x.size(-1)}).contiguous(); };
