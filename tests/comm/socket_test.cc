@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -117,6 +121,59 @@ TEST(Socket, ConnectingWhereNoOneListensIsAnErrorAndANameThatDoesNotResolveSaysS
   Connected numeric_only = connect_to("localhost", "1", Clock::now() + std::chrono::seconds(5),
                                       std::chrono::milliseconds(2000), /*numeric=*/true);
   EXPECT_TRUE(numeric_only.unresolved) << "a name where a numeric address is required";
+}
+
+// A connection the listener's full queue leaves waiting: the kernel drops its SYN, so its
+// connect() stays in progress (for a second, until the SYN is sent again). Empty if none stays.
+Socket pending_connection(const Socket& listener, std::vector<Socket>& queued) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(listener.local_port()));
+  for (int i = 0; i < 16; ++i) {
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EINPROGRESS) {
+      pollfd p{s.fd(), POLLOUT, 0};
+      if (::poll(&p, 1, 100) == 0) return s;
+    }
+    queued.push_back(std::move(s));
+  }
+  return Socket();
+}
+
+// libFuzzer's timer, a debugger or a profiler may interrupt the wait; it goes on to its deadline.
+TEST(Socket, AConnectInProgressWaitsThroughSignalsUntilItsDeadline) {
+  std::string gai_error;
+  ListenOptions options;
+  options.backlog = 0;
+  Socket listener = listen_on(AF_INET, "127.0.0.1", 0, options, gai_error);
+  ASSERT_TRUE(listener) << gai_error;
+  std::vector<Socket> queued;
+  Socket pending = pending_connection(listener, queued);
+  ASSERT_TRUE(pending) << "every connection to a listener that accepts none completed";
+
+  struct sigaction quiet{}, before{};
+  quiet.sa_handler = [](int) {};  // no SA_RESTART: each signal interrupts the poll
+  ASSERT_EQ(::sigaction(SIGUSR1, &quiet, &before), 0);
+  const pthread_t waiter = ::pthread_self();
+  std::atomic<bool> waiting{true};
+  std::thread interrupter([&] {
+    while (waiting) {
+      ::pthread_kill(waiter, SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // paces the signals
+    }
+  });
+  const auto limit = std::chrono::milliseconds(300);
+  const auto start = Clock::now();
+  const int result = finish_connect(pending.fd(), start + limit);
+  const int err = errno;
+  const auto waited = Clock::now() - start;
+  waiting = false;
+  interrupter.join();
+  ::sigaction(SIGUSR1, &before, nullptr);
+  EXPECT_EQ(result, -1);
+  EXPECT_EQ(err, ETIMEDOUT) << std::strerror(err);
+  EXPECT_GE(waited, limit) << "a signal ended the wait early";
 }
 
 TEST(Socket, AFreePortCanBeListenedOnAndAnAddressThatIsNotNumericIsRefused) {

@@ -86,20 +86,6 @@ std::string address_text(const sockaddr* addr, socklen_t len) {
   return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + port;
 }
 
-// Waits for a non-blocking connect() to finish, at most `wait_ms`; 0, or -1 with errno set.
-int finish_connect(int fd, int wait_ms) {
-  pollfd p{fd, POLLOUT, 0};
-  if (::poll(&p, 1, wait_ms) != 1) {
-    errno = ETIMEDOUT;
-    return -1;
-  }
-  int err = 0;
-  socklen_t len = sizeof err;
-  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  errno = err;
-  return err == 0 ? 0 : -1;
-}
-
 // Waits until `fd` is ready for `events`; false when the deadline passed first.
 bool wait_for(int fd, short events, Clock::time_point deadline) {
   for (;;) {
@@ -112,6 +98,18 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 }
 
 }  // namespace
+
+int finish_connect(int fd, Clock::time_point deadline) {
+  if (!wait_for(fd, POLLOUT, deadline)) {  // a signal on the way is waited through, not a timeout
+    errno = ETIMEDOUT;
+    return -1;
+  }
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  errno = err;
+  return err == 0 ? 0 : -1;
+}
 
 Socket listen_on(int family, const char* host, int port, const ListenOptions& options, std::string& gai_error) {
   addrinfo hints{}, *res = nullptr;
@@ -166,7 +164,7 @@ Connected connect_to(const std::string& host, const std::string& port, Clock::ti
     }
     int c = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
     if (c != 0 && errno == EINPROGRESS)
-      c = finish_connect(s.fd(), static_cast<int>(std::min<std::int64_t>(remaining_ms(deadline), cap_ms)));
+      c = finish_connect(s.fd(), std::min(deadline, Clock::now() + std::chrono::milliseconds(cap_ms)));
     if (c == 0)
       out.socket = std::move(s);
     else

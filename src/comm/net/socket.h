@@ -77,6 +77,10 @@ Connected connect_to(const std::string& host, const std::string& port, Clock::ti
 // How a whole-buffer transfer ended; errno tells more for `failed`.
 enum class Io { done, timed_out, closed, failed };
 
+// Waits for a non-blocking connect() that said EINPROGRESS to finish, at most until `deadline`,
+// through any signal that interrupts the wait: 0, or -1 with errno set (ETIMEDOUT for the deadline).
+int finish_connect(int fd, Clock::time_point deadline);
+
 // Milliseconds left until `deadline`, for poll(): 0 once it passed.
 int remaining_ms(Clock::time_point deadline);
 
