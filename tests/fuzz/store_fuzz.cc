@@ -5,7 +5,6 @@
 // seconds, whatever came: never crash, read out of bounds, or hang.
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,11 +15,14 @@
 #include <string>
 
 #include "lockstep/comm/store.h"
+#include "net/socket.h"
 #include "store/wire.h"
 
 namespace {
+namespace net = lockstep::comm::net;
 namespace wire = lockstep::comm::wire;
 constexpr char kToken[] = "fuzz-token";
+constexpr std::chrono::seconds kHang{30};  // no answer and no close in this long is a hang
 
 int server_port() {
   static lockstep::comm::StoreServer server([] {
@@ -51,50 +53,39 @@ void bind_next_source_address(int fd) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot bind a loopback source address");
 }
 
+// The socket calls below are the product's own (net/socket.h), which wait through a signal
+// (libFuzzer's timer, a busy machine's): a harness that took EINTR for a failure once aborted a
+// clean run under load.
 int connect_to_server() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) fail("cannot make a socket");
-  bind_next_source_address(fd);
+  net::Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!s) fail("cannot make a socket");
+  bind_next_source_address(s.fd());
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(server_port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("cannot connect");
-  timeval limit{30, 0};  // a server that neither answers nor closes in this long hangs
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
-  return fd;
+  int c = ::connect(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (c != 0 && errno == EINPROGRESS) c = net::finish_connect(s.fd(), lockstep::Clock::now() + kHang);
+  if (c != 0) fail("cannot connect");
+  s.set_non_blocking(false);
+  s.set_blocking_timeouts(kHang);
+  return s.release();
 }
 
-void send_all(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    const ssize_t sent = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (sent < 0) return;  // the server closed on us: allowed, it may refuse
-    p += sent;
-    n -= static_cast<std::size_t>(sent);
-  }
-}
-
-void send_all(int fd, const std::string& s) { send_all(fd, s.data(), s.size()); }
+// What the server does not take is allowed: it may refuse and close.
+void send_all(int fd, const std::string& s) { net::send_all(fd, s.data(), s.size()); }
 
 // One whole message, or "" when the server closed. A timeout is a hang.
 std::string recv_message(int fd) {
-  std::string got;
-  auto take = [&](std::size_t n) {
-    while (got.size() < n) {
-      char buf[4096];
-      const ssize_t r = ::recv(fd, buf, std::min(sizeof buf, n - got.size()), 0);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) fail("the server neither answered nor closed");
-      if (r <= 0) return false;
-      got.append(buf, static_cast<std::size_t>(r));
-    }
-    return true;
+  auto take = [fd](std::string& into, std::size_t n) {
+    into.resize(n);
+    const net::Io got = net::recv_all(fd, into.data(), n);
+    if (got == net::Io::timed_out) fail("the server neither answered nor closed");
+    return got == net::Io::done;
   };
-  if (!take(4)) return {};
-  const std::size_t len = wire::read_length_prefix(got.data());
-  if (!take(4 + len)) return {};
-  return got.substr(4);
+  std::string prefix, body;
+  if (!take(prefix, 4) || !take(body, wire::read_length_prefix(prefix.data()))) return {};
+  return body;
 }
 
 void authenticate(int fd) {
@@ -118,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const int fd = connect_to_server();
   if (data[0] & 1) authenticate(fd);
-  send_all(fd, reinterpret_cast<const char*>(data + 1), size - 1);
+  send_all(fd, std::string(reinterpret_cast<const char*>(data + 1), size - 1));
   ::shutdown(fd, SHUT_WR);
   while (!recv_message(fd).empty()) {
   }
