@@ -10,7 +10,7 @@ namespace {
 
 comm::DType dtype_of(const torch::Tensor& t) {
   const auto d = comm_dtype_of(t.scalar_type());
-  if (!d) throw ConfigError(std::string("ZeRO cannot move ") + c10::toString(t.scalar_type()) + " tensors");
+  if (!d) throw ConfigError(std::string("a collective cannot move ") + c10::toString(t.scalar_type()) + " tensors");
   return *d;
 }
 
@@ -31,7 +31,7 @@ torch::Tensor on_host(const torch::Tensor& t) {
 
 comm::WorkPtr allgather_anywhere(comm::Communicator& comm, const torch::Tensor& send, const torch::Tensor& recv) {
   if (send.device() != recv.device())
-    throw ConfigError("ZeRO all-gather from " + send.device().str() + " into " + recv.device().str());
+    throw ConfigError("all-gather from " + send.device().str() + " into " + recv.device().str());
   const auto count = std::size_t(send.numel());
   if (in_place(comm, recv)) return comm.allgather(send.data_ptr(), recv.data_ptr(), count, dtype_of(send));
   auto host_send = on_host(send), host_recv = torch::empty_like(recv, recv.options().device(torch::kCPU));
@@ -49,10 +49,27 @@ comm::WorkPtr broadcast_anywhere(comm::Communicator& comm, const torch::Tensor& 
 }
 
 comm::WorkPtr allreduce_sum_anywhere(comm::Communicator& comm, const torch::Tensor& t) {
-  if (in_place(comm, t)) return comm.allreduce(t.data_ptr(), std::size_t(t.numel()), dtype_of(t), comm::ReduceOp::sum);
+  return allreduce_anywhere(comm, t, comm::ReduceOp::sum);
+}
+
+comm::WorkPtr allreduce_anywhere(comm::Communicator& comm, const torch::Tensor& t, comm::ReduceOp op) {
+  if (in_place(comm, t)) return comm.allreduce(t.data_ptr(), std::size_t(t.numel()), dtype_of(t), op);
   auto host = on_host(t);
-  comm.allreduce(host.data_ptr(), std::size_t(host.numel()), dtype_of(t), comm::ReduceOp::sum)->wait();
+  comm.allreduce(host.data_ptr(), std::size_t(host.numel()), dtype_of(t), op)->wait();
   t.copy_(host);
+  return nullptr;
+}
+
+comm::WorkPtr reduce_scatter_sum_anywhere(comm::Communicator& comm, const torch::Tensor& send,
+                                          const torch::Tensor& recv) {
+  if (send.device() != recv.device())
+    throw ConfigError("reduce-scatter from " + send.device().str() + " into " + recv.device().str());
+  const auto count = std::size_t(recv.numel());
+  if (in_place(comm, send))
+    return comm.reduce_scatter(send.data_ptr(), recv.data_ptr(), count, dtype_of(send), comm::ReduceOp::sum);
+  auto host_send = on_host(send), host_recv = torch::empty_like(recv, recv.options().device(torch::kCPU));
+  comm.reduce_scatter(host_send.data_ptr(), host_recv.data_ptr(), count, dtype_of(send), comm::ReduceOp::sum)->wait();
+  recv.copy_(host_recv);
   return nullptr;
 }
 

@@ -71,6 +71,38 @@ void fill_mask(T* out, std::int64_t n, const Mask& m) {
   });
 }
 
+// The mask of a shard's elements (shapes as `where` says, checked by the caller): element i of the
+// shard draws the bits of its index in the whole tensor.
+template <class T>
+void fill_shard_mask(T* out, at::IntArrayRef sizes, const ShardOf& where, const Mask& m) {
+  const auto dims = static_cast<std::int64_t>(sizes.size());
+  std::vector<std::int64_t> whole_stride(sizes.size(), 1);
+  for (std::int64_t j = dims - 2; j >= 0; --j)
+    whole_stride[std::size_t(j)] = whole_stride[std::size_t(j + 1)] * where.whole_sizes[std::size_t(j + 1)];
+  const std::int64_t inner = dims == 0 ? 1 : sizes[std::size_t(dims - 1)];
+  const std::int64_t rows = inner == 0 ? 0 : c10::multiply_integers(sizes) / inner;
+  const T kept = static_cast<T>(m.kept);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t base = dims == 0 ? 0 : where.offsets[std::size_t(dims - 1)];
+    for (std::int64_t j = dims - 2, rest = row; j >= 0; --j) {
+      base += (rest % sizes[std::size_t(j)] + where.offsets[std::size_t(j)]) * whole_stride[std::size_t(j)];
+      rest /= sizes[std::size_t(j)];
+    }
+    for (std::int64_t c = 0; c < inner; ++c)
+      out[row * inner + c] =
+          kernels::draw16(m.seed, static_cast<std::uint64_t>(base + c)) >= m.threshold ? kept : T(0);
+  }
+}
+
+void check_shard(const torch::Tensor& x, const ShardOf& where) {
+  bool fits = where.whole_sizes.size() == std::size_t(x.dim()) && where.offsets.size() == std::size_t(x.dim());
+  for (std::int64_t j = 0; fits && j < x.dim(); ++j)
+    fits = where.offsets[std::size_t(j)] >= 0 && where.offsets[std::size_t(j)] + x.size(j) <= where.whole_sizes[std::size_t(j)];
+  if (!fits)
+    throw ConfigError("fast_dropout_shard: a tensor of shape " + c10::str(x.sizes()) + " at offsets " +
+                      c10::str(where.offsets) + " does not lie inside a whole of shape " + c10::str(where.whole_sizes));
+}
+
 // f(R(), X()) for the pairs the fused sum takes: float and bf16 (as its bits) each way.
 template <class F>
 void dispatch_pair(at::ScalarType residual, at::ScalarType x, const F& f) {
@@ -191,6 +223,19 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mask.scalar_type(), "lockstep_dropout",
                                   [&] { fill_mask(mask.data_ptr<scalar_t>(), mask.numel(), m); });
   return x * mask;
+}
+
+torch::Tensor fast_dropout_shard(const torch::Tensor& x, double p, bool training, const ShardOf& where) {
+  check_dropout_probability(p);
+  check_shard(x, where);
+  if (!training || p == 0) return x;
+  const auto threshold = dropout_threshold(p);
+  if (threshold >= 65536) return x * 0;
+  auto mask = torch::empty(x.sizes(), x.options().device(torch::kCPU).requires_grad(false));
+  const Mask m = draw_mask(threshold);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mask.scalar_type(), "lockstep_dropout_shard",
+                                  [&] { fill_shard_mask(mask.data_ptr<scalar_t>(), x.sizes(), where, m); });
+  return x * mask.to(x.device());
 }
 
 torch::Tensor fast_dropout_add(const torch::Tensor& residual, const torch::Tensor& x, double p,

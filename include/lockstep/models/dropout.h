@@ -14,6 +14,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace lockstep::models {
 
@@ -37,6 +38,18 @@ class DropoutSeeds {
 // x unchanged when not training or p is 0; zeros when p is 1; else x times a mask of zeros and
 // 1/(1-p), in x's dtype, which autograd keeps for backward. ConfigError for p outside [0, 1].
 torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training);
+
+// Where a tensor sits in the whole one it was cut from (a tensor-parallel shard: a block of
+// columns, a slice of the sequence): the whole's sizes, and the shard's offset along each of them.
+struct ShardOf {
+  std::vector<std::int64_t> whole_sizes, offsets;
+};
+
+// fast_dropout of the whole tensor, kept to `x`, a shard of it: each element gets the mask its
+// place in the whole has under the call's seed (one draw, as fast_dropout), so ranks that hold
+// shards of one tensor, and drew the same seed, apply one process's mask between them.
+// ConfigError when the shard does not lie inside the whole.
+torch::Tensor fast_dropout_shard(const torch::Tensor& x, double p, bool training, const ShardOf& where);
 
 // residual + fast_dropout(x, p, training): the same values to the bit, the same mask from the same
 // generator state, in one pass forward and one back, where the two steps took four passes and a
