@@ -18,14 +18,6 @@
 
 namespace lockstep::train {
 
-int Trainer::Impl::data_rank() const {
-  return pipelined() ? pipe::PipelineMesh::of(world(), args.pipeline_parallel).replica_of(rank()) : rank();
-}
-
-int Trainer::Impl::data_world() const {
-  return pipelined() ? pipe::PipelineMesh::of(world(), args.pipeline_parallel).replicas : world();
-}
-
 namespace {
 
 pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optional<at::ScalarType> autocast) {

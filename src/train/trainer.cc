@@ -299,6 +299,20 @@ void Trainer::Impl::place_model() {
   if (rank() == 0) LOCKSTEP_LOG(info, train) << "training on " << device.str() << " (worker 0)";
 }
 
+const Layout& Trainer::Impl::layout() const {
+  if (!layout_ || layout_->world() != world()) {
+    LayoutRequest r;
+    r.world = world();
+    r.pipeline_parallel = args.pipeline_parallel;
+    r.tensor_parallel = args.tensor_parallel;
+    r.zero_stage = args.zero_stage;
+    r.sequence_parallel = args.sequence_parallel;
+    r.machine_of = comm->machine_of();
+    layout_ = Layout::build(r);
+  }
+  return *layout_;
+}
+
 // --fp16 needs float16 autocast on the training device.
 void Trainer::Impl::check_precision() const {
   if (args.fp16 && device.is_cpu() && !torch_compat::kCpuFloat16Autocast)
@@ -346,6 +360,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
     impl_->job = comm::join_from_env(options);
     impl_->comm = impl_->job.comm.get();
   }
+  impl_->layout();  // checked before anything else is built
   if (impl_->args.eval_strategy != "no" && !impl_->eval_set)
     throw ConfigError("--eval-strategy " + impl_->args.eval_strategy + " needs an eval dataset");
   impl_->place_model();

@@ -45,6 +45,7 @@
 #include "lockstep/data/sampler.h"
 #include "lockstep/ddp/zero.h"
 #include "lockstep/pipe/pipeline.h"
+#include "lockstep/pipe_core/layout.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/blas.h"
 #include "lockstep/train_core/metrics.h"
@@ -111,6 +112,7 @@ struct Trainer::Impl {
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;
   LossFn loss_fn;
+  mutable std::optional<Layout> layout_;  // layout() keeps it
   torch::Device device = torch::kCPU;  // --device: where the model, its batches and its optimizer live
 
   // training_step.h: one optimiser step and what lasts between steps (declared before the
@@ -131,10 +133,13 @@ struct Trainer::Impl {
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
   bool pipelined() const { return args.pipeline_parallel > 1; }
-  // Data parallelism's view of the job: under --pipeline-parallel P its world / P replicas (the
-  // pipeline ranks of a replica read the same samples), else every rank.
-  int data_rank() const;
-  int data_world() const;
+  // The job's layout (pipe_core/layout.h), built and checked once from the arguments and the
+  // machines; rebuilt only when an elastic job's membership changed the world (data ranks alone).
+  const Layout& layout() const;
+  // Data parallelism's view of the job, from the layout: under --pipeline-parallel P its world / P
+  // replicas (the pipeline ranks of a replica read the same samples), else every rank.
+  int data_rank() const { return layout().data_rank_of(rank()); }
+  int data_world() const { return layout().data(); }
   // Samples one rank takes per optimiser step.
   std::size_t samples_per_step() const;
   double learning_rate_at(std::int64_t at) const { return args.learning_rate * schedule.multiplier(at); }

@@ -112,6 +112,7 @@ void TrainerReports::announce() {
       static_cast<double>(state.max_steps) / static_cast<double>(state.steps_per_epoch),
       static_cast<long long>(state.steps_per_epoch), args.optim.c_str(), args.learning_rate,
       args.lr_scheduler_type.c_str(), run_.comm->backend_name().c_str());
+  LOCKSTEP_LOG(info, train) << "layout: " << run_.layout().describe();
   LOCKSTEP_LOG(info, train) << head << (run_.step.zero() ? ", " + run_.zero_plan.describe() : "");
   log_modes();
   if (!blas.advice.empty()) LOCKSTEP_LOG(warn, train) << blas.advice;

@@ -172,6 +172,7 @@ void TrainingArguments::validate() const {
     bad("powersgd-rounds", "must be 1 or even (two exchanges per power iteration; got " +
                                std::to_string(powersgd_rounds) + ")");
   validate_pipeline();
+  validate_tensor_parallel();
   validate_cuda_graphs();
   if (early_stopping_patience > 0 && eval_strategy == "no")
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
@@ -202,6 +203,18 @@ void TrainingArguments::validate_pipeline() const {
   if (gradient_checkpointing && pipeline_schedule == "zb")
     bad("gradient-checkpointing", "does not combine with --pipeline-schedule zb: a recomputed block computes its "
                                   "weight gradients with its input gradient, which zb splits; use 1f1b or interleaved");
+}
+
+// Tensor parallelism is built as layers (lockstep/tp/layers.h) for a loop of one's own; the
+// Trainer does not split a model's layers yet, so it refuses to start rather than train unsplit.
+void TrainingArguments::validate_tensor_parallel() const {
+  if (sequence_parallel && tensor_parallel == 1)
+    bad("sequence-parallel", "splits the activations over a tensor group: add --tensor-parallel 2 or more");
+  if (tensor_parallel > 1)
+    bad("tensor-parallel", std::to_string(tensor_parallel) + ": the Trainer does not split a model's layers yet. "
+        "Split your own model with lockstep/tp/layers.h (column- and row-parallel linears, a vocabulary-parallel "
+        "embedding and cross-entropy; docs/layout.md) in a loop of your own, or use --zero-stage 3 to shard "
+        "its parameters");
 }
 
 // What --cuda-graphs does not capture (yet); one worker and a CUDA device are checked at start.

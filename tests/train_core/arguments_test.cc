@@ -117,6 +117,16 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
   EXPECT_EQ(error_of({"--fp16"}), "(no error)");
 }
 
+TEST(Arguments, TensorParallelismIsRefusedByTheTrainerSayingWhereItIsBuilt) {
+  EXPECT_EQ(error_of({"--tensor-parallel", "1"}), "(no error)");
+  const std::string refused = error_of({"--tensor-parallel", "2"});
+  EXPECT_NE(refused.find("--tensor-parallel 2: the Trainer does not split a model's layers yet"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("lockstep/tp/layers.h"), std::string::npos) << refused;
+  EXPECT_NE(error_of({"--sequence-parallel"}).find("add --tensor-parallel 2 or more"), std::string::npos);
+  EXPECT_NE(error_of({"--tensor-parallel", "0"}).find("--tensor-parallel"), std::string::npos);
+}
+
 TEST(Arguments, CudaGraphsAreRefusedWithWhatTheyDoNotCapture) {
   const std::vector<std::string> graphs = {"--cuda-graphs", "--device", "cuda"};
   auto with = [&](std::vector<std::string> more) {

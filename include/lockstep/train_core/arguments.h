@@ -151,6 +151,11 @@ inline std::vector<std::string> comm_hook_names() {
   X(int, pipeline_parallel, 1,                                                                                 \
     "pipeline ranks P: the model cut into stages on P workers each, the world P x D replicas; 1: no pipeline",  \
     at_least(1))                                                                                               \
+  X(int, tensor_parallel, 1,                                                                                   \
+    "tensor ranks T: each layer split over T workers of one machine (the world P x D x T); the Trainer does "  \
+    "not split a model yet, so it refuses T above 1 (lockstep/tp/layers.h splits your own)", at_least(1))      \
+  X(bool, sequence_parallel, false,                                                                            \
+    "--tensor-parallel: the activations between layers split along the sequence too", any())                  \
   X(std::string, pipeline_schedule, "1f1b", "--pipeline-parallel: the schedule",                               \
     one_of({"gpipe", "1f1b", "interleaved", "zb"}))                                                            \
   X(int, virtual_stages, 1, "--pipeline-schedule interleaved: stages per pipeline rank", at_least(1))          \
@@ -179,6 +184,7 @@ struct TrainingArguments {
   // Throws ConfigError naming the first bad value (as its flag) and the fix.
   void validate() const;
   void validate_pipeline() const;  // the part of validate() about --pipeline-parallel
+  void validate_tensor_parallel() const;  // the part of validate() about --tensor-parallel
   void validate_cuda_graphs() const;  // the part of validate() about --cuda-graphs
   bool best_is_greater() const;
   std::int64_t eval_every() const {
