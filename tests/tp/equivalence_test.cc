@@ -243,6 +243,31 @@ TEST(TensorParallelEquivalence, TensorTimesDataRanksTrainAsOneProcessOnTheWholeB
   expect_split_run_is_the_whole_run({2, 2, true});
 }
 
+// docs/layout.md's memory: a split layer holds 1/T of its parameters, a whole one all of them.
+TEST(TensorParallelEquivalence, EachRankHoldsItsShareOfTheSplitParametersAndAllOfTheWholeOnes) {
+  const auto whole = whole_model();
+  std::int64_t whole_split = 0, whole_kept = 0;
+  for (const auto& item : whole->named_parameters()) {
+    const bool split = item.key().rfind("norm", 0) != 0 && item.key().find(".bias") == std::string::npos;
+    (split || item.key().rfind("fc", 0) == 0 ? whole_split : whole_kept) += item.value().numel();
+  }
+  for (const int tensor : {2, 4}) {
+    comm::CommOptions options;
+    options.backend = "shm";
+    testing::run_ranks_as_threads(tensor, options, [&](comm::Communicator& group) {
+      std::shared_ptr<SplitLm> split;
+      {
+        std::lock_guard<std::mutex> lock(torch_init);
+        split = std::make_shared<SplitLm>(group, false);
+      }
+      std::int64_t held_split = 0, held_whole = 0;
+      for (const auto& p : split->parameters()) (is_split(*split, p) ? held_split : held_whole) += p.numel();
+      EXPECT_EQ(held_split * tensor, whole_split);
+      EXPECT_EQ(held_whole, whole_kept);
+    });
+  }
+}
+
 // The global norm is the unsplit model's; counting the whole parameters once per rank (summing
 // every rank's squares) misses it by far more than the tolerance above.
 TEST(TensorParallelEquivalence, TheGlobalNormCountsEachWholeParameterOnce) {
