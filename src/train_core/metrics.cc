@@ -82,60 +82,24 @@ std::string event_of(const json& j) {
 
 }  // namespace
 
-json TrainBegin::to_json() const {
-  json j = {{"event", kTrainBegin}};
-  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_PUT)
-  return j;
-}
-TrainBegin TrainBegin::from_json(const json& j) {
-  TrainBegin r;
-  LOCKSTEP_TRAIN_BEGIN_FIELDS(LOCKSTEP_TAKE)
-  return r;
-}
+// A record type's writer and reader, both from its one list of fields (metrics.h).
+#define LOCKSTEP_RECORD_JSON(Type, event, FIELDS) \
+  json Type::to_json() const {                   \
+    json j = {{"event", event}};                 \
+    FIELDS(LOCKSTEP_PUT)                         \
+    return j;                                    \
+  }                                              \
+  Type Type::from_json(const json& j) {          \
+    Type r;                                      \
+    FIELDS(LOCKSTEP_TAKE)                        \
+    return r;                                    \
+  }
 
-json StepLog::to_json() const {
-  json j = {{"event", kLog}};
-  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_PUT)
-  return j;
-}
-StepLog StepLog::from_json(const json& j) {
-  StepLog r;
-  LOCKSTEP_STEP_LOG_FIELDS(LOCKSTEP_TAKE)
-  return r;
-}
-
-json EvalLog::to_json() const {
-  json j = {{"event", kEval}};
-  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_PUT)
-  return j;
-}
-EvalLog EvalLog::from_json(const json& j) {
-  EvalLog r;
-  LOCKSTEP_EVAL_LOG_FIELDS(LOCKSTEP_TAKE)
-  return r;
-}
-
-json MembershipChangeLog::to_json() const {
-  json j = {{"event", kMembershipChange}};
-  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_PUT)
-  return j;
-}
-MembershipChangeLog MembershipChangeLog::from_json(const json& j) {
-  MembershipChangeLog r;
-  LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS(LOCKSTEP_TAKE)
-  return r;
-}
-
-json CheckpointLog::to_json() const {
-  json j = {{"event", kCheckpoint}};
-  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_PUT)
-  return j;
-}
-CheckpointLog CheckpointLog::from_json(const json& j) {
-  CheckpointLog r;
-  LOCKSTEP_CHECKPOINT_FIELDS(LOCKSTEP_TAKE)
-  return r;
-}
+LOCKSTEP_RECORD_JSON(TrainBegin, kTrainBegin, LOCKSTEP_TRAIN_BEGIN_FIELDS)
+LOCKSTEP_RECORD_JSON(StepLog, kLog, LOCKSTEP_STEP_LOG_FIELDS)
+LOCKSTEP_RECORD_JSON(EvalLog, kEval, LOCKSTEP_EVAL_LOG_FIELDS)
+LOCKSTEP_RECORD_JSON(MembershipChangeLog, kMembershipChange, LOCKSTEP_MEMBERSHIP_CHANGE_FIELDS)
+LOCKSTEP_RECORD_JSON(CheckpointLog, kCheckpoint, LOCKSTEP_CHECKPOINT_FIELDS)
 
 std::vector<Segment> read_metrics(const std::string& path) {
   std::ifstream in(path);
