@@ -40,6 +40,31 @@ struct Collective {
   // allreduce and reduce_scatter, on a backend that takes device memory: see DeviceReady.
   DeviceReady ready;
 
+  // A collective moving `count` elements of `dtype` from send to recv; the other fields keep their
+  // defaults until the caller sets them.
+  static Collective of(CollectiveKind kind, const void* send, void* recv, std::size_t count, DType dtype,
+                       ReduceOp op = ReduceOp::sum) {
+    Collective c;
+    c.kind = kind;
+    c.send = send;
+    c.recv = recv;
+    c.count = count;
+    c.dtype = dtype;
+    c.op = op;
+    return c;
+  }
+
+  // This collective as one step of a larger one (a backend's algorithm): the same sequence, dtype,
+  // op and options, another kind over other buffers.
+  Collective step(CollectiveKind step_kind, const void* step_send, void* step_recv, std::size_t step_count) const {
+    Collective c = *this;
+    c.kind = step_kind;
+    c.send = step_send;
+    c.recv = step_recv;
+    c.count = step_count;
+    return c;
+  }
+
   // "allreduce #12 (f32 x 1000, sum)": used in every error message.
   std::string describe() const;
   // Packs the fields all ranks must agree on into two words, for mismatch checks.

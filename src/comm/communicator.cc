@@ -295,13 +295,7 @@ WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count,
   require_buffer(*backend_, recv, count, "recv buffer", "allreduce");
   require_reduction(op, dtype, "allreduce");
   require_device_backend(*backend_, ready, "allreduce");
-  Collective c;
-  c.kind = CollectiveKind::allreduce;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
+  Collective c = Collective::of(CollectiveKind::allreduce, send, recv, count, dtype, op);
   c.ready = ready;
   return enqueue(c);
 }
@@ -312,13 +306,7 @@ WorkPtr Communicator::allreduce(float* buffer, std::size_t count, ReduceOp op, C
     throw ConfigError(std::string("allreduce with a codec: ") + reduce_op_name(op) +
                       " is not one a codec can estimate; use sum or avg");
   if (!codec) throw ConfigError("allreduce with a codec: the codec is empty");
-  Collective c;
-  c.kind = CollectiveKind::allreduce;
-  c.send = buffer;
-  c.recv = buffer;
-  c.count = count;
-  c.dtype = DType::f32;
-  c.op = op;
+  Collective c = Collective::of(CollectiveKind::allreduce, buffer, buffer, count, DType::f32, op);
   c.codec = std::make_shared<const Codec>(std::move(codec));
   return enqueue(c);
 }
@@ -328,12 +316,7 @@ WorkPtr Communicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   if (root < 0 || root >= size_)
     throw ConfigError("broadcast: root " + std::to_string(root) + " is not a rank of this " +
                       std::to_string(size_) + "-rank communicator");
-  Collective c;
-  c.kind = CollectiveKind::broadcast;
-  c.send = buffer;
-  c.recv = buffer;
-  c.count = count;
-  c.dtype = dtype;
+  Collective c = Collective::of(CollectiveKind::broadcast, buffer, buffer, count, dtype);
   c.root = root;
   return enqueue(c);
 }
@@ -341,24 +324,13 @@ WorkPtr Communicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 WorkPtr Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_buffer(*backend_, send, count, "send buffer", "allgather");
   require_buffer(*backend_, recv, count, "recv buffer", "allgather");
-  Collective c;
-  c.kind = CollectiveKind::allgather;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  return enqueue(c);
+  return enqueue(Collective::of(CollectiveKind::allgather, send, recv, count, dtype));
 }
 
 WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_t count, DType dtype) {
   require_buffer(*backend_, send, count, "send buffer", "allgather_machine");
   require_buffer(*backend_, recv, count, "recv buffer", "allgather_machine");
-  Collective c;
-  c.kind = CollectiveKind::allgather;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
+  Collective c = Collective::of(CollectiveKind::allgather, send, recv, count, dtype);
   c.machine_memory = size_ > 1;  // one rank: its own memory is its machine's
   return enqueue(c);
 }
@@ -369,13 +341,7 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t c
   require_buffer(*backend_, recv, count, "recv buffer", "reduce_scatter");
   require_reduction(op, dtype, "reduce_scatter");
   require_device_backend(*backend_, ready, "reduce_scatter");
-  Collective c;
-  c.kind = CollectiveKind::reduce_scatter;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
+  Collective c = Collective::of(CollectiveKind::reduce_scatter, send, recv, count, dtype, op);
   c.ready = ready;
   return enqueue(c);
 }

@@ -314,20 +314,10 @@ class HierBackend final : public Backend {
       in = padded;
     }
     char* mine = scratch(shard_, shard * esize);
-    Collective rs = local;
-    rs.kind = CollectiveKind::reduce_scatter;
-    rs.send = in;
-    rs.recv = mine;
-    rs.count = shard;
-    inside(rs);
+    inside(local.step(CollectiveKind::reduce_scatter, in, mine, shard));
     shard_across(c, mine, static_cast<std::size_t>(local_) * shard, shard);
     char* out = even ? static_cast<char*>(c.recv) : scratch(padded_out_, shard * L * esize);
-    Collective ag = local;
-    ag.kind = CollectiveKind::allgather;
-    ag.send = mine;
-    ag.recv = out;
-    ag.count = shard;
-    inside(ag);
+    inside(local.step(CollectiveKind::allgather, mine, out, shard));
     if (!even) std::memcpy(c.recv, out, c.count * esize);
   }
 

@@ -151,12 +151,7 @@ class NcclBackend final : public Backend {
   void run(const Collective& c) override {
     OnDevice on(driver_, context_);
     checks_.before(c, size_, rank_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t words) {
-      Collective gather;
-      gather.kind = CollectiveKind::allgather;
-      gather.send = mine;
-      gather.recv = all;
-      gather.count = words;
-      gather.dtype = DType::i64;
+      Collective gather = Collective::of(CollectiveKind::allgather, mine, all, words, DType::i64);
       gather.sequence = c.sequence;
       execute(gather);
     });
