@@ -65,68 +65,37 @@ torch::Tensor reduce_scatter(const torch::Tensor& x, comm::Communicator& group, 
   return recv;
 }
 
-// --- the regions ------------------------------------------------------------------------------
+torch::Tensor identity(const torch::Tensor& x, comm::Communicator&, std::int64_t) {
+  return x.view_as(x);
+}
 
-struct CopyToTensorRegion : torch::autograd::Function<CopyToTensorRegion> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Communicator* group) {
-    remember(ctx, *group, 0);
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduce(grads[0], group_of(ctx)), torch::Tensor()};
-  }
-};
+torch::Tensor sum(const torch::Tensor& x, comm::Communicator& group, std::int64_t) {
+  return all_reduce(x, group);
+}
 
-struct ReduceFromTensorRegion : torch::autograd::Function<ReduceFromTensorRegion> {
-  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, comm::Communicator* group) {
-    return all_reduce(x, *group);
-  }
-  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
-};
+// --- the regions ---------------------------------------------------------------------------------
 
-struct GatherFromTensorRegion : torch::autograd::Function<GatherFromTensorRegion> {
+using Collective = torch::Tensor (*)(const torch::Tensor&, comm::Communicator&, std::int64_t);
+
+// A region: `Forward` on the way in, `Backward` (its conjugate) on the gradient's way back.
+template <Collective Forward, Collective Backward>
+struct Region : torch::autograd::Function<Region<Forward, Backward>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Communicator* group,
                                std::int64_t dim) {
     remember(ctx, *group, dim);
-    return all_gather(x, *group, dim);
+    return Forward(x, *group, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {own_slice(grads[0], group_of(ctx), dim_of(ctx)), torch::Tensor(), torch::Tensor()};
+    return {Backward(grads[0], group_of(ctx), dim_of(ctx)), torch::Tensor(), torch::Tensor()};
   }
 };
 
-struct SplitToTensorRegion : torch::autograd::Function<SplitToTensorRegion> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Communicator* group,
-                               std::int64_t dim) {
-    remember(ctx, *group, dim);
-    return own_slice(x, *group, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_gather(grads[0], group_of(ctx), dim_of(ctx)), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct GatherFromSequenceRegion : torch::autograd::Function<GatherFromSequenceRegion> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Communicator* group,
-                               std::int64_t dim) {
-    remember(ctx, *group, dim);
-    return all_gather(x, *group, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter(grads[0], group_of(ctx), dim_of(ctx)), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct ScatterToSequenceRegion : torch::autograd::Function<ScatterToSequenceRegion> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Communicator* group,
-                               std::int64_t dim) {
-    remember(ctx, *group, dim);
-    return reduce_scatter(x, *group, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_gather(grads[0], group_of(ctx), dim_of(ctx)), torch::Tensor(), torch::Tensor()};
-  }
-};
+using CopyToTensorRegion = Region<identity, sum>;
+using ReduceFromTensorRegion = Region<sum, identity>;
+using GatherFromTensorRegion = Region<all_gather, own_slice>;
+using SplitToTensorRegion = Region<own_slice, all_gather>;
+using GatherFromSequenceRegion = Region<all_gather, reduce_scatter>;
+using ScatterToSequenceRegion = Region<reduce_scatter, all_gather>;
 
 std::int64_t wrapped(const torch::Tensor& x, std::int64_t dim) {
   return dim < 0 ? dim + x.dim() : dim;
@@ -135,11 +104,11 @@ std::int64_t wrapped(const torch::Tensor& x, std::int64_t dim) {
 }  // namespace
 
 torch::Tensor copy_to_tensor_region(const torch::Tensor& x, comm::Communicator& group) {
-  return CopyToTensorRegion::apply(x, &group);
+  return CopyToTensorRegion::apply(x, &group, 0);
 }
 
 torch::Tensor reduce_from_tensor_region(const torch::Tensor& x, comm::Communicator& group) {
-  return ReduceFromTensorRegion::apply(x, &group);
+  return ReduceFromTensorRegion::apply(x, &group, 0);
 }
 
 torch::Tensor gather_from_tensor_region(const torch::Tensor& x, comm::Communicator& group, std::int64_t dim) {
