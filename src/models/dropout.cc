@@ -225,6 +225,14 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
   return x * mask;
 }
 
+ShardOf ShardOf::slice(const torch::Tensor& shard, std::int64_t dim, std::int64_t index, std::int64_t slices) {
+  const auto d = dim < 0 ? dim + shard.dim() : dim;
+  ShardOf where{shard.sizes().vec(), std::vector<std::int64_t>(std::size_t(shard.dim()), 0)};
+  where.whole_sizes[std::size_t(d)] *= slices;
+  where.offsets[std::size_t(d)] = index * shard.size(d);
+  return where;
+}
+
 torch::Tensor fast_dropout_shard(const torch::Tensor& x, double p, bool training, const ShardOf& where) {
   check_dropout_probability(p);
   check_shard(x, where);

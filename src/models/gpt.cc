@@ -13,6 +13,8 @@
 #include "lockstep/models/linear.h"
 #include "lockstep/models/norm.h"
 #include "lockstep/error.h"
+#include "lockstep/tp/regions.h"
+#include "lockstep/tp/layers.h"
 
 namespace lockstep::models {
 namespace {
@@ -155,6 +157,7 @@ torch::Tensor CausalSelfAttentionImpl::residual_forward(const torch::Tensor& res
 }
 
 torch::Tensor CausalSelfAttentionImpl::projected(const torch::Tensor& x) {
+  if (tensor_group_) return split_projected(x);
   const auto b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_;
   // One copy to [3, B, H, T, d], runs of d elements at a time: q, k and v each contiguous, which the
   // batched products take as they are (k transposed too). Views of [B, T, H, d] were copied by each
@@ -189,6 +192,7 @@ torch::Tensor MlpImpl::residual_forward(const torch::Tensor& residual, const tor
 // On the CPU the bias and the GELU in one pass (models/activation.h); on a GPU the bias inside the
 // product, as before.
 torch::Tensor MlpImpl::projected(const torch::Tensor& x) {
+  if (tensor_group_) return split_projected(x);
   const auto hidden = x.is_cpu() ? fast_bias_gelu(fast_linear(x, c_fc->weight), c_fc->bias, approximate_)
                                  : torch::gelu(fast_linear(x, c_fc->weight, c_fc->bias), approximate_);
   return fast_linear(hidden, c_proj->weight, c_proj->bias);
@@ -218,7 +222,10 @@ GptModelImpl::GptModelImpl(const GptConfig& c) : config_(c) {
 }
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
-  const std::uint64_t seed = is_training() ? draw_cpu_seed() : 0;
+  return forward_seeded(tokens, is_training() ? draw_cpu_seed() : 0);
+}
+
+torch::Tensor GptModelImpl::forward_seeded(const torch::Tensor& tokens, std::uint64_t seed) {
   auto x = embed(tokens, seed);
   for (int i = 0; i < int(h->size()); ++i) x = block(i, x, seed);
   return normed(ln_f, x);
@@ -231,7 +238,8 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, std::uint64_t see
                       std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
   DropoutSeeds masks(part_seed(seed, 0));
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  return fast_dropout(wte(tokens) + wpe(positions), config_.dropout, is_training());
+  const auto tokens_in = tensor_group_ ? tp::vocab_parallel_embedding(tokens, wte->weight, *tensor_group_) : wte(tokens);
+  return fast_dropout(tokens_in + wpe(positions), config_.dropout, is_training());
 }
 
 torch::Tensor GptModelImpl::block(int i, const torch::Tensor& x, std::uint64_t seed) {
@@ -271,11 +279,19 @@ GptLmHeadModelImpl::GptLmHeadModelImpl(const GptConfig& c) {
 }
 
 torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
-  // The head shares the token embedding's weights (weight tying).
-  return fast_linear(transformer(tokens), transformer->wte->weight);
+  return forward_seeded(tokens, is_training() ? draw_cpu_seed() : 0);
+}
+
+torch::Tensor GptLmHeadModelImpl::forward_seeded(const torch::Tensor& tokens, std::uint64_t seed) {
+  // The head shares the token embedding's weights (weight tying); split, its rows of them.
+  const auto hidden = transformer->forward_seeded(tokens, seed);
+  comm::Communicator* group = transformer->tensor_group();
+  return fast_linear(group ? tp::copy_to_tensor_region(hidden, *group) : hidden, transformer->wte->weight);
 }
 
 std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {
+  if (transformer->tensor_group())
+    throw ConfigError("a GPT split for tensor parallelism cannot be cut into pipeline stages yet");
   auto named = [](const torch::nn::Module& m, const std::string& prefix) {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
@@ -327,6 +343,9 @@ std::vector<train::Matmul> GptForSequenceClassificationImpl::forward_matmuls(std
 std::vector<std::int64_t> generate(GptLmHeadModel& model, std::vector<std::int64_t> tokens,
                                    const SamplingOptions& o) {
   if (tokens.empty()) throw ConfigError("generation needs a prompt of at least one token");
+  if (model->transformer->tensor_group())
+    throw ConfigError("generation from a GPT split for tensor parallelism is not built: its logits are split over "
+                      "the tensor group; load the weights into an unsplit GptLmHeadModel");
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;

@@ -32,19 +32,34 @@ bool is_split(const torch::nn::Module& root, const torch::Tensor& parameter) {
 }
 
 double clip_grad_norm(torch::nn::Module& root, double max_norm, comm::Communicator& tensor_group) {
-  const auto split = split_parameters(root);
-  // [split squares, whole squares], in float64 whatever the parameters' type.
-  auto squares = torch::zeros({2}, torch::kDouble);
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : root.parameters()) {
+  const auto split_set = split_parameters(root);
+  std::vector<torch::Tensor> split, whole;
+  for (const auto& p : root.parameters()) (split_set.count(p.unsafeGetTensorImpl()) ? split : whole).push_back(p);
+  return clip_grad_norm(split, whole, max_norm, tensor_group);
+}
+
+namespace {
+
+// The sum of the squares of the defined gradients among `params`, in float64.
+double squares_of(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& grads) {
+  double sum = 0;
+  for (const auto& p : params) {
     if (!p.grad().defined()) continue;
     grads.push_back(p.grad());
-    const auto s = p.grad().detach().to(torch::kDouble).pow(2).sum().cpu();
-    squares[split.count(p.unsafeGetTensorImpl()) ? 0 : 1] += s;
+    sum += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
   }
-  auto split_sum = squares.narrow(0, 0, 1).contiguous();
+  return sum;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<torch::Tensor>& split, const std::vector<torch::Tensor>& whole,
+                      double max_norm, comm::Communicator& tensor_group) {
+  std::vector<torch::Tensor> grads;
+  auto split_sum = torch::full({1}, squares_of(split, grads), torch::kDouble);
+  const double whole_sum = squares_of(whole, grads);
   if (tensor_group.size() > 1) ddp_detail::finish(ddp_detail::allreduce_sum_anywhere(tensor_group, split_sum));
-  const double norm = std::sqrt(split_sum.item<double>() + squares[1].item<double>());
+  const double norm = std::sqrt(split_sum.item<double>() + whole_sum);
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1) {
     torch::NoGradGuard no_grad;

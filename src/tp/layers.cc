@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include "lockstep/error.h"
-#include "lockstep/models/dropout.h"
 #include "lockstep/tp/regions.h"
 
 namespace lockstep::tp {
@@ -34,15 +33,6 @@ torch::Tensor shard_of(const torch::Tensor& whole, std::int64_t dim, int rank, i
                       std::to_string(ranks) + "; use a tensor-parallel degree that divides it");
   const auto part = n / ranks;
   return whole.narrow(dim, rank * part, part);
-}
-
-torch::Tensor sharded_dropout(const torch::Tensor& x, double p, bool training, comm::Communicator& group,
-                              std::int64_t dim) {
-  const auto d = dim < 0 ? dim + x.dim() : dim;
-  models::ShardOf where{x.sizes().vec(), std::vector<std::int64_t>(std::size_t(x.dim()), 0)};
-  where.whole_sizes[std::size_t(d)] *= group.size();
-  where.offsets[std::size_t(d)] = group.rank() * x.size(d);
-  return models::fast_dropout_shard(x, p, training, where);
 }
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(std::int64_t in, std::int64_t out, comm::Communicator& group,
@@ -101,12 +91,17 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(std::int64_t vocab_, std:
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
-  const auto rows = weight.size(0);
-  const auto elsewhere = (tokens < first_token).logical_or(tokens >= first_token + rows);
-  const auto local = (tokens - first_token).masked_fill(elsewhere, 0);
+  return vocab_parallel_embedding(tokens, weight, *group_, options_);
+}
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& tokens, const torch::Tensor& weight,
+                                       comm::Communicator& group, const ParallelLinearOptions& options) {
+  const auto rows = weight.size(0), first = group.rank() * rows;
+  const auto elsewhere = (tokens < first).logical_or(tokens >= first + rows);
+  const auto local = (tokens - first).masked_fill(elsewhere, 0);
   const auto partial = torch::embedding(weight, local).masked_fill(elsewhere.unsqueeze(-1), 0);
-  return options_.sequence_parallel ? scatter_to_sequence_region(partial, *group_, options_.sequence_dim)
-                                    : reduce_from_tensor_region(partial, *group_);
+  return options.sequence_parallel ? scatter_to_sequence_region(partial, group, options.sequence_dim)
+                                   : reduce_from_tensor_region(partial, group);
 }
 
 void VocabParallelEmbeddingImpl::load_shard_of(const torch::Tensor& w) {

@@ -96,8 +96,10 @@ struct SplitLm : torch::nn::Module {
     for (int b = 0; b < kBlocks; ++b) {
       const auto h = projs[b](torch::gelu(fcs[b](norms[b](x))));
       x = x + (data_ranks > 1 ? models::fast_dropout_shard(h, kDropout, is_training(), place_of(h))
-               : sequence_parallel ? sharded_dropout(h, kDropout, is_training(), *group, 1)
-                                   : models::fast_dropout(h, kDropout, is_training()));
+               : sequence_parallel
+                   ? models::fast_dropout_shard(h, kDropout, is_training(),
+                                                models::ShardOf::slice(h, 1, group->rank(), group->size()))
+                   : models::fast_dropout(h, kDropout, is_training()));
     }
     // The head gathers the sequence: the loss is over every token on every rank.
     return vocab_parallel_cross_entropy(head(norm_f(x)), targets, *group).mean();

@@ -43,6 +43,9 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training);
 // columns, a slice of the sequence): the whole's sizes, and the shard's offset along each of them.
 struct ShardOf {
   std::vector<std::int64_t> whole_sizes, offsets;
+  // `shard` as slice `index` of `slices` equal ones along `dim` (a tensor-parallel rank's shard of
+  // the sequence, or of the heads).
+  static ShardOf slice(const torch::Tensor& shard, std::int64_t dim, std::int64_t index, std::int64_t slices);
 };
 
 // fast_dropout of the whole tensor, kept to `x`, a shard of it: each element gets the mask its

@@ -31,6 +31,10 @@
 #include "lockstep/pipe/units.h"
 #include "lockstep/train_core/matmuls.h"
 
+namespace lockstep::comm {
+class Communicator;
+}
+
 namespace lockstep::models {
 
 struct GptConfig {
@@ -73,10 +77,15 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor residual_forward(const torch::Tensor& residual, const torch::Tensor& x);
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  // Tensor parallelism: keeps this rank's heads (their rows of c_attn, columns of c_proj) and
+  // exchanges over `group` from then on (gpt_tensor_parallel.cc).
+  void split(comm::Communicator& group);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
+  torch::Tensor split_projected(const torch::Tensor& x);
 
+  comm::Communicator* tensor_group_ = nullptr;
   int n_head_;
   double attn_dropout_;  // on the attention probabilities (models/dropout.h)
   double dropout_;       // on the output
@@ -91,10 +100,14 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor residual_forward(const torch::Tensor& residual, const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  // Tensor parallelism: keeps this rank's hidden features (rows of c_fc, columns of c_proj).
+  void split(comm::Communicator& group);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
+  torch::Tensor split_projected(const torch::Tensor& x);
 
+  comm::Communicator* tensor_group_ = nullptr;
   std::string approximate_;  // torch::gelu's: "none" or "tanh"
   double dropout_;
 };
@@ -116,6 +129,9 @@ class GptModelImpl : public torch::nn::Module {
  public:
   explicit GptModelImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& tokens);
+  // With the dropout masks' seed given instead of drawn from the default CPU generator (the one
+  // draw a training forward makes): for callers that keep their own streams (ranks as threads).
+  torch::Tensor forward_seeded(const torch::Tensor& tokens, std::uint64_t seed);
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   // ZeRO stage 3 (ddp/parameter_units.h): each block is a unit; the embeddings and ln_f the root.
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units();
@@ -135,7 +151,14 @@ class GptModelImpl : public torch::nn::Module {
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
 
+  // Tensor parallelism: this rank's rows of the vocabulary, heads and hidden features (see
+  // GptLmHeadModel::split_for_tensor_parallel).
+  void split(comm::Communicator& group);
+  comm::Communicator* tensor_group() const { return tensor_group_; }
+  std::vector<torch::Tensor> split_parameters() const;  // the shards of split tensors
+
  private:
+  comm::Communicator* tensor_group_ = nullptr;
   GptConfig config_;
   bool checkpointing_ = false;
   UnitRunner runner_;
@@ -146,6 +169,7 @@ class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls
  public:
   explicit GptLmHeadModelImpl(const GptConfig& c);
   torch::Tensor forward(const torch::Tensor& tokens);  // logits [B, T, vocab]
+  torch::Tensor forward_seeded(const torch::Tensor& tokens, std::uint64_t seed);  // GptModel::forward's seed
   std::vector<train::Matmul> forward_matmuls(std::int64_t samples) const override;  // the body's and the head's
   void set_gradient_checkpointing(bool on) { transformer->set_gradient_checkpointing(on); }
   std::vector<std::shared_ptr<torch::nn::Module>> parameter_units() { return transformer->parameter_units(); }
@@ -154,6 +178,19 @@ class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls
   // The model as a pipeline's units (pipe/units.h): "embedding" (wte, wpe), "h.0" ... "h.{n-1}",
   // and "head" (ln_f and the tied head, which reads wte again): forward to the bit, in order.
   std::vector<pipe::PipelineUnit> pipeline_units();
+
+  // Tensor parallelism (lockstep/tp, Megatron-LM's plan): splits the model in place over the T
+  // ranks of `group`, each keeping its shard of the weights it holds now: the vocabulary (the
+  // embedding's rows, and so the tied head's), the attention heads (q, k and v's rows, the output
+  // projection's columns) and the MLP's hidden features; the position embedding, the layer norms
+  // and the output projections' biases stay whole. Each block then all-reduces twice forward (after
+  // attention and after the MLP) and twice backward, and forward returns this rank's vocabulary
+  // columns of the logits [B, T, vocab / T]: their loss is tp::vocab_parallel_cross_entropy. The
+  // dropout masks are one process's (the heads' from the whole tensor's counter), so the split
+  // model trains as the whole one up to the order of sums. Every rank of the group calls it, in
+  // the same state. ConfigError when T does not divide n_head or vocab_size, or when already split.
+  void split_for_tensor_parallel(comm::Communicator& group) { transformer->split(group); }
+  std::vector<torch::Tensor> split_parameters() const { return transformer->split_parameters(); }
 
   GptModel transformer{nullptr};
 };

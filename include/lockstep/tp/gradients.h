@@ -8,6 +8,8 @@
 
 #include <torch/nn/module.h>
 
+#include <vector>
+
 #include "lockstep/comm/communicator.h"
 
 namespace lockstep::tp {
@@ -23,5 +25,8 @@ bool is_split(const torch::nn::Module& root, const torch::Tensor& parameter);
 // Layout's ParallelDim::model): the squares are summed over it instead, the whole parameters of a
 // pipeline stage counted by the stage's tensor rank 0 alone.
 double clip_grad_norm(torch::nn::Module& root, double max_norm, comm::Communicator& tensor_group);
+// The same over parameters the caller sorts: `split` (shards of split tensors) and `whole`.
+double clip_grad_norm(const std::vector<torch::Tensor>& split, const std::vector<torch::Tensor>& whole,
+                      double max_norm, comm::Communicator& tensor_group);
 
 }  // namespace lockstep::tp

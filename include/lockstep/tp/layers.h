@@ -92,12 +92,10 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(VocabParallelEmbedding);
 
-// Dropout of this rank's shard along `dim` of a tensor split evenly over the group (a sequence
-// parallel activation): each element gets the mask it has in the whole tensor under the call's seed
-// (models::fast_dropout_shard), so the split run draws one process's masks. The ranks must draw the
-// same seed (the same generator state, or the same models::DropoutSeeds).
-torch::Tensor sharded_dropout(const torch::Tensor& x, double p, bool training, comm::Communicator& group,
-                              std::int64_t dim);
+// VocabParallelEmbedding's forward over a weight held elsewhere (a model's own parameter, split
+// in place): `weight` is this rank's rows [rank * rows, (rank + 1) * rows) of the vocabulary.
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& tokens, const torch::Tensor& weight,
+                                       comm::Communicator& group, const ParallelLinearOptions& options = {});
 
 // The rows [r*n/T, (r+1)*n/T) of `whole` along `dim` for rank r of a group of T: what a split
 // layer holds. ConfigError when T does not divide the size, naming `what`.

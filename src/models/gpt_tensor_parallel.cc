@@ -1,0 +1,132 @@
+// The GPT split for tensor parallelism (gpt.h's split_for_tensor_parallel; Megatron-LM's plan):
+// which rows and columns each rank keeps, and the forward of a split attention and MLP, built from
+// lockstep/tp's regions. Each block: the input enters through copy_to_tensor_region (identity
+// forward, the input gradient all-reduced backward), q, k and v of this rank's heads come from its
+// rows of c_attn, attention runs on those heads, and the output projection's partial sums leave
+// through reduce_from_tensor_region (all-reduced forward) before the whole bias; the MLP likewise
+// over this rank's hidden features.
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/error.h"
+#include "lockstep/models/activation.h"
+#include "lockstep/models/attention.h"
+#include "lockstep/models/dropout.h"
+#include "lockstep/models/gpt.h"
+#include "lockstep/models/linear.h"
+#include "lockstep/tp/regions.h"
+
+namespace lockstep::models {
+namespace {
+
+// The parameter now holds `shard` (the same tensor object: whatever refers to it sees the shard).
+void keep(torch::Tensor& parameter, const torch::Tensor& shard) {
+  torch::NoGradGuard no_grad;
+  parameter.set_data(shard.contiguous().clone());
+}
+
+void check_divides(std::int64_t n, int ranks, const char* what) {
+  if (n % ranks != 0)
+    throw ConfigError("--tensor-parallel " + std::to_string(ranks) + " does not divide the GPT's " + what + " (" +
+                      std::to_string(n) + "): use a tensor-parallel degree that divides it");
+}
+
+void check_not_split(const comm::Communicator* group) {
+  if (group) throw ConfigError("the GPT is already split for tensor parallelism");
+}
+
+// Causal attention on this rank's heads [B, H/T, T, d], heads [first_head, + H/T) of `heads`.
+// With dropout, the probabilities' mask is the one the whole [B, H, T, T] tensor draws
+// (fast_dropout_shard), so the split run drops what one process drops.
+torch::Tensor heads_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                              bool training, std::int64_t first_head, std::int64_t heads) {
+  if (!(training && p > 0)) return causal_attention(q, k, v, 0, training);
+  const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto scores = at::bmm(q.reshape({b * h, t, d}), k.reshape({b * h, t, d}).transpose(1, 2)).view({b, h, t, t});
+  const auto probabilities = causal_softmax_dropout(scores, scale, 0, training);
+  const ShardOf where{{b, heads, t, t}, {0, first_head, 0, 0}};
+  return torch::matmul(fast_dropout_shard(probabilities, p, training, where), v);
+}
+
+}  // namespace
+
+void CausalSelfAttentionImpl::split(comm::Communicator& group) {
+  check_not_split(tensor_group_);
+  const int ranks = group.size();
+  check_divides(n_head_, ranks, "n_head");
+  const auto c = c_proj->weight.size(0), part = c / ranks, first = group.rank() * part;
+  // c_attn's rows are [q; k; v], each [heads x head_dim]: this rank's heads of each.
+  keep(c_attn->weight, c_attn->weight.detach().view({3, c, c}).narrow(1, first, part).reshape({3 * part, c}));
+  keep(c_attn->bias, c_attn->bias.detach().view({3, c}).narrow(1, first, part).reshape({3 * part}));
+  keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  tensor_group_ = &group;
+}
+
+torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
+  comm::Communicator& group = *tensor_group_;
+  const std::int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_, heads = n_head_ / group.size();
+  const auto qkv = fast_linear(tp::copy_to_tensor_region(x, group), c_attn->weight, c_attn->bias)
+                       .view({b, t, 3, heads, d})
+                       .permute({2, 0, 3, 1, 4})
+                       .contiguous()
+                       .unbind(0);
+  const auto y = heads_attention(qkv[0], qkv[1], qkv[2], attn_dropout_, is_training(), group.rank() * heads, n_head_)
+                     .transpose(1, 2)
+                     .contiguous()
+                     .view({b, t, heads * d});
+  const auto out = tp::reduce_from_tensor_region(fast_linear(y, c_proj->weight), group);
+  return out + c_proj->bias.to(out.scalar_type());
+}
+
+void MlpImpl::split(comm::Communicator& group) {
+  check_not_split(tensor_group_);
+  const int ranks = group.size();
+  const auto hidden = c_fc->weight.size(0);
+  check_divides(hidden, ranks, "MLP width (4 n_embd)");
+  const auto part = hidden / ranks, first = group.rank() * part;
+  keep(c_fc->weight, c_fc->weight.detach().narrow(0, first, part));
+  keep(c_fc->bias, c_fc->bias.detach().narrow(0, first, part));
+  keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  tensor_group_ = &group;
+}
+
+torch::Tensor MlpImpl::split_projected(const torch::Tensor& x) {
+  comm::Communicator& group = *tensor_group_;
+  const auto in = tp::copy_to_tensor_region(x, group);
+  const auto hidden = x.is_cpu() ? fast_bias_gelu(fast_linear(in, c_fc->weight), c_fc->bias, approximate_)
+                                 : torch::gelu(fast_linear(in, c_fc->weight, c_fc->bias), approximate_);
+  const auto out = tp::reduce_from_tensor_region(fast_linear(hidden, c_proj->weight), group);
+  return out + c_proj->bias.to(out.scalar_type());
+}
+
+void GptModelImpl::split(comm::Communicator& group) {
+  check_not_split(tensor_group_);
+  const int ranks = group.size();
+  check_divides(config_.vocab_size, ranks, "vocab_size");
+  check_divides(config_.n_head, ranks, "n_head");
+  const auto part = config_.vocab_size / ranks;
+  keep(wte->weight, wte->weight.detach().narrow(0, group.rank() * part, part));
+  for (const auto& block : *h) {
+    auto* b = block->as<BlockImpl>();
+    b->attn->split(group);
+    b->mlp->split(group);
+  }
+  tensor_group_ = &group;
+}
+
+std::vector<torch::Tensor> GptModelImpl::split_parameters() const {
+  if (!tensor_group_) return {};
+  std::vector<torch::Tensor> out{wte->weight};
+  for (const auto& block : *h) {
+    const auto* b = block->as<BlockImpl>();
+    for (const auto* t : {&b->attn->c_attn->weight, &b->attn->c_attn->bias, &b->attn->c_proj->weight,
+                          &b->mlp->c_fc->weight, &b->mlp->c_fc->bias, &b->mlp->c_proj->weight})
+      out.push_back(*t);
+  }
+  return out;
+}
+
+}  // namespace lockstep::models

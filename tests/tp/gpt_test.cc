@@ -1,0 +1,190 @@
+// The GPT split for tensor parallelism (models/gpt.h's split_for_tensor_parallel) against the
+// unsplit GPT, in float64, ranks as threads: 20 AdamW steps with dropout on the attention
+// probabilities, the embeddings and the residuals, and clipping active every step, under T = 2 and
+// 4, with gradient checkpointing, and T x D with lockstep's DDP over the data groups. Only the
+// order of sums differs, so every parameter must equal the unsplit run's within 1e-12 relative.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include "lockstep/ddp/ddp.h"
+#include "lockstep/error.h"
+#include "lockstep/models/gpt.h"
+#include "lockstep/pipe_core/layout.h"
+#include "lockstep/tp/cross_entropy.h"
+#include "lockstep/tp/gradients.h"
+#include "testing.h"
+
+namespace lockstep::tp {
+namespace {
+
+using models::GptConfig;
+using models::GptLmHeadModel;
+
+constexpr int kSteps = 20, kRowsPerRank = 2;
+constexpr double kMaxNorm = 0.05;
+
+std::mutex torch_init;  // the default generator is shared by the rank threads
+
+GptConfig small(double dropout) {
+  GptConfig c;
+  c.vocab_size = 16;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 16;
+  c.dropout = dropout;
+  return c;
+}
+
+GptLmHeadModel seeded_gpt(const GptConfig& c) {
+  std::lock_guard<std::mutex> lock(torch_init);
+  torch::manual_seed(21);
+  GptLmHeadModel m(c);
+  m->to(torch::kDouble);
+  return m;
+}
+
+struct Batch {
+  torch::Tensor tokens, targets;
+};
+
+Batch batch_of(int step, std::int64_t rows) {
+  auto g = at::detail::createCPUGenerator(1000 + std::uint64_t(step));
+  return {torch::randint(16, {rows, 8}, g), torch::randint(16, {rows, 8}, g)};
+}
+
+torch::optim::AdamW adamw(const std::vector<torch::Tensor>& params) {
+  return torch::optim::AdamW(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+std::uint64_t dropout_seed(int step) {
+  return 5000 + std::uint64_t(step);
+}
+
+GptLmHeadModel train_whole(const GptConfig& c, std::int64_t rows, bool checkpointing) {
+  auto m = seeded_gpt(c);
+  m->set_gradient_checkpointing(checkpointing);
+  auto opt = adamw(m->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = batch_of(s, rows);
+    opt.zero_grad();
+    const auto logits = m->forward_seeded(b.tokens, dropout_seed(s));
+    torch::nn::functional::cross_entropy(logits.view({-1, c.vocab_size}), b.targets.view({-1})).backward();
+    EXPECT_GT(torch::nn::utils::clip_grad_norm_(m->parameters(), kMaxNorm), kMaxNorm) << "clipping is active";
+    opt.step();
+  }
+  return m;
+}
+
+// The parameters a split of `whole` holds on this rank, in named order: split as the run was.
+std::vector<std::pair<std::string, torch::Tensor>> split_copy_of(const GptConfig& c, GptLmHeadModel& whole,
+                                                                 comm::Communicator& group) {
+  auto copy = seeded_gpt(c);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = whole->named_parameters();
+    for (auto& p : copy->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  copy->split_for_tensor_parallel(group);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : copy->named_parameters()) out.emplace_back(p.key(), p.value().detach());
+  return out;
+}
+
+struct Split {
+  int tensor = 2, data = 1;
+  double dropout = 0.1;
+  bool checkpointing = false;
+};
+
+void expect_split_gpt_trains_as_the_whole(const Split& k) {
+  SCOPED_TRACE("T " + std::to_string(k.tensor) + " D " + std::to_string(k.data) +
+               (k.checkpointing ? " gradient checkpointing" : ""));
+  const GptConfig config = small(k.dropout);
+  auto whole = train_whole(config, kRowsPerRank * k.data, k.checkpointing);
+  LayoutRequest request;
+  request.world = k.tensor * k.data;
+  request.tensor_parallel = k.tensor;
+  const Layout layout = Layout::build(request);
+  comm::CommOptions options;
+  options.backend = "shm";
+  options.timeout = comm::Seconds(60);
+  testing::run_ranks_as_threads(layout.world(), options, [&](comm::Communicator& world) {
+    const int r = world.rank();
+    const auto at = layout.coordinates_of(r);
+    auto tensor = world.group(layout.group_of(ParallelDim::tensor, r), layout.group_name(ParallelDim::tensor, r));
+    auto data = world.group(layout.group_of(ParallelDim::data, r), layout.group_name(ParallelDim::data, r));
+    auto model = seeded_gpt(config);
+    model->set_gradient_checkpointing(k.checkpointing);
+    model->split_for_tensor_parallel(*tensor);
+    const auto split = model->split_parameters();
+    std::vector<torch::Tensor> kept;
+    for (const auto& p : model->parameters())
+      if (std::none_of(split.begin(), split.end(), [&](const torch::Tensor& s) { return s.is_same(p); }))
+        kept.push_back(p);
+    DistributedDataParallel ddp(model.ptr(), *data);
+    auto opt = adamw(model->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch b = batch_of(s, kRowsPerRank * k.data);
+      const auto rows = [&](const torch::Tensor& t) { return t.narrow(0, at.data * kRowsPerRank, kRowsPerRank); };
+      opt.zero_grad();
+      ddp.reducer().before_forward();  // the seeded forward, as DDP's own forward would run it
+      const auto logits = model->forward_seeded(rows(b.tokens), dropout_seed(s));
+      ddp.reducer().after_forward(&logits);
+      EXPECT_EQ(logits.size(-1), config.vocab_size / k.tensor) << "the logits stay split";
+      vocab_parallel_cross_entropy(logits, rows(b.targets), *tensor).mean().backward();
+      clip_grad_norm(split, kept, kMaxNorm, *tensor);
+      opt.step();
+    }
+    const auto want = split_copy_of(config, whole, *tensor);
+    const auto got = model->named_parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, w] : want) {
+      const auto g = got[name].detach();
+      ASSERT_TRUE(g.sizes().equals(w.sizes())) << name;
+      EXPECT_LE((g - w).abs().max().item<double>() / w.abs().max().item<double>(), 1e-12) << name;
+    }
+  });
+}
+
+TEST(GptTensorParallel, TwoAndFourTensorRanksWithDropoutTrainAsOneProcess) {
+  expect_split_gpt_trains_as_the_whole({2, 1, 0.1, false});
+  expect_split_gpt_trains_as_the_whole({4, 1, 0.1, false});
+}
+
+TEST(GptTensorParallel, GradientCheckpointingRecomputesTheSplitBlocksExactly) {
+  expect_split_gpt_trains_as_the_whole({2, 1, 0.1, true});
+}
+
+// Without dropout: a data rank's residual masks would be drawn over its own rows, not the whole
+// batch's (equivalence_test.cc covers dropout across data ranks with shard-aware masks).
+TEST(GptTensorParallel, TensorTimesDataRanksTrainAsOneProcessOnTheWholeBatch) {
+  expect_split_gpt_trains_as_the_whole({2, 2, 0.0, false});
+}
+
+TEST(GptTensorParallel, ADegreeThatDoesNotDivideTheHeadsOrTheVocabularyIsRefused) {
+  comm::CommOptions options;
+  options.backend = "shm";
+  testing::run_ranks_as_threads(3, options, [&](comm::Communicator& group) {
+    auto model = seeded_gpt(small(0));
+    try {
+      model->split_for_tensor_parallel(group);
+      ADD_FAILURE() << "16 tokens and 4 heads split 3 ways";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--tensor-parallel 3 does not divide the GPT's vocab_size (16)"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  testing::run_ranks_as_threads(2, options, [&](comm::Communicator& group) {
+    auto model = seeded_gpt(small(0));
+    model->split_for_tensor_parallel(group);
+    EXPECT_THROW(model->split_for_tensor_parallel(group), ConfigError);
+    EXPECT_THROW(models::generate(model, {1, 2}, {}), ConfigError);
+  });
+}
+
+}  // namespace
+}  // namespace lockstep::tp
