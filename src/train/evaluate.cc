@@ -70,7 +70,7 @@ data::EvalTotals evaluate_totals(
     out = out.to(torch::kFloat);
     // Every target counts once: a sample's label, or each of its tokens.
     local.loss_sum += loss(out, y).item<double>() * static_cast<double>(y.numel());
-    local.correct += out.argmax(-1).eq(y).sum().item<std::int64_t>();
+    local.correct += (setup.predict ? setup.predict(out) : out.argmax(-1)).eq(y).sum().item<std::int64_t>();
     local.count += y.numel();
     local.samples += y.size(0);
   }
@@ -92,11 +92,11 @@ nlohmann::json Trainer::Impl::evaluate() {
   if (fault("kill-during-eval", state.global_step)) std::raise(SIGKILL);
   const data::EvalTotals total =
       step.pipeline() ? step.pipeline_eval_totals()
-               : evaluate_totals(model, *eval_set, *comm,
+               : evaluate_totals(model, *eval_set, data_communicator(),
                                  {args.per_device_eval_batch_size, args.dataloader_num_workers, autocast_dtype(),
                                   step.stage3() ? std::function<void()>([this] { step.zero()->before_forward(); })
                                                 : nullptr,
-                                  device},
+                                  device, predict_fn},
                                  loss_fn);
   metrics::EvalLog m;
   m.step = state.global_step;

@@ -22,6 +22,9 @@ struct EvalSetup {
   // gathers parameters with the others), also a batch that is all padding for this rank.
   std::function<void()> before_forward = nullptr;
   torch::Device device = torch::kCPU;  // where the model is: each batch moves there
+  // The predicted class of each output row, for the accuracy; empty: argmax over the last dimension
+  // (tensor parallelism gathers its split logits first).
+  std::function<torch::Tensor(const torch::Tensor&)> predict = nullptr;
 };
 
 // Collective: loss and correct predictions over the whole dataset, split over ranks by a

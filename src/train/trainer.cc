@@ -210,8 +210,6 @@ std::string combined_fingerprint(const std::vector<std::uint64_t>& hashes) {
   return hex;
 }
 
-namespace {
-
 std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimizer* zero) {
   std::vector<std::uint64_t> hashes;
   auto hash = [&](const torch::Tensor& p) { hashes.push_back(parameter_hash(p)); };
@@ -222,8 +220,6 @@ std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimize
   }
   return combined_fingerprint(hashes);
 }
-
-}  // namespace
 
 WholeParameters::WholeParameters(Trainer::Impl& trainer, bool keep_values) : keep_values_(keep_values) {
   if (!trainer.step.stage3()) return;
@@ -237,6 +233,7 @@ WholeParameters::~WholeParameters() noexcept(false) {
 
 void Trainer::Impl::check_replicas() {
   if (step.pipeline()) return step.check_stage_replicas();
+  if (tensor_comm) return check_tensor_replicas();
   ZeroOptimizer* sliced = step.stage3() ? step.zero() : nullptr;
   if (world() == 1) {  // nothing to compare; the fingerprint says what a run with more workers should match
     LOCKSTEP_LOG(info, train) << "one worker holds the parameters (fingerprint "
@@ -350,6 +347,10 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
       throw ConfigError("--pipeline-parallel " + std::to_string(impl_->args.pipeline_parallel) +
                         " in an elastic job (lockstep run --nnodes MIN:MAX): a pipeline's stages do not follow "
                         "membership changes yet; start a fixed number of workers");
+    if (impl_->args.tensor_parallel > 1)
+      throw ConfigError("--tensor-parallel " + std::to_string(impl_->args.tensor_parallel) +
+                        " in an elastic job (lockstep run --nnodes MIN:MAX): a tensor group does not follow "
+                        "membership changes yet; start a fixed number of workers");
     comm::CommOptions options;
     options.backend = impl_->args.backend;
     impl_->elastic = std::make_unique<ElasticRun>(*impl_, comm::join_elastic_from_env(options));
@@ -371,6 +372,7 @@ Trainer::Trainer(Model model, std::shared_ptr<const Dataset> train_dataset,
     // Over the last dimension: [B, C] logits for [B] labels, or [B, T, V] for [B, T] tokens.
     return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
   };
+  impl_->split_model();
   track_tensor_memory();
 }
 

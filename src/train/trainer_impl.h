@@ -102,6 +102,8 @@ class WholeParameters {
 // over ranks (trainer.cc).
 std::uint64_t parameter_hash(const torch::Tensor& p);
 std::string combined_fingerprint(const std::vector<std::uint64_t>& hashes);
+// Of a module's parameters in order (ZeRO stage 3's gathered unit by unit when `zero` is given).
+std::string parameters_fingerprint(const torch::nn::Module& module, ZeroOptimizer* zero);
 
 struct Trainer::Impl {
   Model model;
@@ -112,6 +114,8 @@ struct Trainer::Impl {
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;
   LossFn loss_fn;
+  // Evaluation's predicted class of each output row (accuracy); empty: argmax over the last dimension.
+  std::function<torch::Tensor(const torch::Tensor&)> predict_fn;
   mutable std::optional<Layout> layout_;  // layout() keeps it
   torch::Device device = torch::kCPU;  // --device: where the model, its batches and its optimizer live
 
@@ -140,6 +144,12 @@ struct Trainer::Impl {
   // replicas (the pipeline ranks of a replica read the same samples), else every rank.
   int data_rank() const { return layout().data_rank_of(rank()); }
   int data_world() const { return layout().data(); }
+  // --tensor-parallel (tensor_parallel_run.cc): the tensor and data groups the layout derives,
+  // made when T > 1; the replicas of a parameter reduce over the data group, else every rank.
+  std::unique_ptr<comm::Communicator> tensor_comm, data_comm;
+  comm::Communicator& data_communicator() const { return data_comm ? *data_comm : *comm; }
+  void split_model();            // collective: the groups made, the model split, its loss set
+  void check_tensor_replicas();  // collective: each shard's replicas agree
   // Samples one rank takes per optimiser step.
   std::size_t samples_per_step() const;
   double learning_rate_at(std::int64_t at) const { return args.learning_rate * schedule.multiplier(at); }

@@ -121,8 +121,9 @@ bool TrainingStep::skip_overflowed_step() {
 void TrainingStep::apply_update(LogWindow& window) {
   const double max_norm = run_.args.max_grad_norm;
   if (max_norm > 0)
-    window.set_grad_norm(zero_ ? zero_->clip_grad_norm(max_norm)
-                               : torch::nn::utils::clip_grad_norm_(run_.model.module->parameters(), max_norm));
+    window.set_grad_norm(zero_               ? zero_->clip_grad_norm(max_norm)
+                         : run_.tensor_comm ? tensor_parallel_clip(max_norm)
+                                            : torch::nn::utils::clip_grad_norm_(run_.model.module->parameters(), max_norm));
   const double lr = run_.learning_rate_at(run_.state.global_step);
   for (auto& group : stepper().param_groups()) group.options().set_lr(lr);
   if (zero_) {  // its slices, then every rank gets the new parameters

@@ -136,6 +136,7 @@ class TrainingStep {
   data::EvalTotals pipeline_eval_totals();            // collective: evaluation through the pipeline
   void add_pipeline_fields(metrics::StepLog& entry);  // collective: each pipeline rank's window
   void check_stage_replicas();                        // collective: each stage's replicas agree
+  double tensor_parallel_clip(double max_norm);       // collective: the norm over the tensor group
 
  private:
   struct MicroBatch;

@@ -70,7 +70,7 @@ void TrainingStep::build_reducer() {
   const TrainingArguments& args = run_.args;
   Model& model = run_.model;
   if (args.sync_every > 1 && run_.world() > 1) machine_comm_ = run_.comm->machine_communicator();
-  comm::Communicator* over = machine_comm_ ? machine_comm_.get() : run_.comm;
+  comm::Communicator* over = machine_comm_ ? machine_comm_.get() : &run_.data_communicator();
   if (args.sync_batchnorm && lockstep::sync_batchnorm(*model.module, *over) == 0)
     throw ConfigError("--sync-batchnorm: the model has no lockstep::SyncBatchNorm layer (declare the layers "
                       "whose statistics should span the ranks as lockstep::SyncBatchNorm, ddp/sync_batchnorm.h)");

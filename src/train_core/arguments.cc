@@ -205,16 +205,28 @@ void TrainingArguments::validate_pipeline() const {
                                   "weight gradients with its input gradient, which zb splits; use 1f1b or interleaved");
 }
 
-// Tensor parallelism is built as layers (lockstep/tp/layers.h) for a loop of one's own; the
-// Trainer does not split a model's layers yet, so it refuses to start rather than train unsplit.
+// What --tensor-parallel (above 1) does not combine with yet. The model must be one that splits
+// (the GPT; the Trainer says so otherwise).
 void TrainingArguments::validate_tensor_parallel() const {
   if (sequence_parallel && tensor_parallel == 1)
     bad("sequence-parallel", "splits the activations over a tensor group: add --tensor-parallel 2 or more");
-  if (tensor_parallel > 1)
-    bad("tensor-parallel", std::to_string(tensor_parallel) + ": the Trainer does not split a model's layers yet. "
-        "Split your own model with lockstep/tp/layers.h (column- and row-parallel linears, a vocabulary-parallel "
-        "embedding and cross-entropy; docs/layout.md) in a loop of your own, or use --zero-stage 3 to shard "
-        "its parameters");
+  if (tensor_parallel == 1) return;
+  const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
+  if (sequence_parallel)
+    bad("sequence-parallel", "is not in the GPT's plan yet (lockstep/tp's layers take it in a loop of your own): "
+                             "drop it to split the layers alone");
+  if (pipeline_parallel > 1)
+    bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
+  if (zero_stage > 0) bad("zero-stage", "does not combine with " + with + " yet: use one or the other");
+  if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
+  if (fp16)
+    bad("fp16", "does not combine with " + with + " yet (the loss scale's overflow check across the tensor group is "
+                "not built): use --bf16, which needs no loss scaling");
+  if (save_strategy != "no" || load_best_model_at_end)
+    bad("save-strategy", "must be no under " + with + ": checkpoints of a split model are not built yet (they "
+                         "would need each shard's offsets in the whole tensor)");
+  if (!resume_from_checkpoint.empty())
+    bad("resume-from-checkpoint", "does not combine with " + with + " yet (a checkpoint is not split on loading)");
 }
 
 // What --cuda-graphs does not capture (yet); one worker and a CUDA device are checked at start.

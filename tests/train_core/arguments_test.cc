@@ -117,12 +117,28 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
   EXPECT_EQ(error_of({"--fp16"}), "(no error)");
 }
 
-TEST(Arguments, TensorParallelismIsRefusedByTheTrainerSayingWhereItIsBuilt) {
-  EXPECT_EQ(error_of({"--tensor-parallel", "1"}), "(no error)");
-  const std::string refused = error_of({"--tensor-parallel", "2"});
-  EXPECT_NE(refused.find("--tensor-parallel 2: the Trainer does not split a model's layers yet"), std::string::npos)
-      << refused;
-  EXPECT_NE(refused.find("lockstep/tp/layers.h"), std::string::npos) << refused;
+TEST(Arguments, TensorParallelismRefusesWhatItDoesNotCombineWithYet) {
+  const std::vector<std::string> split = {"--tensor-parallel", "2", "--save-strategy", "no"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), split.begin(), split.end());
+    return error_of(more);
+  };
+  EXPECT_EQ(with({}), "(no error)");
+  EXPECT_EQ(with({"--gradient-checkpointing", "--bf16"}), "(no error)");
+  EXPECT_NE(error_of({"--tensor-parallel", "2"}).find("checkpoints of a split model are not built yet"),
+            std::string::npos);
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--pipeline-parallel", "2"}, "--pipeline-parallel does not combine with --tensor-parallel 2"},
+      {{"--zero-stage", "1"}, "--zero-stage does not combine with --tensor-parallel 2"},
+      {{"--sync-every", "4"}, "--sync-every does not combine"},
+      {{"--fp16"}, "use --bf16"},
+      {{"--sequence-parallel"}, "not in the GPT's plan yet"},
+      {{"--resume-from-checkpoint", "latest"}, "--resume-from-checkpoint does not combine"},
+  };
+  for (const auto& [flags, message] : refused) {
+    const std::string e = with(flags);
+    EXPECT_NE(e.find(message), std::string::npos) << flags.front() << ": " << e;
+  }
   EXPECT_NE(error_of({"--sequence-parallel"}).find("add --tensor-parallel 2 or more"), std::string::npos);
   EXPECT_NE(error_of({"--tensor-parallel", "0"}).find("--tensor-parallel"), std::string::npos);
 }

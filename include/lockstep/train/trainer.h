@@ -64,11 +64,17 @@ struct Model {
   std::function<void(UnitRunner)> set_unit_runner;
   // --pipeline-parallel (pipe/units.h); empty: the model cannot be cut into stages.
   std::function<std::vector<pipe::PipelineUnit>()> pipeline_units;
+  // --tensor-parallel (lockstep/tp): splits the model's layers in place over the tensor group, its
+  // forward then returning this rank's vocabulary columns of the logits (models/gpt.h's
+  // GptLmHeadModel); split_parameters lists the shards, for the global norm. Empty: it cannot.
+  std::function<void(comm::Communicator&)> split_for_tensor_parallel;
+  std::function<std::vector<torch::Tensor>()> split_parameters;
 
   template <class M>
   static Model of(std::shared_ptr<M> m) {
-    Model model{m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }, nullptr, nullptr, nullptr,
-                nullptr};
+    Model model;
+    model.module = m;
+    model.forward = [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); };
     if constexpr (has_checkpointing<M>(0))
       model.set_gradient_checkpointing = [raw = m.get()](bool on) { raw->set_gradient_checkpointing(on); };
     if constexpr (has_units<M>(0)) {
@@ -76,6 +82,10 @@ struct Model {
       model.set_unit_runner = [raw = m.get()](UnitRunner r) { raw->set_unit_runner(std::move(r)); };
     }
     if constexpr (has_pipeline_units<M>(0)) model.pipeline_units = [raw = m.get()] { return raw->pipeline_units(); };
+    if constexpr (has_tensor_split<M>(0)) {
+      model.split_for_tensor_parallel = [raw = m.get()](comm::Communicator& g) { raw->split_for_tensor_parallel(g); };
+      model.split_parameters = [raw = m.get()] { return raw->split_parameters(); };
+    }
     return model;
   }
   template <class Holder, class = decltype(std::declval<Holder>().ptr())>
@@ -107,6 +117,16 @@ struct Model {
   }
   template <class M>
   static constexpr bool has_pipeline_units(...) {
+    return false;
+  }
+  template <class M>
+  static constexpr auto has_tensor_split(int)
+      -> decltype(std::declval<M&>().split_for_tensor_parallel(std::declval<comm::Communicator&>()),
+                  std::declval<M&>().split_parameters(), true) {
+    return true;
+  }
+  template <class M>
+  static constexpr bool has_tensor_split(...) {
     return false;
   }
 };

@@ -152,8 +152,8 @@ inline std::vector<std::string> comm_hook_names() {
     "pipeline ranks P: the model cut into stages on P workers each, the world P x D replicas; 1: no pipeline",  \
     at_least(1))                                                                                               \
   X(int, tensor_parallel, 1,                                                                                   \
-    "tensor ranks T: each layer split over T workers of one machine (the world P x D x T); the Trainer does "  \
-    "not split a model yet, so it refuses T above 1 (lockstep/tp/layers.h splits your own)", at_least(1))      \
+    "tensor ranks T: each layer split over T workers of one machine (the world P x D x T); the model must "    \
+    "split itself (the GPT does; docs/layout.md)", at_least(1))                                                \
   X(bool, sequence_parallel, false,                                                                            \
     "--tensor-parallel: the activations between layers split along the sequence too", any())                  \
   X(std::string, pipeline_schedule, "1f1b", "--pipeline-parallel: the schedule",                               \

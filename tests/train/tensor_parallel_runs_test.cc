@@ -1,0 +1,138 @@
+// examples/gpt split for tensor parallelism (--tensor-parallel) in whole runs, as a user runs it
+// under `lockstep run`: the split run trains as the unsplit one (float32, so up to rounding: the
+// split products sum in another order), with data ranks beside the tensor ranks too; a tensor
+// rank killed at a random step fails its partner within seconds, naming it; and what tensor
+// parallelism does not take is refused before anything trains. Every worker multiplies on one
+// thread (OMP_NUM_THREADS=1). Torch-free: it reads what the runs print and write.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "lockstep/comm/store.h"
+#include "testing.h"
+
+namespace {
+
+using lockstep::testing::Process;
+using lockstep::testing::TempDir;
+using Flags = std::vector<std::string>;
+
+Flags operator+(Flags a, const Flags& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// 2 blocks of 2 heads, 16 bytes of context, dropout on; 20 steps of 4 sequences per data rank.
+Flags tiny(const std::string& out, int steps = 20) {
+  return {"--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--dropout", "0.1",
+          "--train-limit", "400", "--eval-limit", "50", "--eval-strategy", "no", "--save-strategy", "no",
+          "--per-device-train-batch-size", "4", "--disable-tqdm", "--logging-steps", "1",
+          "--max-steps", std::to_string(steps), "--output-dir", out};
+}
+
+Flags launch(int nproc, const Flags& flags, const std::string& program = GPT_EXAMPLE) {
+  return Flags{LOCKSTEP_BINARY, "run", "--nproc-per-node", std::to_string(nproc), program} + flags;
+}
+
+const std::map<std::string, std::string> kOneThread = {{"OMP_NUM_THREADS", "1"}};
+
+std::string run_ok(const Flags& argv) {
+  Process p(argv, kOneThread);
+  EXPECT_EQ(p.wait(300), 0) << p.output();
+  return p.output();
+}
+
+double eval_loss(const TempDir& out) {
+  std::ifstream in(out / "eval_results.json");
+  return nlohmann::json::parse(in).at("eval_loss").get<double>();
+}
+
+// A wrong split (a missing all-reduce, a doubled gradient, a wrong shard) moves the loss by far
+// more than rounding does over 20 steps.
+void expect_same_training(double split, double whole, const std::string& what) {
+  EXPECT_LE(std::abs(split - whole) / whole, 1e-3) << what << ": split " << split << ", whole " << whole;
+}
+
+TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
+  TempDir one("tp-one"), two("tp-two"), ddp("tp-ddp"), four("tp-four");
+  run_ok(launch(1, tiny(one.path())));
+  const std::string split = run_ok(launch(2, tiny(two.path()) + Flags{"--tensor-parallel", "2"}));
+  EXPECT_NE(split.find("layout: 2 workers: 2 tensor"), std::string::npos) << split;
+  expect_same_training(eval_loss(two), eval_loss(one), "2 tensor ranks against one worker");
+  run_ok(launch(2, tiny(ddp.path())));
+  const std::string both = run_ok(launch(4, tiny(four.path()) + Flags{"--tensor-parallel", "2"}));
+  EXPECT_NE(both.find("layout: 4 workers: 2 data x 2 tensor"), std::string::npos) << both;
+  EXPECT_NE(both.find("the 2 replicas of each of the 2 tensor shards hold the same parameters"), std::string::npos)
+      << both;
+  expect_same_training(eval_loss(four), eval_loss(ddp), "2 data x 2 tensor ranks against DDP on 2");
+  EXPECT_GT(std::abs(eval_loss(ddp) - eval_loss(one)) / eval_loss(one), 1e-3)
+      << "two data ranks see other samples than one: the comparison above is not vacuous";
+}
+
+TEST(TensorParallelRuns, ATensorRankKilledAtRandomFailsItsPartnerWithinSecondsNamingIt) {
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const int step = std::uniform_int_distribution<int>(2, 12)(rng);
+  const int victim = std::uniform_int_distribution<int>(0, 1)(rng);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": rank " + std::to_string(victim) + " killed after step " +
+               std::to_string(step));
+  lockstep::testing::LocalStore store;
+  TempDir out("tp-nolauncher");
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::string> env = kOneThread;
+    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = "2";
+    env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
+    env["LOCKSTEP_TOKEN"] = store.token();
+    ranks.push_back(std::make_unique<Process>(
+        Flags{GPT_EXAMPLE} + tiny(out.path(), 100000) + Flags{"--tensor-parallel", "2"}, env));
+  }
+  ASSERT_TRUE(ranks[0]->read_until("step " + std::to_string(step) + "/", 120)) << ranks[0]->output();
+  ::kill(ranks[std::size_t(victim)]->pid(), SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  Process& partner = *ranks[std::size_t(1 - victim)];
+  const int code = partner.wait(60);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 15.0);
+  EXPECT_NE(code, 0) << partner.output();
+  // "rank 0 (pid 1075) died while rank 1 was in allreduce (f32 x 2048, sum) #98 on the shm backend"
+  EXPECT_NE(partner.output().find("rank " + std::to_string(victim) + " (pid " +
+                                  std::to_string(ranks[std::size_t(victim)]->pid()) + ") died"),
+            std::string::npos)
+      << partner.output();
+  ranks[std::size_t(victim)]->wait(10);
+}
+
+TEST(TensorParallelRuns, WhatTensorParallelismCannotTakeIsRefusedBeforeTraining) {
+  TempDir out("tp-refused");
+  struct Refusal {
+    int workers;
+    Flags flags;
+    std::string program, says;
+  };
+  const Refusal refusals[] = {
+      {2, {"--zero-stage", "1"}, GPT_EXAMPLE, "--zero-stage does not combine with --tensor-parallel 2"},
+      {3, {}, GPT_EXAMPLE, "does not divide the 3 workers"},
+      {2, {"--save-strategy", "steps"}, GPT_EXAMPLE, "checkpoints of a split model are not built yet"},
+      {2, {}, FASHION_MNIST_EXAMPLE, "this model cannot be split"},
+  };
+  for (const auto& r : refusals) {
+    const Flags flags = r.program == GPT_EXAMPLE ? tiny(out.path()) + Flags{"--tensor-parallel", "2"} + r.flags
+                                                 : Flags{"--tensor-parallel", "2", "--save-strategy", "no",
+                                                         "--max-steps", "1", "--output-dir", out.path()};
+    Process p(launch(r.workers, flags, r.program), kOneThread);
+    EXPECT_NE(p.wait(120), 0) << p.output();
+    EXPECT_NE(p.output().find(r.says), std::string::npos) << p.output();
+    EXPECT_EQ(p.output().find("step 1/"), std::string::npos) << "refused before training: " << p.output();
+  }
+  Process heads(launch(4, tiny(out.path()) + Flags{"--tensor-parallel", "4"}), kOneThread);  // 2 heads
+  EXPECT_NE(heads.wait(120), 0) << heads.output();
+  EXPECT_NE(heads.output().find("does not divide the GPT's n_head"), std::string::npos) << heads.output();
+}
+
+}  // namespace
