@@ -30,7 +30,9 @@ void TrainingStep::forward_backward(data::DataLoader<Batch>& loader, const Micro
   if (!batch) throw Error("internal: the loader ran out before the epoch's samples did");
   const double samples = static_cast<double>(batch->target.size(0));
   const double targets = static_cast<double>(batch->target.numel());  // samples, or tokens
-  if (batch->target.dim() >= 2) window.add_tokens(targets);
+  // A tensor group's ranks share one batch: its tokens count once, by tensor rank 0.
+  const bool counts_tokens = !trainer.tensor_comm || trainer.tensor_comm->rank() == 0;
+  if (batch->target.dim() >= 2 && counts_tokens) window.add_tokens(targets);
   if (reducer_) {
     reducer_->set_sync(micro.last());
     reducer_->before_forward();  // broadcasts buffers: a wait for the slowest rank, not compute

@@ -47,6 +47,19 @@ std::string run_ok(const Flags& argv) {
   return p.output();
 }
 
+// The last log window's tokens per sample: the tiny model's 16 when a tensor group's shared batch
+// is counted once (tokens/s and samples/s share one window's seconds).
+double tokens_per_sample(const TempDir& out) {
+  std::ifstream in(out / "metrics.jsonl");
+  double ratio = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "log" && j.contains("tokens_per_second"))
+      ratio = j["tokens_per_second"].get<double>() / j["samples_per_second"].get<double>();
+  }
+  return ratio;
+}
+
 double eval_loss(const TempDir& out) {
   std::ifstream in(out / "eval_results.json");
   return nlohmann::json::parse(in).at("eval_loss").get<double>();
@@ -70,6 +83,7 @@ TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
   EXPECT_NE(both.find("the 2 replicas of each of the 2 tensor shards hold the same parameters"), std::string::npos)
       << both;
   expect_same_training(eval_loss(four), eval_loss(ddp), "2 data x 2 tensor ranks against DDP on 2");
+  for (const TempDir* run : {&one, &two, &four}) EXPECT_NEAR(tokens_per_sample(*run), 16, 1e-6) << run->path();
   EXPECT_GT(std::abs(eval_loss(ddp) - eval_loss(one)) / eval_loss(one), 1e-3)
       << "two data ranks see other samples than one: the comparison above is not vacuous";
 }
