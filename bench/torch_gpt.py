@@ -144,7 +144,9 @@ class CausalSelfAttention(torch.nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         d = c // self.n_head
-        q, k, v = (m.view(b, t, self.n_head, d).transpose(1, 2) for m in self.c_attn(x).split(c, dim=2))  # [B, H, T, d]
+        # Under --tensor-parallel T, c_attn gives this rank's heads' q, k and v (tensor_parallel_gpt).
+        heads = self.n_head // getattr(self, "tensor_parallel", 1)
+        q, k, v = (m.view(b, t, heads, d).transpose(1, 2) for m in self.c_attn(x).split(heads * d, dim=2))  # [B, H, T, d]
         dropping = self.training and self.attn_dropout.p > 0
         # Fused where lockstep's GPT fuses (models/gpt.h): on GPUs, and on the CPU in float32 only.
         fused_is_faster = q.is_cuda or q.dtype == torch.float32
@@ -154,7 +156,7 @@ class CausalSelfAttention(torch.nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)  # position i may not see j > i
             y = self.attn_dropout(torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)) @ v
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        y = y.transpose(1, 2).contiguous().view(b, t, heads * d)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -309,6 +311,52 @@ def step_tensor_bytes(run_step):
 # ---------------------------------------------------------------------------------------------
 # PyTorch 2.x only: FSDP2 (ZeRO-3's peer) and DCP checkpoints (the sharded checkpoint's peer).
 
+def tensor_parallel_gpt(model, world):
+    """PyTorch 2.x's DTensor tensor parallelism over every rank (one tensor group): in each block
+    c_attn and the MLP's c_fc column-wise, both c_proj row-wise (Megatron's plan, as lockstep's
+    GPT). c_attn's rows are reordered first so that each rank's slice holds its own heads' q, k and
+    v. The embeddings, norms and the tied head stay replicated (lockstep splits the vocabulary too;
+    at 256 tokens it is 1% of the 4x model's weights)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.transformer.h:
+        c = block.attn.c_proj.weight.shape[0]
+        order = torch.arange(3 * c).view(3, world, c // world).transpose(0, 1).reshape(-1)
+        with torch.no_grad():
+            block.attn.c_attn.weight.copy_(block.attn.c_attn.weight[order])
+            block.attn.c_attn.bias.copy_(block.attn.c_attn.bias[order])
+        block.attn.tensor_parallel = world
+        parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                         "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+
+
+def clip_tensor_parallel(params, max_norm):
+    """The global norm over DTensor shards and replicated tensors alike (torch's clip_grad_norm_
+    refuses a mix of the two), and every gradient scaled as clip_grad_norm_ scales it."""
+    squares = sum((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double().pow(2).sum()
+                  for p in params if p.grad is not None)
+    coefficient = max_norm / (squares.sqrt().item() + 1e-6)
+    if coefficient < 1:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coefficient)
+
+
+class Optimizers:
+    """Several optimizers stepped as one (--tensor-parallel's two AdamWs)."""
+    def __init__(self, opts):
+        self.opts = opts
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+
 def fully_shard_gpt(model, reshard_after_forward=True):
     """FSDP2 as its documentation shards a transformer: each block its own unit, then the root
     (embeddings, final LayerNorm, the tied head). Parameters become DTensors sharded on dim 0."""
@@ -402,6 +450,10 @@ def main():
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after the timed steps, N more under the autograd profiler: rank 0 prints a table by operator")
     ap.add_argument("--fsdp2", action="store_true", help="torch 2.x: fully_shard each block and the root (ZeRO-3)")
+    ap.add_argument("--backend", help="the torch.distributed backend (default: gloo, or nccl with --device cuda); "
+                                      "lockstep needs the build's python/ on PYTHONPATH")
+    ap.add_argument("--tensor-parallel", action="store_true",
+                    help="torch 2.x: DTensor tensor parallelism over every rank (one tensor group, the same batch)")
     ap.add_argument("--save-steps", type=int, default=0, help="a DCP checkpoint every N steps (0: none)")
     ap.add_argument("--save-dir", help="where the DCP checkpoints go: DIR/step-N")
     ap.add_argument("--async-save", action="store_true", help="dcp.async_save instead of dcp.save")
@@ -426,7 +478,7 @@ def main():
         DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     rank, world = 0, 1
     if "RANK" in os.environ:
-        dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo")
+        dist.init_process_group(args.backend or ("nccl" if DEVICE.type == "cuda" else "gloo"))
         rank, world = dist.get_rank(), dist.get_world_size()
 
     entries, train_stream, valid_stream = load_corpus(args.corpus_dir)
@@ -460,7 +512,14 @@ def main():
         model = GptLmHeadModel(config, checkpoint_mode).to(DEVICE)
     params = sum(p.numel() for p in model.parameters())
     net = model
-    if world > 1 and not args.fsdp2:
+    # Under --tensor-parallel every rank is one tensor rank of a single replica: the same batches,
+    # the same dropout seed (the replicated activations must stay equal), no DDP.
+    data_rank, data_world = (0, 1) if args.tensor_parallel else (rank, world)
+    if args.tensor_parallel:
+        if world < 2:
+            sys.exit("--tensor-parallel needs 2 or more ranks: start under lockstep run or torchrun")
+        tensor_parallel_gpt(model, world)
+    elif world > 1 and not args.fsdp2:
         # Plain DDP (find_unused_parameters=False, no static_graph) is enough for both checkpoint
         # variants in 1.13: every parameter gets exactly one gradient per step, the reentrant one's
         # from its nested backward, and the all-reduced gradients equal those without checkpointing.
@@ -468,13 +527,21 @@ def main():
             model, bucket_cap_mb=25, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
     if args.compile:
         net = torch.compile(net, mode=args.compile)
-    torch.manual_seed(args.seed + rank)  # each rank's own dropout masks
+    torch.manual_seed(args.seed + data_rank)  # each replica's own dropout masks
 
     # Weight decay on every parameter (one group), as the C++ Trainer.
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), eps=1e-8,
-                            weight_decay=args.weight_decay, **({"fused": True} if args.fused_adamw else {}))
+    # Under --tensor-parallel the DTensor shards and the plain tensors each get their own (fused)
+    # AdamW: the fused kernel takes one kind or the other in a call, not both.
+    kinds = [list(model.parameters())]
+    if args.tensor_parallel:
+        kinds = [[p for p in model.parameters() if hasattr(p, "full_tensor")],
+                 [p for p in model.parameters() if not hasattr(p, "full_tensor")]]
+    opts = [torch.optim.AdamW(kind, lr=args.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=args.weight_decay,
+                              **({"fused": True} if args.fused_adamw else {})) for kind in kinds]
+    opt = opts[0] if len(opts) == 1 else Optimizers(opts)
     warmup_steps = math.ceil(args.warmup_ratio * args.max_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup_steps, args.max_steps))
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_multiplier(s, warmup_steps, args.max_steps))
+              for o in opts]
     checkpoints = DcpCheckpoints(model, opt, args.async_save) if args.fsdp2 else None
     load_s = None
     if args.resume_from:
@@ -483,7 +550,7 @@ def main():
         load_s = load_s.item()
 
     model.train()
-    batches = train_batches(train_set, args.batch, rank, world, args.seed)
+    batches = train_batches(train_set, args.batch, data_rank, data_world, args.seed)
     def train_step():
         block = next(batches).to(DEVICE)
         x, y = block[:, :-1], block[:, 1:]
@@ -492,9 +559,13 @@ def main():
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients here
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        if args.tensor_parallel:
+            clip_tensor_parallel(list(model.parameters()), args.max_grad_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()
-        sched.step()
+        for sched in scheds:
+            sched.step()
         return loss
 
     timed_steps, start, plain_steps = 0, None, []
@@ -521,7 +592,7 @@ def main():
         dist.barrier()
     elapsed = time.perf_counter() - start
 
-    eval_loss = evaluate(model, eval_set, args.eval_batch, rank, world, args.bf16)
+    eval_loss = evaluate(model, eval_set, args.eval_batch, data_rank, data_world, args.bf16)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kilobytes
     # After the evaluation, so the loss above is after exactly --max-steps steps, and after the
     # RSS reading, which the profiler's own bookkeeping would raise.
@@ -530,7 +601,7 @@ def main():
     if world > 1:
         dist.all_reduce(rss_max, op=dist.ReduceOp.MAX)
     if rank == 0:
-        tokens = args.batch * args.block_size * world * timed_steps
+        tokens = args.batch * args.block_size * data_world * timed_steps
         print(json.dumps({
             "side": "pytorch", "world": world, "model": config, "params": params, "batch": args.batch,
             "block_size": args.block_size, "steps": args.max_steps, "timed_steps": timed_steps,
@@ -538,7 +609,7 @@ def main():
             "eval_loss": eval_loss, "eval_blocks": len(eval_set), "last_train_loss": loss.item(),
             "peak_rss_bytes": rss, "peak_rss_bytes_max": int(rss_max.item()), "step_tensor_bytes": step_bytes,
             "gradient_checkpointing": args.gradient_checkpointing, "bf16": args.bf16,
-            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2, "device": str(DEVICE), "compile": args.compile,
+            "checkpoint_mode": checkpoint_mode, "fsdp2": args.fsdp2, "tensor_parallel": args.tensor_parallel, "device": str(DEVICE), "compile": args.compile,
             "plain_step_s_median": sorted(plain_steps)[len(plain_steps) // 2] if plain_steps else None,
             "saves": checkpoints.saves if checkpoints else [], "load_s": load_s,
             "torch": torch.__version__}), flush=True)
