@@ -255,6 +255,18 @@ void require_reduction(ReduceOp op, DType dtype, const char* collective) {
     throw ConfigError(std::string(collective) + ": " + reduce_op_name(op) + " is bitwise and applies to i32 and i64, not " +
                       dtype_name(dtype));
 }
+// An all-reduce or a reduce-scatter, its buffers, reduction and device readiness checked.
+Collective checked_reduction(const Backend& backend, CollectiveKind kind, const char* name, const void* send,
+                             void* recv, std::size_t count, DType dtype, ReduceOp op, DeviceReady ready) {
+  require_buffer(backend, send, count, "send buffer", name);
+  require_buffer(backend, recv, count, "recv buffer", name);
+  require_reduction(op, dtype, name);
+  require_device_backend(backend, ready, name);
+  Collective c = Collective::of(kind, send, recv, count, dtype, op);
+  c.ready = ready;
+  return c;
+}
+
 }  // namespace
 
 WorkPtr Communicator::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag) {
@@ -291,13 +303,8 @@ WorkPtr Communicator::enqueue(Collective c) {
 
 WorkPtr Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                 DeviceReady ready) {
-  require_buffer(*backend_, send, count, "send buffer", "allreduce");
-  require_buffer(*backend_, recv, count, "recv buffer", "allreduce");
-  require_reduction(op, dtype, "allreduce");
-  require_device_backend(*backend_, ready, "allreduce");
-  Collective c = Collective::of(CollectiveKind::allreduce, send, recv, count, dtype, op);
-  c.ready = ready;
-  return enqueue(c);
+  return enqueue(
+      checked_reduction(*backend_, CollectiveKind::allreduce, "allreduce", send, recv, count, dtype, op, ready));
 }
 
 WorkPtr Communicator::allreduce(float* buffer, std::size_t count, ReduceOp op, Codec codec) {
@@ -337,13 +344,8 @@ WorkPtr Communicator::allgather_machine(const void* send, void* recv, std::size_
 
 WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                      ReduceOp op, DeviceReady ready) {
-  require_buffer(*backend_, send, count, "send buffer", "reduce_scatter");
-  require_buffer(*backend_, recv, count, "recv buffer", "reduce_scatter");
-  require_reduction(op, dtype, "reduce_scatter");
-  require_device_backend(*backend_, ready, "reduce_scatter");
-  Collective c = Collective::of(CollectiveKind::reduce_scatter, send, recv, count, dtype, op);
-  c.ready = ready;
-  return enqueue(c);
+  return enqueue(checked_reduction(*backend_, CollectiveKind::reduce_scatter, "reduce_scatter", send, recv, count,
+                                   dtype, op, ready));
 }
 
 WorkPtr Communicator::barrier() {
