@@ -98,6 +98,20 @@ class TestCase(unittest.TestCase):
         self.addCleanup(holder.cleanup)
         return holder.name
 
+    def train_two_workers(self, script, backend, prefix):
+        """Runs `script BACKEND OUT_FILE` on 2 workers under `lockstep run`, which saves rank 0's
+        {"state", "losses", "backend"} to OUT_FILE; asserts it succeeded and its loss fell (the
+        mean of the last 5 losses under 0.95x that of the first 5); returns what it saved."""
+        import torch  # the workers' torch, which saved the file
+        out = self.tmpdir(prefix=prefix)
+        result = os.path.join(out, "rank0.pt")
+        code, output = run_launcher_for(backend, 2, [PYTHON, script, backend, result], out, timeout=300)
+        self.assertEqual(code, 0, output)
+        run = torch.load(result)
+        losses = run["losses"]
+        self.assertLess(sum(losses[-5:]) / 5, 0.95 * sum(losses[:5]) / 5, f"the loss did not fall: {losses}")
+        return run
+
 
 def start_ranks(world, argv, workdir, env_extra=None, per_rank_env=None, pipe_rank=None):
     """Starts `world` processes of `argv` with torchrun's environment, in `workdir` (which also

@@ -19,14 +19,7 @@ TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
 @unittest.skipUnless(TORCH_2, f"DTensor's tensor parallelism needs torch 2.x (this is {torch.__version__})")
 class DTensorTensorParallel(harness.TestCase):
     def train(self, backend):
-        out = self.tmpdir(prefix="dtensor_tp_")
-        result = os.path.join(out, "rank0.pt")
-        code, output = harness.run_launcher_for(backend, 2, [harness.PYTHON, SCRIPT, backend, result], out, timeout=300)
-        self.assertEqual(code, 0, output)
-        run = torch.load(result)
-        losses = run["losses"]
-        self.assertLess(sum(losses[-5:]) / 5, 0.95 * sum(losses[:5]) / 5, f"the loss did not fall: {losses}")
-        return run
+        return self.train_two_workers(SCRIPT, backend, "dtensor_tp_")
 
     def test_equals_gloo_bit_for_bit(self):
         reference = self.train("gloo")

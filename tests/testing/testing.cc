@@ -1,5 +1,7 @@
 #include "testing.h"
 
+#include "rank_environment.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -115,11 +117,7 @@ std::vector<Child> spawn_ranks(int world, const std::vector<std::string>& argv, 
   std::string run_id = "test-" + std::to_string(getpid()) + "-" + std::to_string(run++);
   std::vector<Child> children;
   for (int r = 0; r < world; ++r) {
-    std::map<std::string, std::string> env;
-    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
-    env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(world);
-    env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
-    env["LOCKSTEP_TOKEN"] = store.token();
+    std::map<std::string, std::string> env = rank_environment(r, world, store);
     env["LOCKSTEP_RUN_ID"] = run_id;
     for (const auto& [k, v] : extra_env) env[k] = v;
     std::vector<std::string> env_strings = environment_with(env), args = argv;

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "lockstep/comm/store.h"
+#include "rank_environment.h"
 #include "testing.h"
 
 namespace {
@@ -99,11 +100,7 @@ TEST(TensorParallelRuns, ATensorRankKilledAtRandomFailsItsPartnerWithinSecondsNa
   TempDir out("tp-nolauncher");
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 2; ++r) {
-    std::map<std::string, std::string> env = kOneThread;
-    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
-    env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = "2";
-    env["LOCKSTEP_STORE_ADDR"] = "127.0.0.1:" + std::to_string(store.port());
-    env["LOCKSTEP_TOKEN"] = store.token();
+    const auto env = lockstep::testing::rank_environment(r, 2, store, kOneThread);
     ranks.push_back(std::make_unique<Process>(
         Flags{GPT_EXAMPLE} + tiny(out.path(), 100000) + Flags{"--tensor-parallel", "2"}, env));
   }
