@@ -148,11 +148,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  return fast_dropout(projected(x), dropout_, is_training());
+  return dropped(projected(x));
 }
 
 torch::Tensor CausalSelfAttentionImpl::residual_forward(const torch::Tensor& residual,
                                                         const torch::Tensor& x) {
+  if (sequence_parallel_) return residual + dropped(projected(x));
   return fast_dropout_add(residual, projected(x), dropout_, is_training());
 }
 
@@ -182,10 +183,11 @@ MlpImpl::MlpImpl(const GptConfig& c)
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return fast_dropout(projected(x), dropout_, is_training());
+  return dropped(projected(x));
 }
 
 torch::Tensor MlpImpl::residual_forward(const torch::Tensor& residual, const torch::Tensor& x) {
+  if (sequence_parallel_) return residual + dropped(projected(x));
   return fast_dropout_add(residual, projected(x), dropout_, is_training());
 }
 
@@ -238,6 +240,7 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, std::uint64_t see
                       std::to_string(config_.block_size) + "): use blocks of at most that many tokens");
   DropoutSeeds masks(part_seed(seed, 0));
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  if (sequence_parallel_) return split_embed(tokens);
   const auto tokens_in = tensor_group_ ? tp::vocab_parallel_embedding(tokens, wte->weight, *tensor_group_) : wte(tokens);
   return fast_dropout(tokens_in + wpe(positions), config_.dropout, is_training());
 }
@@ -286,7 +289,11 @@ torch::Tensor GptLmHeadModelImpl::forward_seeded(const torch::Tensor& tokens, st
   // The head shares the token embedding's weights (weight tying); split, its rows of them.
   const auto hidden = transformer->forward_seeded(tokens, seed);
   comm::Communicator* group = transformer->tensor_group();
-  return fast_linear(group ? tp::copy_to_tensor_region(hidden, *group) : hidden, transformer->wte->weight);
+  if (!group) return fast_linear(hidden, transformer->wte->weight);
+  // Split: this rank's vocabulary columns, for every token (sequence parallel: gathered first).
+  const auto in = transformer->sequence_parallel() ? tp::gather_from_sequence_region(hidden, *group, 1)
+                                                   : tp::copy_to_tensor_region(hidden, *group);
+  return fast_linear(in, transformer->wte->weight);
 }
 
 std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {

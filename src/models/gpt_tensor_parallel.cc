@@ -16,6 +16,7 @@
 #include "lockstep/models/dropout.h"
 #include "lockstep/models/gpt.h"
 #include "lockstep/models/linear.h"
+#include "lockstep/tp/layers.h"
 #include "lockstep/tp/regions.h"
 
 namespace lockstep::models {
@@ -51,9 +52,25 @@ torch::Tensor heads_attention(const torch::Tensor& q, const torch::Tensor& k, co
   return torch::matmul(fast_dropout_shard(probabilities, p, training, where), v);
 }
 
+// The sequence-parallel activation `y` ([B, T/ranks, C], this rank's slice) as the whole one's slice.
+ShardOf sequence_slice(const torch::Tensor& y, const comm::Communicator& group) {
+  return ShardOf::slice(y, 1, group.rank(), group.size());
+}
+
+// Enters the column-parallel layers: all-gathered from the sequence's slices, or copied.
+torch::Tensor enter(const torch::Tensor& x, comm::Communicator& group, bool sequence_parallel) {
+  return sequence_parallel ? tp::gather_from_sequence_region(x, group, 1) : tp::copy_to_tensor_region(x, group);
+}
+
+// Leaves the row-parallel layers: reduce-scattered into the sequence's slices, or all-reduced.
+torch::Tensor leave(const torch::Tensor& partial, comm::Communicator& group, bool sequence_parallel) {
+  return sequence_parallel ? tp::scatter_to_sequence_region(partial, group, 1)
+                           : tp::reduce_from_tensor_region(partial, group);
+}
+
 }  // namespace
 
-void CausalSelfAttentionImpl::split(comm::Communicator& group) {
+void CausalSelfAttentionImpl::split(comm::Communicator& group, bool sequence_parallel) {
   check_not_split(tensor_group_);
   const int ranks = group.size();
   check_divides(n_head_, ranks, "n_head");
@@ -62,13 +79,21 @@ void CausalSelfAttentionImpl::split(comm::Communicator& group) {
   keep(c_attn->weight, c_attn->weight.detach().view({3, c, c}).narrow(1, first, part).reshape({3 * part, c}));
   keep(c_attn->bias, c_attn->bias.detach().view({3, c}).narrow(1, first, part).reshape({3 * part}));
   keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  if (sequence_parallel) tp::sum_gradient_over(c_proj->bias, group);  // each rank adds it to its tokens
   tensor_group_ = &group;
+  sequence_parallel_ = sequence_parallel;
+}
+
+torch::Tensor CausalSelfAttentionImpl::dropped(const torch::Tensor& y) {
+  if (!sequence_parallel_) return fast_dropout(y, dropout_, is_training());
+  return fast_dropout_shard(y, dropout_, is_training(), sequence_slice(y, *tensor_group_));
 }
 
 torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
   comm::Communicator& group = *tensor_group_;
-  const std::int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / n_head_, heads = n_head_ / group.size();
-  const auto qkv = fast_linear(tp::copy_to_tensor_region(x, group), c_attn->weight, c_attn->bias)
+  const auto in = enter(x, group, sequence_parallel_);  // [B, T, C]: every token
+  const std::int64_t b = in.size(0), t = in.size(1), c = in.size(2), d = c / n_head_, heads = n_head_ / group.size();
+  const auto qkv = fast_linear(in, c_attn->weight, c_attn->bias)
                        .view({b, t, 3, heads, d})
                        .permute({2, 0, 3, 1, 4})
                        .contiguous()
@@ -77,11 +102,11 @@ torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
                      .transpose(1, 2)
                      .contiguous()
                      .view({b, t, heads * d});
-  const auto out = tp::reduce_from_tensor_region(fast_linear(y, c_proj->weight), group);
+  const auto out = leave(fast_linear(y, c_proj->weight), group, sequence_parallel_);
   return out + c_proj->bias.to(out.scalar_type());
 }
 
-void MlpImpl::split(comm::Communicator& group) {
+void MlpImpl::split(comm::Communicator& group, bool sequence_parallel) {
   check_not_split(tensor_group_);
   const int ranks = group.size();
   const auto hidden = c_fc->weight.size(0);
@@ -90,19 +115,26 @@ void MlpImpl::split(comm::Communicator& group) {
   keep(c_fc->weight, c_fc->weight.detach().narrow(0, first, part));
   keep(c_fc->bias, c_fc->bias.detach().narrow(0, first, part));
   keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  if (sequence_parallel) tp::sum_gradient_over(c_proj->bias, group);
   tensor_group_ = &group;
+  sequence_parallel_ = sequence_parallel;
+}
+
+torch::Tensor MlpImpl::dropped(const torch::Tensor& y) {
+  if (!sequence_parallel_) return fast_dropout(y, dropout_, is_training());
+  return fast_dropout_shard(y, dropout_, is_training(), sequence_slice(y, *tensor_group_));
 }
 
 torch::Tensor MlpImpl::split_projected(const torch::Tensor& x) {
   comm::Communicator& group = *tensor_group_;
-  const auto in = tp::copy_to_tensor_region(x, group);
+  const auto in = enter(x, group, sequence_parallel_);
   const auto hidden = x.is_cpu() ? fast_bias_gelu(fast_linear(in, c_fc->weight), c_fc->bias, approximate_)
                                  : torch::gelu(fast_linear(in, c_fc->weight, c_fc->bias), approximate_);
-  const auto out = tp::reduce_from_tensor_region(fast_linear(hidden, c_proj->weight), group);
+  const auto out = leave(fast_linear(hidden, c_proj->weight), group, sequence_parallel_);
   return out + c_proj->bias.to(out.scalar_type());
 }
 
-void GptModelImpl::split(comm::Communicator& group) {
+void GptModelImpl::split(comm::Communicator& group, bool sequence_parallel) {
   check_not_split(tensor_group_);
   const int ranks = group.size();
   check_divides(config_.vocab_size, ranks, "vocab_size");
@@ -111,10 +143,31 @@ void GptModelImpl::split(comm::Communicator& group) {
   keep(wte->weight, wte->weight.detach().narrow(0, group.rank() * part, part));
   for (const auto& block : *h) {
     auto* b = block->as<BlockImpl>();
-    b->attn->split(group);
-    b->mlp->split(group);
+    b->attn->split(group, sequence_parallel);
+    b->mlp->split(group, sequence_parallel);
+    // Sequence parallel: each rank normalises its own tokens, so holds part of the norms' gradients.
+    if (sequence_parallel)
+      for (auto* t : {&b->ln_1->weight, &b->ln_1->bias, &b->ln_2->weight, &b->ln_2->bias})
+        tp::sum_gradient_over(*t, group);
   }
+  if (sequence_parallel)
+    for (auto* t : {&ln_f->weight, &ln_f->bias, &wpe->weight}) tp::sum_gradient_over(*t, group);
   tensor_group_ = &group;
+  sequence_parallel_ = sequence_parallel;
+}
+
+// The embeddings of this rank's slice of the sequence: the split vocabulary's lookups
+// reduce-scattered over the sequence, its positions, and their dropout's slice of the whole mask.
+torch::Tensor GptModelImpl::split_embed(const torch::Tensor& tokens) {
+  comm::Communicator& group = *tensor_group_;
+  tp::ParallelLinearOptions sequence;
+  sequence.sequence_parallel = true;
+  const auto mine = tp::vocab_parallel_embedding(tokens, wte->weight, group, sequence);
+  const auto t = mine.size(1);
+  const auto positions =
+      torch::arange(group.rank() * t, (group.rank() + 1) * t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  const auto x = mine + wpe(positions);
+  return fast_dropout_shard(x, config_.dropout, is_training(), sequence_slice(x, group));
 }
 
 std::vector<torch::Tensor> GptModelImpl::split_parameters() const {

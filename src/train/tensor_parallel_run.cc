@@ -25,7 +25,7 @@ void Trainer::Impl::split_model() {
   // Every rank makes its tensor group, then its data group: the same order everywhere.
   tensor_comm = comm->group(l.group_of(ParallelDim::tensor, rank()), l.group_name(ParallelDim::tensor, rank()));
   data_comm = comm->group(l.group_of(ParallelDim::data, rank()), l.group_name(ParallelDim::data, rank()));
-  model.split_for_tensor_parallel(*tensor_comm);
+  model.split_for_tensor_parallel(*tensor_comm, args.sequence_parallel);
   comm::Communicator* group = tensor_comm.get();
   loss_fn = [group](const torch::Tensor& out, const torch::Tensor& target) {
     return tp::vocab_parallel_cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}), *group).mean();

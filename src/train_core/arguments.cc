@@ -212,9 +212,6 @@ void TrainingArguments::validate_tensor_parallel() const {
     bad("sequence-parallel", "splits the activations over a tensor group: add --tensor-parallel 2 or more");
   if (tensor_parallel == 1) return;
   const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
-  if (sequence_parallel)
-    bad("sequence-parallel", "is not in the GPT's plan yet (lockstep/tp's layers take it in a loop of your own): "
-                             "drop it to split the layers alone");
   if (pipeline_parallel > 1)
     bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
   if (zero_stage > 0) bad("zero-stage", "does not combine with " + with + " yet: use one or the other");

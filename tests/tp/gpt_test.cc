@@ -97,11 +97,12 @@ struct Split {
   int tensor = 2, data = 1;
   double dropout = 0.1;
   bool checkpointing = false;
+  bool sequence_parallel = false;
 };
 
 void expect_split_gpt_trains_as_the_whole(const Split& k) {
   SCOPED_TRACE("T " + std::to_string(k.tensor) + " D " + std::to_string(k.data) +
-               (k.checkpointing ? " gradient checkpointing" : ""));
+               (k.checkpointing ? " gradient checkpointing" : "") + (k.sequence_parallel ? " sequence parallel" : ""));
   const GptConfig config = small(k.dropout);
   auto whole = train_whole(config, kRowsPerRank * k.data, k.checkpointing);
   LayoutRequest request;
@@ -118,7 +119,7 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
     auto data = world.group(layout.group_of(ParallelDim::data, r), layout.group_name(ParallelDim::data, r));
     auto model = seeded_gpt(config);
     model->set_gradient_checkpointing(k.checkpointing);
-    model->split_for_tensor_parallel(*tensor);
+    model->split_for_tensor_parallel(*tensor, k.sequence_parallel);
     const auto split = model->split_parameters();
     std::vector<torch::Tensor> kept;
     for (const auto& p : model->parameters())
@@ -156,6 +157,14 @@ TEST(GptTensorParallel, TwoAndFourTensorRanksWithDropoutTrainAsOneProcess) {
 
 TEST(GptTensorParallel, GradientCheckpointingRecomputesTheSplitBlocksExactly) {
   expect_split_gpt_trains_as_the_whole({2, 1, 0.1, true});
+}
+
+// Megatron's sequence parallelism: norms, dropouts and residuals on a slice of the tokens each, the
+// masks the whole tensors' slices, the whole parameters' gradients summed over the group.
+TEST(GptTensorParallel, SequenceParallelTrainsAsOneProcess) {
+  expect_split_gpt_trains_as_the_whole({2, 1, 0.1, false, true});
+  expect_split_gpt_trains_as_the_whole({4, 1, 0.1, true, true});
+  expect_split_gpt_trains_as_the_whole({2, 2, 0.0, false, true});
 }
 
 // Without dropout: a data rank's residual masks would be drawn over its own rows, not the whole

@@ -73,18 +73,22 @@ void expect_same_training(double split, double whole, const std::string& what) {
 }
 
 TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
-  TempDir one("tp-one"), two("tp-two"), ddp("tp-ddp"), four("tp-four");
+  TempDir one("tp-one"), two("tp-two"), sequence("tp-sequence"), ddp("tp-ddp"), four("tp-four");
   run_ok(launch(1, tiny(one.path())));
   const std::string split = run_ok(launch(2, tiny(two.path()) + Flags{"--tensor-parallel", "2"}));
   EXPECT_NE(split.find("layout: 2 workers: 2 tensor"), std::string::npos) << split;
   expect_same_training(eval_loss(two), eval_loss(one), "2 tensor ranks against one worker");
+  const std::string sp =
+      run_ok(launch(2, tiny(sequence.path()) + Flags{"--tensor-parallel", "2", "--sequence-parallel"}));
+  EXPECT_NE(sp.find("layout: 2 workers: 2 tensor (sequence parallel)"), std::string::npos) << sp;
+  expect_same_training(eval_loss(sequence), eval_loss(one), "2 tensor ranks, sequence parallel, against one");
   run_ok(launch(2, tiny(ddp.path())));
   const std::string both = run_ok(launch(4, tiny(four.path()) + Flags{"--tensor-parallel", "2"}));
   EXPECT_NE(both.find("layout: 4 workers: 2 data x 2 tensor"), std::string::npos) << both;
   EXPECT_NE(both.find("the 2 replicas of each of the 2 tensor shards hold the same parameters"), std::string::npos)
       << both;
   expect_same_training(eval_loss(four), eval_loss(ddp), "2 data x 2 tensor ranks against DDP on 2");
-  for (const TempDir* run : {&one, &two, &four}) EXPECT_NEAR(tokens_per_sample(*run), 16, 1e-6) << run->path();
+  for (const TempDir* run : {&one, &two, &sequence, &four}) EXPECT_NEAR(tokens_per_sample(*run), 16, 1e-6) << run->path();
   EXPECT_GT(std::abs(eval_loss(ddp) - eval_loss(one)) / eval_loss(one), 1e-3)
       << "two data ranks see other samples than one: the comparison above is not vacuous";
 }

@@ -78,14 +78,17 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   // Tensor parallelism: keeps this rank's heads (their rows of c_attn, columns of c_proj) and
-  // exchanges over `group` from then on (gpt_tensor_parallel.cc).
-  void split(comm::Communicator& group);
+  // exchanges over `group` from then on (gpt_tensor_parallel.cc); with `sequence_parallel` its
+  // input and output are this rank's slice of the sequence.
+  void split(comm::Communicator& group, bool sequence_parallel);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
   torch::Tensor split_projected(const torch::Tensor& x);
+  torch::Tensor dropped(const torch::Tensor& y);  // the output's dropout (a sequence slice's masks)
 
   comm::Communicator* tensor_group_ = nullptr;
+  bool sequence_parallel_ = false;
   int n_head_;
   double attn_dropout_;  // on the attention probabilities (models/dropout.h)
   double dropout_;       // on the output
@@ -101,13 +104,15 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   // Tensor parallelism: keeps this rank's hidden features (rows of c_fc, columns of c_proj).
-  void split(comm::Communicator& group);
+  void split(comm::Communicator& group, bool sequence_parallel);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
   torch::Tensor split_projected(const torch::Tensor& x);
+  torch::Tensor dropped(const torch::Tensor& y);
 
   comm::Communicator* tensor_group_ = nullptr;
+  bool sequence_parallel_ = false;
   std::string approximate_;  // torch::gelu's: "none" or "tanh"
   double dropout_;
 };
@@ -153,12 +158,15 @@ class GptModelImpl : public torch::nn::Module {
 
   // Tensor parallelism: this rank's rows of the vocabulary, heads and hidden features (see
   // GptLmHeadModel::split_for_tensor_parallel).
-  void split(comm::Communicator& group);
+  void split(comm::Communicator& group, bool sequence_parallel);
   comm::Communicator* tensor_group() const { return tensor_group_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   std::vector<torch::Tensor> split_parameters() const;  // the shards of split tensors
 
  private:
+  torch::Tensor split_embed(const torch::Tensor& tokens);  // before the embeddings' dropout
   comm::Communicator* tensor_group_ = nullptr;
+  bool sequence_parallel_ = false;
   GptConfig config_;
   bool checkpointing_ = false;
   UnitRunner runner_;
@@ -189,7 +197,14 @@ class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls
   // dropout masks are one process's (the heads' from the whole tensor's counter), so the split
   // model trains as the whole one up to the order of sums. Every rank of the group calls it, in
   // the same state. ConfigError when T does not divide n_head or vocab_size, or when already split.
-  void split_for_tensor_parallel(comm::Communicator& group) { transformer->split(group); }
+  // With `sequence_parallel` (Megatron's sequence parallelism) the activations between the split
+  // layers are slices of the sequence too: layer norms, dropouts and residuals on T-th of the
+  // tokens each, an all-gather before each column-parallel layer and a reduce-scatter after each
+  // row-parallel one instead of the all-reduces, the whole parameters' gradients (norms,
+  // positions, biases) summed over the group. The sequence must divide by T (else ConfigError).
+  void split_for_tensor_parallel(comm::Communicator& group, bool sequence_parallel = false) {
+    transformer->split(group, sequence_parallel);
+  }
   std::vector<torch::Tensor> split_parameters() const { return transformer->split_parameters(); }
 
   GptModel transformer{nullptr};

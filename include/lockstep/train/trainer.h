@@ -64,10 +64,11 @@ struct Model {
   std::function<void(UnitRunner)> set_unit_runner;
   // --pipeline-parallel (pipe/units.h); empty: the model cannot be cut into stages.
   std::function<std::vector<pipe::PipelineUnit>()> pipeline_units;
-  // --tensor-parallel (lockstep/tp): splits the model's layers in place over the tensor group, its
-  // forward then returning this rank's vocabulary columns of the logits (models/gpt.h's
+  // --tensor-parallel (lockstep/tp): splits the model's layers in place over the tensor group (and,
+  // with --sequence-parallel, the activations between them over the sequence), its forward then
+  // returning this rank's vocabulary columns of every token's logits (models/gpt.h's
   // GptLmHeadModel); split_parameters lists the shards, for the global norm. Empty: it cannot.
-  std::function<void(comm::Communicator&)> split_for_tensor_parallel;
+  std::function<void(comm::Communicator&, bool sequence_parallel)> split_for_tensor_parallel;
   std::function<std::vector<torch::Tensor>()> split_parameters;
 
   template <class M>
@@ -83,7 +84,9 @@ struct Model {
     }
     if constexpr (has_pipeline_units<M>(0)) model.pipeline_units = [raw = m.get()] { return raw->pipeline_units(); };
     if constexpr (has_tensor_split<M>(0)) {
-      model.split_for_tensor_parallel = [raw = m.get()](comm::Communicator& g) { raw->split_for_tensor_parallel(g); };
+      model.split_for_tensor_parallel = [raw = m.get()](comm::Communicator& g, bool sequence_parallel) {
+        raw->split_for_tensor_parallel(g, sequence_parallel);
+      };
       model.split_parameters = [raw = m.get()] { return raw->split_parameters(); };
     }
     return model;
@@ -121,7 +124,7 @@ struct Model {
   }
   template <class M>
   static constexpr auto has_tensor_split(int)
-      -> decltype(std::declval<M&>().split_for_tensor_parallel(std::declval<comm::Communicator&>()),
+      -> decltype(std::declval<M&>().split_for_tensor_parallel(std::declval<comm::Communicator&>(), true),
                   std::declval<M&>().split_parameters(), true) {
     return true;
   }

@@ -155,7 +155,8 @@ inline std::vector<std::string> comm_hook_names() {
     "tensor ranks T: each layer split over T workers of one machine (the world P x D x T); the model must "    \
     "split itself (the GPT does; docs/layout.md)", at_least(1))                                                \
   X(bool, sequence_parallel, false,                                                                            \
-    "--tensor-parallel: the activations between layers split along the sequence too", any())                  \
+    "--tensor-parallel: the activations between the split layers split along the sequence too (Megatron's "    \
+    "sequence parallelism: norms, dropouts and residuals on 1/T of the tokens)", any())                  \
   X(std::string, pipeline_schedule, "1f1b", "--pipeline-parallel: the schedule",                               \
     one_of({"gpipe", "1f1b", "interleaved", "zb"}))                                                            \
   X(int, virtual_stages, 1, "--pipeline-schedule interleaved: stages per pipeline rank", at_least(1))          \
