@@ -3,19 +3,21 @@
 
 The 4x GPT (4 layers, 512 wide, 8 heads, 128 bytes of context, dropout 0.1), 2 workers, one
 intra-op and one BLAS thread each, per-replica batch 16, interleaved --repeat times; the first 10
-steps of every run are not timed. Five sides:
+steps of every run are not timed.
 
   lockstep DDP             examples/gpt, 2 data ranks (the same worker count, twice the tokens a step)
   lockstep TP              examples/gpt --tensor-parallel 2 (1 replica split over 2 workers)
+  lockstep TP+SP           the same with --sequence-parallel (norms, dropouts, residuals on half the tokens)
   PyTorch DDP (gloo)       bench/torch_gpt.py under DDP
   PyTorch TP (gloo)        bench/torch_gpt.py --tensor-parallel: DTensor's ColwiseParallel /
                            RowwiseParallel on each block (Megatron's plan), on gloo
   PyTorch TP (lockstep)    the same script on lockstep's torch.distributed backend
 
-It prints the median tokens/s of each, lockstep TP against PyTorch TP on gloo and against lockstep
-DDP, PyTorch TP on the lockstep backend against gloo, and lockstep's memory: each worker's
-parameters (its shards under TP; AdamW's state is twice that, so parameters + state scale alike)
-and the growth of tensor memory within a step, TP against DDP's at the same per-replica batch.
+It prints the median tokens/s of each, lockstep TP (and TP+SP) against PyTorch TP on gloo and
+against lockstep DDP, PyTorch TP on the lockstep backend against gloo, and lockstep's memory: each
+worker's parameters (its shards under TP; AdamW's state is twice that, so parameters + state scale
+alike) and the growth of tensor memory within a step, TP and TP+SP against DDP's at the same
+per-replica batch.
 
     /usr/bin/python3 bench/compare_tensor_parallel.py [--build build] [--torch2-build build-torch2]
         [--repeat 3] [--steps 40] [--json out.json]
@@ -32,7 +34,8 @@ import compare_gpt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = ["--n-embd", "512", "--n-head", "8"]
-SIDES = ["lockstep DDP", "lockstep TP", "PyTorch DDP (gloo)", "PyTorch TP (gloo)", "PyTorch TP (lockstep)"]
+SIDES = ["lockstep DDP", "lockstep TP", "lockstep TP+SP", "PyTorch DDP (gloo)", "PyTorch TP (gloo)",
+         "PyTorch TP (lockstep)"]
 
 
 def run_lockstep_tp(args, flags, env):
@@ -51,8 +54,8 @@ def run(side, args, env):
     common = ["--max-steps", str(args.steps), "--eval-limit", "32"] + MODEL
     if side == "lockstep DDP":
         return compare_gpt.run_lockstep(args.build, 2, common, env)
-    if side == "lockstep TP":
-        return run_lockstep_tp(args, common, env)
+    if side.startswith("lockstep TP"):
+        return run_lockstep_tp(args, common + (["--sequence-parallel"] if side.endswith("+SP") else []), env)
     flags = common + (["--tensor-parallel"] if "TP" in side else [])
     launcher = args.build
     if "(lockstep)" in side:  # the launcher of the build whose backend is for torch 2.x puts it on the path
@@ -93,12 +96,16 @@ def main():
     print(f"\nlockstep TP / PyTorch TP (gloo): {med['lockstep TP'] / med['PyTorch TP (gloo)']:.2f}x; "
           f"lockstep TP / lockstep DDP: {med['lockstep TP'] / med['lockstep DDP']:.2f}x; "
           f"PyTorch TP on lockstep / on gloo: {med['PyTorch TP (lockstep)'] / med['PyTorch TP (gloo)']:.2f}x")
+    print(f"lockstep TP+SP / lockstep DDP: {med['lockstep TP+SP'] / med['lockstep DDP']:.2f}x; "
+          f"lockstep TP+SP / PyTorch TP (gloo): {med['lockstep TP+SP'] / med['PyTorch TP (gloo)']:.2f}x")
     ddp, tp = got["lockstep DDP"][0], got["lockstep TP"][0]
-    grow_ddp = statistics.median(r["step_tensor_bytes"] for r in got["lockstep DDP"])
-    grow_tp = statistics.median(r["step_tensor_bytes"] for r in got["lockstep TP"])
+    grow = {side: statistics.median(r["step_tensor_bytes"] for r in got[side])
+            for side in ("lockstep DDP", "lockstep TP", "lockstep TP+SP")}
     print(f"\nlockstep, per worker: parameters {tp['params'] / 1e6:.2f} M under TP against {ddp['params'] / 1e6:.2f} M "
           f"under DDP ({tp['params'] / ddp['params']:.2f}x; AdamW's state follows); tensor growth within a step "
-          f"{grow_tp / 2**20:.1f} MiB against {grow_ddp / 2**20:.1f} MiB ({grow_tp / grow_ddp:.2f}x)")
+          f"{grow['lockstep TP'] / 2**20:.1f} MiB (TP), {grow['lockstep TP+SP'] / 2**20:.1f} MiB (TP+SP) against "
+          f"{grow['lockstep DDP'] / 2**20:.1f} MiB (DDP): {grow['lockstep TP'] / grow['lockstep DDP']:.2f}x and "
+          f"{grow['lockstep TP+SP'] / grow['lockstep DDP']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(got, f, indent=1)
