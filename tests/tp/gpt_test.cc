@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <mutex>
+#include <random>
 
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/error.h"
@@ -171,6 +172,22 @@ TEST(GptTensorParallel, SequenceParallelTrainsAsOneProcess) {
 // batch's (equivalence_test.cc covers dropout across data ranks with shard-aware masks).
 TEST(GptTensorParallel, TensorTimesDataRanksTrainAsOneProcessOnTheWholeBatch) {
   expect_split_gpt_trains_as_the_whole({2, 2, 0.0, false});
+}
+
+// Layouts drawn at random (the seed printed: LOCKSTEP_TEST_SEED replays it): T of 2 or 4, D of 1
+// or 2, sequence parallelism and gradient checkpointing on or off, dropout where D is 1.
+TEST(GptTensorParallel, RandomLayoutsTrainAsOneProcess) {
+  std::mt19937_64 rng(testing::test_seed());
+  for (int trial = 0; trial < 3; ++trial) {
+    Split k;
+    k.tensor = rng() % 2 ? 4 : 2;
+    k.data = k.tensor == 2 && rng() % 2 ? 2 : 1;
+    k.dropout = k.data == 1 ? 0.1 : 0.0;
+    k.checkpointing = rng() % 2;
+    k.sequence_parallel = rng() % 2;
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    expect_split_gpt_trains_as_the_whole(k);
+  }
 }
 
 TEST(GptTensorParallel, ADegreeThatDoesNotDivideTheHeadsOrTheVocabularyIsRefused) {
