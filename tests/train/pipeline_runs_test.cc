@@ -21,6 +21,7 @@
 
 #include "lockstep/comm/store.h"
 #include "rank_environment.h"
+#include "flags.h"
 #include "testing.h"
 
 namespace {
@@ -29,12 +30,8 @@ namespace fs = std::filesystem;
 using lockstep::testing::Process;
 using lockstep::testing::TempDir;
 
-using Flags = std::vector<std::string>;
-
-Flags operator+(Flags a, const Flags& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using lockstep::testing::Flags;
+using lockstep::testing::operator+;
 
 // 4 blocks (6 units), 16 bytes of context; steps of 4 micro-batches of 2 sequences.
 Flags tiny(const std::string& out, int steps, const std::string& dropout = "0.1") {

@@ -15,18 +15,15 @@
 
 #include "lockstep/comm/store.h"
 #include "rank_environment.h"
+#include "flags.h"
 #include "testing.h"
 
 namespace {
 
 using lockstep::testing::Process;
 using lockstep::testing::TempDir;
-using Flags = std::vector<std::string>;
-
-Flags operator+(Flags a, const Flags& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using lockstep::testing::Flags;
+using lockstep::testing::operator+;
 
 // 2 blocks of 2 heads, 16 bytes of context, dropout on; 20 steps of 4 sequences per data rank.
 Flags tiny(const std::string& out, int steps = 20) {
