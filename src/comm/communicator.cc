@@ -68,6 +68,7 @@ void WorkQueue::run(std::unique_lock<std::mutex>& lock, WorkState& w) {
     if (on_broken) on_broken();
   }
   w.seconds = Seconds(end - start).count();
+  busy_seconds += w.seconds;
   w.started = start;
   w.finished = end;
   w.error = error;
@@ -284,6 +285,11 @@ WorkPtr Communicator::recv(void* buffer, std::size_t count, DType dtype, int src
 std::uint64_t Communicator::issued() const {
   std::lock_guard<std::mutex> lock(queue_->mu);
   return queue_->next_sequence;
+}
+
+double Communicator::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(queue_->mu);
+  return queue_->busy_seconds;
 }
 
 WorkPtr Communicator::enqueue(Collective c) {

@@ -40,6 +40,7 @@ struct WorkQueue {
   std::optional<Collective> in_flight;
   Clock::time_point state_since = Clock::now();
   std::uint64_t events = 0;
+  double busy_seconds = 0;  // every collective's run, summed
   std::function<void()> on_broken;  // wakes the watchdog
 
   // Runs the front collective with `lock` released; the caller set running = true.

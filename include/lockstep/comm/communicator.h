@@ -140,6 +140,10 @@ class Communicator {
 
   // Collectives issued so far (the next sequence number).
   std::uint64_t issued() const;
+  // Seconds its collectives have run so far, summed (each from its start, on the progress thread or
+  // a waiting caller, to its end; point-to-point transfers not included): the communication time of
+  // the dimension it is the group of is the change over a window. Any thread.
+  double busy_seconds() const;
   // Safe to call from any thread, also while collectives run.
   NetworkStats network_stats() const;
 
