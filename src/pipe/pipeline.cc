@@ -83,7 +83,9 @@ void Pipeline::Impl::make_plan(const MicroBatch& sample) {
 void Pipeline::Impl::check_agreement() {
   std::ostringstream mine;
   mine << "--pipeline-parallel " << options.pipeline_parallel << " --pipeline-schedule " << schedule_name(options.schedule)
-       << " --virtual-stages " << options.virtual_stages << ", " << units.size() << " units, "
+       << " --virtual-stages " << options.virtual_stages << " --pipeline-tied-gradient "
+       << (options.tied_gradient == PipelineOptions::TiedGradient::step ? "step" : "micro-batch") << ", " << units.size()
+       << " units, "
        << owners.size() << " parameters, stages starting at units " << plan_text(plan);
   const auto all = comm::allgather_strings(world, mine.str());
   for (int r = 0; r < world.size(); ++r)
@@ -210,7 +212,21 @@ const ScheduleTable& Pipeline::Impl::table(int micro_batches) {
   ScheduleTable t = make_schedule(options.schedule, options.pipeline_parallel, micro_batches, options.virtual_stages);
   if (has_tied) add_tied_exchange(t, options.tied_gradient == PipelineOptions::TiedGradient::step);
   if (const auto check = check_schedule(t); !check.ok()) throw std::logic_error("pipeline: " + check.error);
+  check_same_table(t, micro_batches);
   return tables.emplace(micro_batches, std::move(t)).first->second;
+}
+
+// Every rank must run the same table, or one waits for a transfer another never sends: compared
+// (as its digest) when a step first needs it, so whatever makes tables differ (flags the agreement
+// check above does not name, another count of micro-batches) is an error on every rank.
+void Pipeline::Impl::check_same_table(const ScheduleTable& t, int micro_batches) {
+  const auto all = comm::allgather_strings(world, std::to_string(micro_batches) + " micro-batches, table " +
+                                                      std::to_string(t.digest()));
+  for (int r = 0; r < world.size(); ++r)
+    if (all[std::size_t(r)] != all[0])
+      throw ConfigError("the workers' pipeline schedules differ: rank 0 runs " + all[0] + ", rank " +
+                        std::to_string(r) + " " + all[std::size_t(r)] +
+                        ". Start every worker with the same flags, and give every rank's step the same micro-batches");
 }
 
 Pipeline::Pipeline(std::vector<PipelineUnit> units, comm::Communicator& world, PipelineOptions options,

@@ -85,6 +85,7 @@ struct Pipeline::Impl {
   void make_groups();
   void make_plan(const MicroBatch& sample);
   void check_agreement();
+  void check_same_table(const ScheduleTable& t, int micro_batches);
   void assign_owners();
   void make_stages();
   void tie_parameters();

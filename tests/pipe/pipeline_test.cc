@@ -92,10 +92,59 @@ TEST(PipelineNumerics, TheTiedGradientOnceAStepEndsWithinRoundingOfOneProcess) {
   }
 }
 
+// The ConfigError each rank gets from `fn`, or "" when none (a hang would be the options' timeout:
+// a TimeoutError, not a ConfigError).
+std::vector<std::string> config_errors(int world, const std::function<void(comm::Communicator&)>& fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  run_ranks_as_threads(world, options(), [&](comm::Communicator& c) {
+    try {
+      fn(c);
+    } catch (const ConfigError& e) {
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
+pipe::Pipeline make_pipeline(models::GptLmHeadModel& model, comm::Communicator& c, pipe::PipelineOptions options) {
+  PipeRun run;
+  return pipe::Pipeline(model->pipeline_units(), c, options, micro_batches(run, 0, 0).front(),
+                        [](const torch::Tensor& out, const torch::Tensor& target) {
+                          return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+                        });
+}
+
+// Ranks that would run different tables wait for transfers that never come: each such start is a
+// ConfigError on every rank naming what differs, before any transfer.
+TEST(PipelineAgreement, RanksThatWouldRunDifferentTablesAllFailNamingTheDifference) {
+  at::set_num_threads(1);
+  const auto tied = config_errors(2, [](comm::Communicator& c) {
+    auto model = make_model(tiny_gpt(0), false);
+    pipe::PipelineOptions o;
+    o.pipeline_parallel = 2;
+    o.tied_gradient = c.rank() == 0 ? pipe::PipelineOptions::TiedGradient::step
+                                    : pipe::PipelineOptions::TiedGradient::micro_batch;
+    make_pipeline(model, c, o);
+  });
+  for (const auto& e : tied) EXPECT_NE(e.find("--pipeline-tied-gradient step"), std::string::npos) << e;
+  const auto counts = config_errors(2, [](comm::Communicator& c) {  // the same flags, another m on rank 1
+    auto model = make_model(tiny_gpt(0), false);
+    pipe::PipelineOptions o;
+    o.pipeline_parallel = 2;
+    auto pipeline = make_pipeline(model, c, o);
+    PipeRun run;
+    run.micro_batches = c.rank() == 0 ? 2 : 3;
+    pipeline.train_step(micro_batches(run, 0, 0));
+  });
+  for (const auto& e : counts) {
+    EXPECT_NE(e.find("rank 0 runs 2 micro-batches"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 1 3 micro-batches"), std::string::npos) << e;
+  }
+}
+
 TEST(PipelineNumerics, EverySchedulesParametersAreBitwiseOneProcesss) {
   at::set_num_threads(1);
   std::map<std::pair<int, int>, Parameters> references;  // by (m, D): P and the schedule do not change it
-  int runs = 0;
   for (int replicas : {1, 2})
     for (int p : {2, 3, 4})
       for (int m : std::set<int>{1, 3, p, 2 * p + 1})
@@ -110,9 +159,11 @@ TEST(PipelineNumerics, EverySchedulesParametersAreBitwiseOneProcesss) {
           auto& expected = references[{m, replicas}];
           if (expected.empty()) expected = reference(run);
           expect_pipelined_equals(run, expected);
-          ++runs;
         }
-  EXPECT_GE(runs, 2 * (4 + 3 + 4) * 4);
+  EXPECT_NE(differing(references[{3, 1}], references[{3, 2}]), "")
+      << "two replicas train on other data than one: each run above is held to a reference of its own";
+  EXPECT_NE(differing(references[{1, 1}], references[{3, 1}]), "")
+      << "other micro-batch sizes round otherwise: the reference must be the one of the same m";
 }
 
 }  // namespace

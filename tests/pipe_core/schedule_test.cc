@@ -1,6 +1,7 @@
 // The schedule tables: every table the runtime can be asked for (P <= 8 pipeline ranks, m <= 32
-// micro-batches, v <= 4 chunks) is proved complete and free of deadlock by the checker, holds no
-// more micro-batches than its schedule promises, and has the bubble its theory gives; and the
+// micro-batches, v <= 4 chunks) is proved complete and free of deadlock by the checker, holds at
+// its peak exactly the micro-batches its schedule's formula gives on every rank (a table that held
+// more, or fewer, fails), and has the bubble its theory gives; and the
 // checker itself rejects the faults it is there to find.
 #include <gtest/gtest.h>
 
@@ -34,7 +35,6 @@ int promised_peak(ScheduleKind kind, int ranks, int chunks, int m, int r) {
 }
 
 TEST(Schedule, EveryTableUpToEightRanksIsCompleteAndFreeOfDeadlock) {
-  int tables = 0;
   for (ScheduleKind kind : kKinds)
     for (int p = 1; p <= 8; ++p)
       for (int v = 1; v <= (kind == ScheduleKind::interleaved ? 4 : 1); ++v)
@@ -45,12 +45,10 @@ TEST(Schedule, EveryTableUpToEightRanksIsCompleteAndFreeOfDeadlock) {
             const ScheduleCheck check = check_schedule(t);
             ASSERT_TRUE(check.ok()) << check.error;
             for (int r = 0; r < p; ++r)
-              ASSERT_LE(check.peak_in_flight[std::size_t(r)], promised_peak(kind, p, v, m, r))
+              ASSERT_EQ(check.peak_in_flight[std::size_t(r)], promised_peak(kind, p, v, m, r))
                   << schedule_name(kind) << " P " << p << " v " << v << " m " << m << " rank " << r << ": "
                   << describe(t, r);
-            ++tables;
           }
-  EXPECT_EQ(tables, 2 * 32 * 8 * (1 + 1 + 4 + 1));
 }
 
 TEST(Schedule, ForwardOnlyTablesAreSound) {

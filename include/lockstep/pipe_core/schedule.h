@@ -86,7 +86,7 @@ struct ScheduleTable {
   Op weight_op() const { return split_backward() ? Op::backward_weight : Op::backward; }
   // The action that computes the gradient of stage s's input for micro-batch k: Bi, or B.
   Op input_grad_op() const { return split_backward() ? Op::backward_input : Op::backward; }
-  // A 64-bit digest of every action of every rank: ranks compare it before the first step.
+  // A 64-bit digest of every action of every rank: ranks compare it before a step first runs it.
   std::uint64_t digest() const;
 };
 
