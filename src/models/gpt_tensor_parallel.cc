@@ -62,10 +62,30 @@ torch::Tensor enter(const torch::Tensor& x, comm::Communicator& group, bool sequ
   return sequence_parallel ? tp::gather_from_sequence_region(x, group, 1) : tp::copy_to_tensor_region(x, group);
 }
 
-// Leaves the row-parallel layers: reduce-scattered into the sequence's slices, or all-reduced.
-torch::Tensor leave(const torch::Tensor& partial, comm::Communicator& group, bool sequence_parallel) {
-  return sequence_parallel ? tp::scatter_to_sequence_region(partial, group, 1)
-                           : tp::reduce_from_tensor_region(partial, group);
+// Leaves the row-parallel projection: its partial sums reduce-scattered into the sequence's
+// slices, or all-reduced; then its bias, which every rank holds whole.
+torch::Tensor leave(const torch::Tensor& partial, const torch::Tensor& bias, comm::Communicator& group,
+                    bool sequence_parallel) {
+  const auto out = sequence_parallel ? tp::scatter_to_sequence_region(partial, group, 1)
+                                     : tp::reduce_from_tensor_region(partial, group);
+  return out + bias.to(out.scalar_type());
+}
+
+// A block's output dropout: the whole tensor's mask, or under sequence parallelism the whole
+// tensor's mask at this rank's tokens.
+torch::Tensor output_dropout(const torch::Tensor& y, double p, bool training, const comm::Communicator* group,
+                             bool sequence_parallel) {
+  if (!sequence_parallel) return fast_dropout(y, p, training);
+  return fast_dropout_shard(y, p, training, sequence_slice(y, *group));
+}
+
+// The block now computes its part in `group`. Under sequence parallelism each rank adds the output
+// bias to its own tokens only, so the bias's gradient is summed over the group.
+void join(comm::Communicator& group, bool sequence_parallel, torch::Tensor& output_bias,
+          comm::Communicator*& tensor_group, bool& block_sequence_parallel) {
+  if (sequence_parallel) tp::sum_gradient_over(output_bias, group);
+  tensor_group = &group;
+  block_sequence_parallel = sequence_parallel;
 }
 
 }  // namespace
@@ -79,14 +99,11 @@ void CausalSelfAttentionImpl::split(comm::Communicator& group, bool sequence_par
   keep(c_attn->weight, c_attn->weight.detach().view({3, c, c}).narrow(1, first, part).reshape({3 * part, c}));
   keep(c_attn->bias, c_attn->bias.detach().view({3, c}).narrow(1, first, part).reshape({3 * part}));
   keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
-  if (sequence_parallel) tp::sum_gradient_over(c_proj->bias, group);  // each rank adds it to its tokens
-  tensor_group_ = &group;
-  sequence_parallel_ = sequence_parallel;
+  join(group, sequence_parallel, c_proj->bias, tensor_group_, sequence_parallel_);
 }
 
 torch::Tensor CausalSelfAttentionImpl::dropped(const torch::Tensor& y) {
-  if (!sequence_parallel_) return fast_dropout(y, dropout_, is_training());
-  return fast_dropout_shard(y, dropout_, is_training(), sequence_slice(y, *tensor_group_));
+  return output_dropout(y, dropout_, is_training(), tensor_group_, sequence_parallel_);
 }
 
 torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
@@ -102,8 +119,7 @@ torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
                      .transpose(1, 2)
                      .contiguous()
                      .view({b, t, heads * d});
-  const auto out = leave(fast_linear(y, c_proj->weight), group, sequence_parallel_);
-  return out + c_proj->bias.to(out.scalar_type());
+  return leave(fast_linear(y, c_proj->weight), c_proj->bias, group, sequence_parallel_);
 }
 
 void MlpImpl::split(comm::Communicator& group, bool sequence_parallel) {
@@ -115,14 +131,11 @@ void MlpImpl::split(comm::Communicator& group, bool sequence_parallel) {
   keep(c_fc->weight, c_fc->weight.detach().narrow(0, first, part));
   keep(c_fc->bias, c_fc->bias.detach().narrow(0, first, part));
   keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
-  if (sequence_parallel) tp::sum_gradient_over(c_proj->bias, group);
-  tensor_group_ = &group;
-  sequence_parallel_ = sequence_parallel;
+  join(group, sequence_parallel, c_proj->bias, tensor_group_, sequence_parallel_);
 }
 
 torch::Tensor MlpImpl::dropped(const torch::Tensor& y) {
-  if (!sequence_parallel_) return fast_dropout(y, dropout_, is_training());
-  return fast_dropout_shard(y, dropout_, is_training(), sequence_slice(y, *tensor_group_));
+  return output_dropout(y, dropout_, is_training(), tensor_group_, sequence_parallel_);
 }
 
 torch::Tensor MlpImpl::split_projected(const torch::Tensor& x) {
@@ -130,8 +143,7 @@ torch::Tensor MlpImpl::split_projected(const torch::Tensor& x) {
   const auto in = enter(x, group, sequence_parallel_);
   const auto hidden = x.is_cpu() ? fast_bias_gelu(fast_linear(in, c_fc->weight), c_fc->bias, approximate_)
                                  : torch::gelu(fast_linear(in, c_fc->weight, c_fc->bias), approximate_);
-  const auto out = leave(fast_linear(hidden, c_proj->weight), group, sequence_parallel_);
-  return out + c_proj->bias.to(out.scalar_type());
+  return leave(fast_linear(hidden, c_proj->weight), c_proj->bias, group, sequence_parallel_);
 }
 
 void GptModelImpl::split(comm::Communicator& group, bool sequence_parallel) {
