@@ -49,11 +49,11 @@ struct Node {
 };
 
 int consolidate(const std::string& dir, std::string output) {
-  if (!train::is_sharded_checkpoint(dir))
+  if (!train::CheckpointDir(dir).sharded())
     throw ConfigError(dir +
                       " is not a sharded checkpoint (no index.json): a consolidated checkpoint already has "
                       "its model.pt");
-  if (output.empty()) output = (fs::path(dir) / "model.pt").string();
+  if (output.empty()) output = train::CheckpointDir(dir).model();
   Node root;
   std::size_t count = 0, bytes = 0;
   for (const auto& [saved, value] : train::read_sharded_values(dir)) {

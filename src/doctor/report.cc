@@ -242,6 +242,35 @@ void pipeline_section(std::ostream& o, const RunData& run) {
   o << "</table>";
 }
 
+// A run split more than one way: each parallel dimension's communication per step, averaged over
+// the logged windows that have it, and its share of the step.
+void dimensions_section(std::ostream& o, const RunData& run) {
+  struct Dimension {
+    const char* name;
+    std::optional<double> metrics::StepLog::*field;
+    const char* what;
+    double sum = 0, step = 0;
+    int windows = 0;
+  };
+  Dimension dims[] = {
+      {"data", &metrics::StepLog::data_comm_seconds, "gradient reductions over the data replicas"},
+      {"tensor", &metrics::StepLog::tensor_comm_seconds, "the split layers' collectives, on the step's path"},
+      {"pipeline", &metrics::StepLog::pipeline_comm_seconds, "activations and gradients between stages"}};
+  bool any = false;
+  for (auto& d : dims)
+    for (const auto& e : run.logs)
+      if (const auto& v = e.*d.field) d.sum += *v, d.step += e.step_seconds, ++d.windows, any = true;
+  if (!any) return;
+  o << "<h2>Communication by dimension</h2><p>Per step, averaged over ranks and the logged windows:</p>"
+    << "<table id='dimensions'><tr><th>dimension</th><th>ms per step</th><th>% of the step</th><th>what</th></tr>";
+  for (const auto& d : dims) {
+    if (d.windows == 0) continue;
+    o << "<tr data-dimension='" << d.name << "'><td>" << d.name << "</td><td>" << num(1e3 * d.sum / d.windows, "%.1f")
+      << "</td><td>" << num(d.step > 0 ? 100 * d.sum / d.step : 0, "%.1f") << "</td><td>" << d.what << "</td></tr>";
+  }
+  o << "</table>";
+}
+
 void doctor_section(std::ostream& o, const DoctorRecord& d) {
   o << "<h2>lockstep doctor</h2><p>Scaling efficiency <b id='doc-eff'>"
     << num(100 * d.scaling_efficiency, "%.0f") << "%</b> (" << d.evidence.many.world
@@ -316,6 +345,7 @@ std::string render_html(const RunData& run) {
   curves(o, run);
   breakdown(o, run);
   pipeline_section(o, run);
+  dimensions_section(o, run);
   if (run.doctor) doctor_section(o, *run.doctor);
   tables(o, run);
   o << "<p style='color:#888'>Written by lockstep report from metrics.jsonl"

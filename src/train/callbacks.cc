@@ -1,16 +1,10 @@
-// TrainerState and the callbacks that ship with the Trainer.
+// The callbacks that ship with the Trainer.
 #include <torch/torch.h>
 
 #include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
-
-double TrainerState::fractional_epoch() const {
-  if (steps_per_epoch <= 0) return static_cast<double>(epoch);
-  return static_cast<double>(epoch) +
-         static_cast<double>(steps_in_epoch) / static_cast<double>(steps_per_epoch);
-}
 
 EarlyStoppingCallback::EarlyStoppingCallback(std::string metric, bool greater_is_better, int patience,
                                              double threshold)

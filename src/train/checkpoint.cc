@@ -113,7 +113,6 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   return archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); });
 }
 
-std::string machine_optimizer_file(int machine) { return "optimizer-machine-" + std::to_string(machine) + ".pt"; }
 
 void save_module(const torch::nn::Module& module, const std::string& path) {
   write_file_durably(path, archive_bytes("model", [&](auto& a) { module.save(a); }));
@@ -140,14 +139,9 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& path)
 }
 
 // A sharded checkpoint has no model.pt: `path` naming one in such a directory reads the shards.
-static bool sharded_in_place_of(const std::string& path) {
-  return !fs::exists(path) && fs::path(path).filename() == "model.pt" &&
-         is_sharded_checkpoint(fs::path(path).parent_path().string());
-}
-
 void load_module(torch::nn::Module& module, const std::string& path) {
-  if (sharded_in_place_of(path)) {
-    load_sharded(fs::path(path).parent_path().string(), module, nullptr);
+  if (const auto sharded = CheckpointDir::sharded_in_place_of(path)) {
+    load_sharded(sharded->path(), module, nullptr);
     return;
   }
   if (!fs::exists(path))
@@ -185,8 +179,8 @@ void flatten(torch::serialize::InputArchive& archive, const std::string& prefix,
 
 LoadReport load_matching(torch::nn::Module& module, const std::string& path) {
   std::map<std::string, torch::Tensor> file;
-  if (sharded_in_place_of(path)) {
-    for (auto& [saved, value] : read_sharded_values(fs::path(path).parent_path().string())) file[saved.name] = value;
+  if (const auto sharded = CheckpointDir::sharded_in_place_of(path)) {
+    for (auto& [saved, value] : read_sharded_values(sharded->path())) file[saved.name] = value;
   } else {
     if (!fs::exists(path))
       throw ConfigError("no model file at " + path + ": pass a checkpoint directory lockstep wrote");
@@ -219,61 +213,6 @@ LoadReport load_matching(torch::nn::Module& module, const std::string& path) {
   for (auto& b : module.named_buffers()) take(b.key(), b.value());
   for (const auto& [name, tensor] : file) report.unexpected.push_back(name);
   return report;
-}
-
-std::int64_t checkpoint_step(const std::string& path) {
-  std::string name = fs::path(path).filename().string();
-  if (name.empty()) name = fs::path(path).parent_path().filename().string();
-  const std::string prefix = "checkpoint-";
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
-  std::int64_t step = 0;
-  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
-std::vector<std::string> list_checkpoints(const std::string& output_dir) {
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
-    std::int64_t step = checkpoint_step(entry.path().string());
-    // trainer_state.json is written last; a directory without it is not a checkpoint.
-    if (step >= 0 && entry.is_directory() && fs::exists(entry.path() / "trainer_state.json"))
-      found.emplace_back(step, entry.path().string());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(f.second);
-  return out;
-}
-
-std::string latest_checkpoint(const std::string& output_dir) {
-  auto all = list_checkpoints(output_dir);
-  return all.empty() ? "" : all.back();
-}
-
-std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int limit,
-                                            const std::vector<std::string>& keep) {
-  std::vector<std::string> deleted;
-  if (limit <= 0) return deleted;
-  auto all = list_checkpoints(output_dir);
-  auto kept = [&](const std::string& p) {
-    for (const auto& k : keep)
-      if (!k.empty() && fs::path(k).filename() == fs::path(p).filename()) return true;
-    return false;
-  };
-  std::size_t remaining = all.size();
-  for (const auto& p : all) {
-    if (remaining <= static_cast<std::size_t>(limit)) break;
-    if (kept(p)) continue;
-    fs::remove_all(p);
-    deleted.push_back(p);
-    --remaining;
-  }
-  if (!deleted.empty()) sync_path(output_dir);
-  return deleted;
 }
 
 std::string rng_state_hex() {
@@ -318,15 +257,14 @@ void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
   const fs::path final_dir = dir;
   const fs::path parent = final_dir.parent_path();
   PendingDir tmp(parent / (".tmp-" + final_dir.filename().string() + "-" + std::to_string(::getpid())));
-  save_module(module, (tmp.path() / "model.pt").string());
+  const CheckpointDir pending(tmp.path().string());
+  save_module(module, pending.model());
   if (after_model) after_model();
-  write_file_durably((tmp.path() / "optimizer.pt").string(),
-                     archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); }));
-  for (const auto& f : extra) write_file_durably((tmp.path() / f.name).string(), f.bytes);
-  write_file_durably((tmp.path() / "scheduler.json").string(), scheduler.dump(2));
-  write_file_durably((tmp.path() / "training_args.json").string(), args.dump(2));
-  write_file_durably((tmp.path() / "trainer_state.json").string(),
-                     trainer_state.dump(1));  // last: marks it complete
+  write_file_durably(pending.optimizer(), archive_bytes("optimizer state", [&](auto& a) { optimizer.save(a); }));
+  for (const auto& f : extra) write_file_durably(pending.file(f.name), f.bytes);
+  write_file_durably(pending.scheduler(), scheduler.dump(2));
+  write_file_durably(pending.training_args(), args.dump(2));
+  write_file_durably(pending.trainer_state(), trainer_state.dump(1));  // last: marks it complete
   sync_path(tmp.path().string());
   replace_directory(tmp.path().string(), final_dir.string());  // an older one saved at this step too
   tmp.release();

@@ -79,8 +79,7 @@ CheckpointWriter::Outcome CheckpointWriter::write(Job& job) {
   Outcome out;
   nlohmann::json entry;
   try {
-    entry = write_shard_file((fs::path(job.tmp_dir) / shard_file_name(rank, world)).string(),
-                             job.snapshot.tensors, job.snapshot.pieces);
+    entry = write_shard_file(CheckpointDir(job.tmp_dir).shard(rank, world), job.snapshot.tensors, job.snapshot.pieces);
   } catch (const StorageError& e) {
     out = {e.what(), true, 0};
   } catch (const std::exception& e) {
@@ -103,10 +102,9 @@ CheckpointWriter::Outcome CheckpointWriter::write(Job& job) {
       }
       if (out.error.empty()) {
         if (job.before_commit) job.before_commit();
-        for (const auto& [name, text] : job.files)
-          write_file_durably((fs::path(job.tmp_dir) / name).string(), text);
-        write_file_durably((fs::path(job.tmp_dir) / "index.json").string(),
-                           sharded_index(tensors, shards, job.extra));
+        const CheckpointDir pending(job.tmp_dir);
+        for (const auto& [name, text] : job.files) write_file_durably(pending.file(name), text);
+        write_file_durably(pending.index(), sharded_index(tensors, shards, job.extra));
         sync_path(job.tmp_dir);
         replace_directory(job.tmp_dir, job.final_dir);
         sync_path(fs::path(job.final_dir).parent_path().string());

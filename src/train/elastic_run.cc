@@ -77,21 +77,15 @@ std::string pack_state(Trainer::Impl& t, const data::ElasticSampler& sampler, co
     t.step.optimizer()->save(optimizer_archive);
     optimizer_archive.save_to(optimizer_bytes);
   }
-  const nlohmann::json counters = {{"global_step", t.state.global_step},
-                                   {"epilogue", {t.epilogue.step, t.epilogue.next, t.epilogue.saved}},
-                                   {"should_stop", run.control.should_stop},
-                                   {"best_checkpoint", t.state.best_checkpoint},
-                                   {"improved_since_save", t.checkpoints.improved_since_save()},
-                                   {"log_history", t.state.log_history},
-                                   {"epoch", t.state.epoch},
-                                   {"steps_in_epoch", t.state.steps_in_epoch},
-                                   {"sampler_epoch", sampler.state().epoch},
-                                   {"sampler_position", sampler.state().position},
-                                   {"global_batch", global_batch},
-                                   {"rng", rng_state_hex()},
-                                   {"loss_scale", t.step.loss_scale().to_json()},
-                                   {"best_metric", t.state.best_metric ? nlohmann::json(*t.state.best_metric)
-                                                                       : nlohmann::json()}};
+  nlohmann::json counters = t.state.position_json();
+  counters.update({{"epilogue", {t.epilogue.step, t.epilogue.next, t.epilogue.saved}},
+                   {"should_stop", run.control.should_stop},
+                   {"improved_since_save", t.checkpoints.improved_since_save()},
+                   {"sampler_epoch", sampler.state().epoch},
+                   {"sampler_position", sampler.state().position},
+                   {"global_batch", global_batch},
+                   {"rng", rng_state_hex()},
+                   {"loss_scale", t.step.loss_scale().to_json()}});
   auto binary = [](const std::ostringstream& out) {
     const std::string bytes = out.str();
     return nlohmann::json::binary_t(std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
@@ -117,17 +111,12 @@ void unpack_state(Trainer::Impl& t, data::ElasticSampler& sampler, RunProgress& 
     t.step.optimizer()->load(optimizer_archive);
   }
   const nlohmann::json& c = j.at("counters");
-  t.state.global_step = c.at("global_step").get<std::int64_t>();
+  t.state.load_position(c);
   const nlohmann::json& epilogue = c.at("epilogue");
   t.epilogue = StepEpilogue{epilogue.at(0).get<std::int64_t>(), epilogue.at(1).get<int>(), epilogue.at(2).get<bool>()};
   run.control.should_stop = c.at("should_stop").get<bool>();
-  t.state.best_checkpoint = c.at("best_checkpoint").get<std::string>();
   t.checkpoints.set_improved_since_save(c.at("improved_since_save").get<bool>());
-  t.state.log_history = c.at("log_history");
-  t.state.epoch = c.at("epoch").get<std::uint64_t>();
-  t.state.steps_in_epoch = c.at("steps_in_epoch").get<std::int64_t>();
   global_batch = c.at("global_batch").get<std::size_t>();
-  if (!c.at("best_metric").is_null()) t.state.best_metric = c.at("best_metric").get<double>();
   if (take_rng) set_rng_state_hex(c.at("rng").get<std::string>());
   t.step.loss_scale().load_json(c.at("loss_scale"));
   if (global_batch != sampler.global_batch())  // a joiner learns the job's batch only now
@@ -188,11 +177,10 @@ double ElasticRun::sync_state(data::ElasticSampler& sampler, RunProgress& run) {
 
 // The run's length and schedule, from the global batch.
 void ElasticRun::plan(const data::ElasticSampler& sampler) {
-  t_.state.steps_per_epoch = static_cast<std::int64_t>(sampler.steps_per_epoch());
-  t_.state.max_steps = t_.args.max_steps > 0
-                        ? t_.args.max_steps
-                        : static_cast<std::int64_t>(
-                              std::ceil(t_.args.num_train_epochs * static_cast<double>(t_.state.steps_per_epoch)));
+  const auto per_epoch = static_cast<std::int64_t>(sampler.steps_per_epoch());
+  t_.state.set_length(per_epoch, t_.args.max_steps > 0 ? t_.args.max_steps
+                                                       : static_cast<std::int64_t>(std::ceil(
+                                                             t_.args.num_train_epochs * static_cast<double>(per_epoch))));
   t_.schedule = Schedule{t_.args.lr_scheduler_type,
                       warmup_steps_for(t_.args.warmup_steps, t_.args.warmup_ratio, t_.state.max_steps), t_.state.max_steps};
 }
@@ -224,8 +212,7 @@ void ElasticRun::step(data::ElasticSampler& sampler, RunProgress& run) {
   t_.step.run(*loader, StepPlan{share.indices.size(), static_cast<double>(share.step_samples), placeholder},
               run.window);
   sampler.advance();
-  ++t_.state.global_step;
-  ++t_.state.steps_in_epoch;
+  t_.state.finish_step();
   run.samples += static_cast<double>(share.step_samples);
   t_.after_step(sampler.state().position, sampler.dataset_size(), run);
 }
@@ -238,7 +225,7 @@ void ElasticRun::run_steps(data::ElasticSampler& sampler, RunProgress& run) {
   while (t_.state.global_step < t_.state.max_steps && !run.control.should_stop) {
     if (sampler.epoch_done()) {
       sampler.set_epoch(t_.state.epoch);
-      t_.state.steps_in_epoch = 0;
+      t_.state.begin_epoch();
     }
     const auto begin = Clock::now();
     step(sampler, run);
@@ -292,8 +279,7 @@ std::unique_ptr<torch::optim::Optimizer> ElasticRun::recover_sharded(data::Elast
   if (t_.state.global_step + 1 == recovered.steps) {
     run.samples += static_cast<double>(sampler.share(0, t_.world()).step_samples);
     sampler.advance();
-    ++t_.state.global_step;
-    ++t_.state.steps_in_epoch;
+    t_.state.finish_step();
     t_.epilogue = StepEpilogue{t_.state.global_step, StepEpilogue::log, false};  // none of it ran here
   }
   return std::move(recovered.optimizer);
@@ -306,7 +292,7 @@ void ElasticRun::change_membership(data::ElasticSampler& sampler, RunProgress& r
   t_.step.leave_communicator();
   const comm::MembershipChange change = agree_on_membership(*group_, failure);
   t_.comm = &group_->comm();
-  t_.state.membership = static_cast<std::int64_t>(change.epoch);
+  t_.state.set_membership(static_cast<std::int64_t>(change.epoch));
   const auto state_begin = Clock::now();
   // Under ZeRO the whole state waits in the step until it is cut again: a member lost before
   // then leaves it where the next try of the change finds it (a member that holds it all).
@@ -319,7 +305,7 @@ void ElasticRun::change_membership(data::ElasticSampler& sampler, RunProgress& r
   next_membership_check_ = t_.state.global_step + 1;  // every member, joiners too, looks at the same step
   log_change(change, before, std::max<std::int64_t>(0, completed - t_.state.global_step), state_seconds, begin);
   run.window = LogWindow{};
-  run.network_at_window_start = t_.comm->network_stats();
+  run.at_window_start = t_.window_counters();
 }
 
 void ElasticRun::log_change(const comm::MembershipChange& change, int world_before, std::int64_t steps_lost,
@@ -386,7 +372,7 @@ TrainResult ElasticRun::train() {
   data::ElasticSampler& sampler = progress_->sampler;
   RunProgress& run = progress_->run;
   prepare(sampler);
-  t_.state.membership = static_cast<std::int64_t>(group_->epoch());
+  t_.state.set_membership(static_cast<std::int64_t>(group_->epoch()));
   // Starting in a later membership, this worker meets members that run a change's collectives:
   // those of a running job admitting it, or others whose first membership lost a member before
   // its communicator was up.
@@ -411,7 +397,7 @@ TrainResult ElasticRun::train() {
   }
   for (auto& cb : t_.callbacks) cb->on_train_begin(t_.state);
   run.first_step = t_.state.global_step;
-  run.network_at_window_start = t_.comm->network_stats();
+  run.at_window_start = t_.window_counters();
   run_recovering([&] {
     complete_epilogue(sampler, run);
     run_steps(sampler, run);

@@ -119,10 +119,7 @@ void Trainer::Impl::evaluate_during_training(TrainerControl& control) {
   const nlohmann::json m = evaluate();
   const double value = m.at(args.metric_for_best_model).get<double>();
   const bool greater = args.best_is_greater();
-  if (!state.best_metric || (greater ? value > *state.best_metric : value < *state.best_metric)) {
-    state.best_metric = value;
-    checkpoints.set_improved_since_save(true);
-  }
+  if (state.offer_metric(value, greater)) checkpoints.set_improved_since_save(true);
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "eval @ step " << state.global_step << ": loss " << m["eval_loss"].get<double>()
                               << (m.contains("eval_perplexity")

@@ -175,19 +175,16 @@ void TrainingStep::add_pipeline_fields(metrics::StepLog& entry) {
   const double mine[5] = {w.compute, w.wait, w.send, w.reduce, w.span};
   for (int i = 0; i < 5; ++i) rows[std::size_t(prank) * 5 + std::size_t(i)] = mine[i] / steps / replicas;
   run_.comm->allreduce(rows.data(), rows.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  const std::vector<double> analytic = pipeline_->analytic_bubbles();
-  std::vector<double> compute, wait, send, reduce, bubble;
+  std::optional<std::vector<double>>* columns[5] = {&entry.pipeline_compute_seconds, &entry.pipeline_wait_seconds,
+                                                    &entry.pipeline_send_seconds, &entry.pipeline_reduce_seconds,
+                                                    &entry.pipeline_bubble};
+  for (auto* column : columns) column->emplace();
   for (int r = 0; r < p; ++r) {
     const double* row = &rows[std::size_t(r) * 5];
-    compute.push_back(row[0]), wait.push_back(row[1]), send.push_back(row[2]), reduce.push_back(row[3]);
-    bubble.push_back(row[4] > 0 ? 1 - row[0] / row[4] : 0);
+    for (int i = 0; i < 4; ++i) (*columns[i])->push_back(row[i]);
+    entry.pipeline_bubble->push_back(row[4] > 0 ? 1 - row[0] / row[4] : 0);
   }
-  entry.pipeline_compute_seconds = compute;
-  entry.pipeline_wait_seconds = wait;
-  entry.pipeline_send_seconds = send;
-  entry.pipeline_reduce_seconds = reduce;
-  entry.pipeline_bubble = bubble;
-  entry.pipeline_bubble_analytic = analytic;
+  entry.pipeline_bubble_analytic = pipeline_->analytic_bubbles();
   pipeline_window_ = PipelineWindow{};
 }
 

@@ -102,12 +102,6 @@ std::size_t ShardSnapshot::bytes() const {
   return n;
 }
 
-std::string shard_file_name(int rank, int world) {
-  char name[64];
-  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.bin", rank, world);
-  return name;
-}
-
 namespace {
 
 // The parameters of `listed` that `mine` picks, laid end to end, cut in `world`: cut `rank`'s

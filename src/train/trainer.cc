@@ -37,7 +37,7 @@ std::size_t Trainer::Impl::samples_per_step() const {
 }
 
 void Trainer::Impl::log(const nlohmann::json& entry) {
-  state.log_history.push_back(entry);
+  state.record_log(entry);
   reports.record(entry);
   for (auto& cb : callbacks) cb->on_log(state, entry);
 }
@@ -45,11 +45,10 @@ void Trainer::Impl::log(const nlohmann::json& entry) {
 // The run's length and schedule, the optimiser, the outputs, a resume, and the reducer.
 void Trainer::Impl::prepare(data::DistributedSampler& sampler, bool& resumed_mid_epoch) {
   const std::size_t per_step = samples_per_step();
-  state.steps_per_epoch = static_cast<std::int64_t>((sampler.num_samples() + per_step - 1) / per_step);
-  state.max_steps = args.max_steps > 0
-                        ? args.max_steps
-                        : static_cast<std::int64_t>(
-                              std::ceil(args.num_train_epochs * static_cast<double>(state.steps_per_epoch)));
+  const auto per_epoch = static_cast<std::int64_t>((sampler.num_samples() + per_step - 1) / per_step);
+  state.set_length(per_epoch, args.max_steps > 0 ? args.max_steps
+                                                 : static_cast<std::int64_t>(std::ceil(
+                                                       args.num_train_epochs * static_cast<double>(per_epoch))));
   schedule =
       Schedule{args.lr_scheduler_type,
                warmup_steps_for(args.warmup_steps, args.warmup_ratio, state.max_steps), state.max_steps};
@@ -111,10 +110,7 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
         if (evaluation_due(epoch_done)) evaluate_during_training(run.control);
         break;
       case StepEpilogue::end_epoch:
-        if (epoch_done) {
-          ++state.epoch;
-          state.steps_in_epoch = 0;
-        }
+        if (epoch_done) state.finish_epoch();
         break;
       case StepEpilogue::save:
         if (save_due(epoch_done)) {
@@ -139,6 +135,10 @@ void Trainer::Impl::run_epilogue(std::size_t position, std::size_t num_samples, 
   }
 }
 
+WindowCounters Trainer::Impl::window_counters() const {
+  return {comm->network_stats(), data_communicator().busy_seconds(), tensor_comm ? tensor_comm->busy_seconds() : 0};
+}
+
 bool Trainer::Impl::fault(const char* kind, std::int64_t at) const {
   if (!fault_requested(kind, at, rank())) return false;
   if (!elastic) return true;
@@ -156,8 +156,7 @@ void Trainer::Impl::run_epoch(data::DistributedSampler& sampler, RunProgress& ru
     const std::size_t step_samples = std::min(samples_per_step(), num_samples - position);
     step.run(*loader, StepPlan{step_samples, static_cast<double>(step_samples) * data_world(), false}, run.window);
     position += step_samples;
-    ++state.global_step;
-    ++state.steps_in_epoch;
+    state.finish_step();
     run.samples += static_cast<double>(step_samples) * data_world();
     after_step(position, num_samples, run);
   }
@@ -167,7 +166,7 @@ void Trainer::Impl::load_best_model() {
   if (!args.load_best_model_at_end || state.best_checkpoint.empty()) return;
   const std::string best = (fs::path(args.output_dir) / state.best_checkpoint).string();
   WholeParameters whole(*this, true);
-  load_module(*model.module, (fs::path(best) / "model.pt").string());
+  load_module(*model.module, CheckpointDir(best).model());
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "loaded the best model, " << state.best_checkpoint << " ("
                               << args.metric_for_best_model << " " << state.best_metric.value_or(0) << ")";
@@ -268,7 +267,7 @@ TrainResult Trainer::Impl::train() {
   if (auto record = checkpoints.take_resume_record()) reports.record(*record);
   for (auto& cb : callbacks) cb->on_train_begin(state);
   run.first_step = state.global_step;
-  run.network_at_window_start = comm->network_stats();
+  run.at_window_start = window_counters();
   if (args.cuda_graphs) step.begin_cuda_graphs();
   while (state.global_step < state.max_steps && !run.control.should_stop) {
     if (!resumed_mid_epoch) {

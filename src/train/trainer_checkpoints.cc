@@ -67,7 +67,7 @@ std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
       std::string bytes((std::size_t(n) + 3) / 4 * 4, '\0');
       t.comm->recv(bytes.data(), bytes.size() / 4, comm::DType::i32, first_rank[std::size_t(m)], kTag)->wait();
       bytes.resize(std::size_t(n));
-      files.push_back({machine_optimizer_file(m), std::move(bytes)});
+      files.push_back({CheckpointDir::machine_optimizer_name(m), std::move(bytes)});
     }
   }
   return files;
@@ -76,7 +76,7 @@ std::vector<CheckpointFile> machine_optimizer_files(Trainer::Impl& t) {
 // The files beside the usual ones: local SGD's outer momentum and the other machines' states.
 std::vector<CheckpointFile> extra_files(Trainer::Impl& t) {
   std::vector<CheckpointFile> files = machine_optimizer_files(t);
-  if (t.step.outer() && t.rank() == 0) files.push_back({kOuterOptimizerFile, optimizer_bytes(t.step.outer()->outer())});
+  if (t.step.outer() && t.rank() == 0) files.push_back({CheckpointDir::kOuterOptimizer, optimizer_bytes(t.step.outer()->outer())});
   return files;
 }
 
@@ -127,22 +127,14 @@ TrainerCheckpoints::RankStates TrainerCheckpoints::gather_rank_states() const {
 }
 
 nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_position, const RankStates& ranks) const {
-  const TrainerState& s = t_.state;
-  nlohmann::json j = {{"global_step", s.global_step},
-          {"max_steps", s.max_steps},
-          {"epoch", s.epoch},
-          {"steps_in_epoch", s.steps_in_epoch},
-          {"fractional_epoch", s.fractional_epoch()},
-          {"sampler_position", sampler_position},
-          {"sampler_offset", sampler_offset_},
-          {"world_size", t_.world()},
-          {"data_world_size", t_.data_world()},
-          {"pipeline_parallel", t_.args.pipeline_parallel},
-          {"seed", t_.args.seed},
-          {"rng_states", ranks.rngs},
-          {"best_metric", s.best_metric ? nlohmann::json(*s.best_metric) : nlohmann::json()},
-          {"best_checkpoint", s.best_checkpoint},
-          {"log_history", s.log_history}};
+  nlohmann::json j = t_.state.position_json();
+  j.update({{"sampler_position", sampler_position},
+            {"sampler_offset", sampler_offset_},
+            {"world_size", t_.world()},
+            {"data_world_size", t_.data_world()},
+            {"pipeline_parallel", t_.args.pipeline_parallel},
+            {"seed", t_.args.seed},
+            {"rng_states", ranks.rngs}});
   if (t_.args.fp16) {
     j["loss_scale"] = ranks.loss_scales.at(0);
     // Local SGD: each machine skips its own overflowed steps and keeps its own scale (elsewhere
@@ -155,7 +147,7 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
 std::string TrainerCheckpoints::name_this_step() {
   const std::string name = "checkpoint-" + std::to_string(t_.state.global_step);
   if (improved_since_save_) {
-    t_.state.best_checkpoint = name;
+    t_.state.set_best_checkpoint(name);
     improved_since_save_ = false;
   }
   return name;
@@ -297,9 +289,9 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
                {"world_size", t.world()},
                {"pipeline_parallel", t.args.pipeline_parallel},
                {"zero_stage", t.step.zero() ? t.zero_plan.stage : 0}};
-  job.files = {{"trainer_state.json", trainer_state.dump(2)},
-               {"scheduler.json", scheduler_json(t).dump(2)},
-               {"training_args.json", t.args.to_json().dump(2)}};
+  job.files = {{CheckpointDir::kTrainerState, trainer_state.dump(2)},
+               {CheckpointDir::kScheduler, scheduler_json(t).dump(2)},
+               {CheckpointDir::kTrainingArgs, t.args.to_json().dump(2)}};
   job.before_commit = [die = t.fault("kill-during-save", t.state.global_step)] {
     if (die) std::raise(SIGKILL);
   };
@@ -341,7 +333,7 @@ std::string TrainerCheckpoints::resume_target() const {
   const std::string& r = t_.args.resume_from_checkpoint;
   if (r == "latest" || (r.empty() && restart_count_from_env() > 0)) return latest_checkpoint(t_.args.output_dir);
   if (r.empty()) return "";
-  if (!fs::exists(fs::path(r) / "trainer_state.json"))
+  if (!CheckpointDir(r).complete())
     throw ConfigError(
         "--resume-from-checkpoint " + r +
         " is not a checkpoint directory (no trainer_state.json); pass a checkpoint-<step> directory "
@@ -355,12 +347,12 @@ std::string TrainerCheckpoints::resume_target() const {
 void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
   Model& model = t_.model;
   TrainingStep& step = t_.step;
-  if (is_sharded_checkpoint(dir)) {
+  if (CheckpointDir(dir).sharded()) {
     load_sharded(dir, *model.module, nullptr);
     load_sharded(dir, *step.stage_module(), step.optimizer(), /*part=*/true);
     return;
   }
-  load_module(*model.module, (fs::path(dir) / "model.pt").string());
+  load_module(*model.module, CheckpointDir(dir).model());
   auto whole = step.make_optimizer(model.module->parameters());
   load_optimizer(*whole, optimizer_path(dir));
   for (const auto& p : step.pipeline()->parameters()) {
@@ -375,7 +367,8 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
   Model& model = t_.model;
   TrainingStep& step = t_.step;
   if (step.pipeline()) return load_pipeline_rank(dir);
-  if (step.stage3() && is_sharded_checkpoint(dir)) {  // only this rank's slices are read
+  const CheckpointDir checkpoint(dir);
+  if (step.stage3() && checkpoint.sharded()) {  // only this rank's slices are read
     load_sharded_slices(dir, *model.module, *step.zero());
     return;
   }
@@ -383,10 +376,10 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (step.zero()) whole = step.make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = step.zero() ? *whole : *step.optimizer();
-  if (is_sharded_checkpoint(dir)) {
+  if (checkpoint.sharded()) {
     load_sharded(dir, *model.module, &target);
   } else {
-    load_module(*model.module, (fs::path(dir) / "model.pt").string());
+    load_module(*model.module, checkpoint.model());
     load_optimizer(target, optimizer_path(dir));
   }
   if (step.zero()) step.zero()->load_consolidated(*whole);
@@ -396,14 +389,14 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
 // Local SGD: a machine's own optimizer state when the checkpoint has it (a checkpoint saved
 // with fewer machines, or without --sync-every, gives every machine machine 0's).
 std::string TrainerCheckpoints::optimizer_path(const std::string& dir) const {
-  const fs::path common = fs::path(dir) / "optimizer.pt";
+  const CheckpointDir checkpoint(dir);
   const int machine = t_.step.outer() ? t_.comm->machine_of()[std::size_t(t_.rank())] : 0;
-  if (machine == 0) return common.string();
-  const fs::path own = fs::path(dir) / machine_optimizer_file(machine);
-  if (fs::exists(own)) return own.string();
-  LOCKSTEP_LOG(info, train) << dir << " holds no " << own.filename().string() << ": rank " << t_.rank()
-                            << " (machine " << machine << ") starts from machine 0's optimizer state";
-  return common.string();
+  if (machine == 0) return checkpoint.optimizer();
+  const std::string own = checkpoint.machine_optimizer(machine);
+  if (fs::exists(own)) return own;
+  LOCKSTEP_LOG(info, train) << dir << " holds no " << CheckpointDir::machine_optimizer_name(machine) << ": rank "
+                            << t_.rank() << " (machine " << machine << ") starts from machine 0's optimizer state";
+  return checkpoint.optimizer();
 }
 
 // Local SGD: every rank loaded the same parameters, the new anchor; the outer momentum comes
@@ -411,28 +404,14 @@ std::string TrainerCheckpoints::optimizer_path(const std::string& dir) const {
 void TrainerCheckpoints::resume_outer(const std::string& dir) {
   OuterOptimizer& outer = *t_.step.outer();
   outer.restart_from_parameters();
-  const fs::path path = fs::path(dir) / kOuterOptimizerFile;
+  const std::string path = CheckpointDir(dir).outer_optimizer();
   if (fs::exists(path)) {
-    load_optimizer(outer.outer(), path.string());
+    load_optimizer(outer.outer(), path);
   } else if (t_.args.outer_momentum > 0 && t_.rank() == 0) {
-    LOCKSTEP_LOG(info, train) << dir << " holds no " << kOuterOptimizerFile
+    LOCKSTEP_LOG(info, train) << dir << " holds no " << CheckpointDir::kOuterOptimizer
                               << " (saved without --sync-every): the outer momentum starts from zero";
   }
 }
-
-namespace {
-
-// The trainer state's counters from a checkpoint's trainer_state.json.
-void read_counters(const nlohmann::json& s, TrainerState& state) {
-  state.global_step = s.at("global_step").get<std::int64_t>();
-  state.epoch = s.at("epoch").get<std::uint64_t>();
-  state.steps_in_epoch = s.at("steps_in_epoch").get<std::int64_t>();
-  if (s.contains("best_metric") && !s["best_metric"].is_null()) state.best_metric = s["best_metric"].get<double>();
-  state.best_checkpoint = s.value("best_checkpoint", "");
-  state.log_history = s.value("log_history", nlohmann::json::array());
-}
-
-}  // namespace
 
 // This rank's own scale when the checkpoint has one per rank (local SGD, the same world), else
 // the job's. A checkpoint of a run without --fp16 has none: the scale starts afresh.
@@ -445,14 +424,14 @@ void TrainerCheckpoints::restore_loss_scale(const nlohmann::json& state, int sav
 
 void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler& sampler) {
   const auto begin = Clock::now();
-  const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  const std::string state_path = CheckpointDir(dir).trainer_state();
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
   load_state(dir);
   TrainerState& state = t_.state;
   int saved_world = 0, saved_pipeline = 1;
   bool same_layout = false;
   try {
-    read_counters(s, state);
+    state.load_position(s);
     saved_world = s.at("world_size").get<int>();
     if (t_.args.fp16) restore_loss_scale(s, saved_world);
     const data::SamplerState saved{state.epoch, s.at("sampler_position").get<std::size_t>(),
@@ -483,7 +462,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
                                 << t_.data_world() << "; each rank's RNG stream starts afresh";
     torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.data_rank()));
   }
-  record(dir, "resume", is_sharded_checkpoint(dir), false, seconds_between(begin, Clock::now()), 0, saved_world);
+  record(dir, "resume", CheckpointDir(dir).sharded(), false, seconds_between(begin, Clock::now()), 0, saved_world);
   if (t_.rank() == 0)
     LOCKSTEP_LOG(info, train) << "resumed from " << dir << " at step " << state.global_step << " (epoch "
                               << state.epoch << ", " << state.steps_in_epoch << " steps into it)";

@@ -61,6 +61,13 @@ namespace lockstep::train {
 
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
+// This rank's counters that a logging window reports the change of: what it sent over the network,
+// and how long its data and tensor groups' collectives ran (Communicator::busy_seconds).
+struct WindowCounters {
+  comm::NetworkStats network;
+  double data_busy = 0, tensor_busy = 0;
+};
+
 // What one call of train() carries from step to step.
 struct RunProgress {
   Clock::time_point start = Clock::now();
@@ -68,7 +75,7 @@ struct RunProgress {
   TrainerControl control;
   LogWindow window;
   double loss_sum = 0, loss_count = 0, samples = 0;  // the whole run, all ranks
-  comm::NetworkStats network_at_window_start;        // this rank's, to log each window's share
+  WindowCounters at_window_start;                    // this rank's, to log each window's share
   std::optional<int> straggler;                      // named in the last window, if any
   std::int64_t overflows_at_window_start = 0;        // --fp16: the loss scale's overflows before the window
 };
@@ -148,6 +155,7 @@ struct Trainer::Impl {
   // made when T > 1; the replicas of a parameter reduce over the data group, else every rank.
   std::unique_ptr<comm::Communicator> tensor_comm, data_comm;
   comm::Communicator& data_communicator() const { return data_comm ? *data_comm : *comm; }
+  WindowCounters window_counters() const;
   void split_model();            // collective: the groups made, the model split, its loss set
   void check_tensor_replicas();  // collective: each shard's replicas agree
   // Samples one rank takes per optimiser step.

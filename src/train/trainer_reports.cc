@@ -209,17 +209,45 @@ void TrainerReports::show_progress(double loss, const std::string& rate, double 
   }
 }
 
+namespace {
+
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (const double v : values) sum += v;
+  return values.empty() ? 0 : sum / static_cast<double>(values.size());
+}
+
+// Collective: each parallel dimension's communication per step, averaged over ranks. Tensor
+// parallelism: how long the data and tensor groups' collectives ran over the window (an
+// evaluation's gathers fall in the window after it). A pipeline: its own per-rank fields.
+void add_dimension_fields(Trainer::Impl& t, metrics::StepLog& entry, const WindowCounters& start,
+                          const WindowCounters& now, double steps) {
+  if (t.tensor_comm) {
+    double busy[2] = {(now.data_busy - start.data_busy) / steps, (now.tensor_busy - start.tensor_busy) / steps};
+    t.comm->allreduce(busy, 2, comm::DType::f64, comm::ReduceOp::sum)->wait();
+    entry.data_comm_seconds = busy[0] / t.world();
+    entry.tensor_comm_seconds = busy[1] / t.world();
+  }
+  if (entry.pipeline_send_seconds && entry.pipeline_reduce_seconds) {
+    entry.data_comm_seconds = mean(*entry.pipeline_reduce_seconds);
+    entry.pipeline_comm_seconds = mean(*entry.pipeline_send_seconds);
+  }
+}
+
+}  // namespace
+
 // Collective: the window's numbers averaged over ranks, as one metrics.jsonl line.
 void TrainerReports::log_window(RunProgress& run) {
   const TrainingArguments& args = run_.args;
   const TrainerState& state = run_.state;
   const double steps = static_cast<double>(std::max<std::int64_t>(1, run.window.steps()));
   metrics::StepLog entry = run.window.summarise(*run_.comm, /*find_straggler=*/!run_.step.pipeline());
-  const comm::NetworkStats network = run_.comm->network_stats();
-  if (network.bytes_sent > run.network_at_window_start.bytes_sent) {
+  const WindowCounters now = run_.window_counters();
+  const comm::NetworkStats& network = now.network;
+  if (network.bytes_sent > run.at_window_start.network.bytes_sent) {
     entry.network_bytes_per_step =
-        static_cast<double>(network.bytes_sent - run.network_at_window_start.bytes_sent) / steps;
-    entry.network_seconds_per_step = (network.seconds - run.network_at_window_start.seconds) / steps;
+        static_cast<double>(network.bytes_sent - run.at_window_start.network.bytes_sent) / steps;
+    entry.network_seconds_per_step = (network.seconds - run.at_window_start.network.seconds) / steps;
   }
   entry.step = state.global_step;
   entry.epoch = state.fractional_epoch();
@@ -231,6 +259,7 @@ void TrainerReports::log_window(RunProgress& run) {
   if (run_.step.stage3())
     entry.zero_gathered_high_water_bytes = static_cast<double>(run_.step.zero()->memory().gathered_high_water);
   if (run_.step.pipeline()) run_.step.add_pipeline_fields(entry);
+  add_dimension_fields(run_, entry, run.at_window_start, now, steps);
   if (tensor_memory_tracked()) entry.step_tensor_bytes = run.window.step_tensor_bytes();
   if (flops_.per_sample) {
     entry.model_flops_per_second = *flops_.per_sample * entry.samples_per_second;
@@ -262,7 +291,7 @@ void TrainerReports::log_window(RunProgress& run) {
   show_progress(entry.loss, rate_text(entry.samples_per_second, entry.tokens_per_second.value_or(0)),
                 entry.exposed_comm_fraction, run);
   run.window = LogWindow{};
-  run.network_at_window_start = run_.comm->network_stats();
+  run.at_window_start = run_.window_counters();
 }
 
 }  // namespace lockstep::train

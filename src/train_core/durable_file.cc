@@ -14,42 +14,52 @@
 #include "lockstep/error.h"
 
 namespace lockstep::train {
+
+OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_write_error(path_, errno);
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::size_t OutputFile::write_some(const void* data, std::size_t bytes) {
+  for (;;) {
+    const ssize_t n = ::write(fd_, data, bytes);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EINTR) throw_write_error(path_, errno);
+  }
+}
+
+void OutputFile::sync_and_close(bool drop_from_cache) {
+  if (::fsync(fd_) != 0) throw_write_error(path_, errno);
+  if (drop_from_cache) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);  // clean now: only advice
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw_write_error(path_, errno);
+}
+
 namespace {
 
-// Closes the descriptor and, unless released, removes the temporary file.
+// Removes the temporary file unless it was kept (renamed into place).
 class TempFile {
  public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_write_error(path_, errno);
-  }
+  explicit TempFile(std::string path) : file_(std::move(path)) {}
   ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!kept_) ::unlink(path_.c_str());
+    if (!kept_) ::unlink(file_.path().c_str());
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
   void write_all(std::string_view bytes) {
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_write_error(path_, errno);
-      done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd_) != 0) throw_write_error(path_, errno);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      throw_write_error(path_, errno);
-    }
-    fd_ = -1;
+    for (std::size_t done = 0; done < bytes.size();) done += file_.write_some(bytes.data() + done, bytes.size() - done);
+    file_.sync_and_close();
   }
   void keep() { kept_ = true; }
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  OutputFile file_;
   bool kept_ = false;
 };
 

@@ -1,6 +1,8 @@
 // Sharded checkpoint files (see sharded_checkpoint.h and docs/checkpoint-format.md).
 #include "lockstep/train_core/shard_files.h"
 
+#include "lockstep/train_core/checkpoint_dir.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -159,38 +161,21 @@ class MappedFile {
 // count against the job, which then thrashes or is killed while it saves.
 class ShardOut {
  public:
-  explicit ShardOut(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_write_error(path_, errno);
-  }
-  ~ShardOut() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ShardOut(const ShardOut&) = delete;
-  ShardOut& operator=(const ShardOut&) = delete;
+  explicit ShardOut(std::string path) : file_(std::move(path)) {}
 
   std::uint64_t write(const void* data, std::size_t bytes) {
     const std::uint64_t at = written_;
     const auto* p = static_cast<const unsigned char*>(data);
     for (std::size_t done = 0; done < bytes;) {
-      const std::size_t chunk = std::min<std::size_t>(bytes - done, kFlushBytes);
-      ssize_t n = ::write(fd_, p + done, chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_write_error(path_, errno);
-      crc_ = crc32c_update(crc_, p + done, static_cast<std::size_t>(n));
-      done += static_cast<std::size_t>(n);
-      written_ += static_cast<std::size_t>(n);
+      const std::size_t n = file_.write_some(p + done, std::min<std::size_t>(bytes - done, kFlushBytes));
+      crc_ = crc32c_update(crc_, p + done, n);
+      done += n;
+      written_ += n;
       if (written_ - flushed_ >= kFlushBytes) flush_written();
     }
     return at;
   }
-  void finish() {
-    if (::fsync(fd_) != 0) throw_write_error(path_, errno);
-    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);  // clean now: only advice, nothing to check
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw_write_error(path_, errno);
-  }
+  void finish() { file_.sync_and_close(/*drop_from_cache=*/true); }
   std::uint64_t size() const { return written_; }
   std::uint32_t crc() const { return crc_; }
 
@@ -199,15 +184,14 @@ class ShardOut {
 
   void flush_written() {
     const auto from = static_cast<off_t>(flushed_), length = static_cast<off_t>(written_ - flushed_);
-    if (::sync_file_range(fd_, from, length,
+    if (::sync_file_range(file_.fd(), from, length,
                           SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-      throw_write_error(path_, errno);
-    ::posix_fadvise(fd_, from, length, POSIX_FADV_DONTNEED);
+      throw_write_error(file_.path(), errno);
+    ::posix_fadvise(file_.fd(), from, length, POSIX_FADV_DONTNEED);
     flushed_ = written_;
   }
 
-  std::string path_;
-  int fd_ = -1;
+  OutputFile file_;
   std::uint64_t written_ = 0, flushed_ = 0;
   std::uint32_t crc_ = 0;
 };
@@ -264,10 +248,6 @@ std::string sharded_index(const std::vector<CheckpointTensor>& tensors,
   return index.dump(1);
 }
 
-bool is_sharded_checkpoint(const std::string& dir) {
-  return fs::exists(fs::path(dir) / "index.json");
-}
-
 namespace {
 
 // What an index may claim, checked before anything is read through it: a reader trusts no number
@@ -307,7 +287,7 @@ void check_format(const nlohmann::json& index, const std::string& path) {
 }  // namespace
 
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir) : dir_(dir) {
-  const std::string path = (fs::path(dir) / "index.json").string();
+  const std::string path = CheckpointDir(dir).index();
   const nlohmann::json index = read_json_file(path, "the index of a sharded checkpoint");
   check_format(index, path);
   try {

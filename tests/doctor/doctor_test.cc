@@ -596,3 +596,24 @@ TEST(Report, APipelinedRunGetsARowPerPipelineRank) {
   run.logs[1].pipeline_bubble.reset();
   EXPECT_EQ(render_html(run).find("id='pipeline'"), std::string::npos) << "an unpipelined run has no such table";
 }
+
+// A run split two ways: a row per dimension it has, its time per step and share of the step,
+// averaged over the windows that logged it.
+TEST(Report, ARunSplitSeveralWaysGetsARowPerDimension) {
+  RunData run;
+  run.dir = "/tmp/tensor-parallel";
+  for (double tensor : {0.010, 0.030}) {
+    lockstep::train::metrics::StepLog e;
+    e.step_seconds = 0.1;
+    e.tensor_comm_seconds = tensor;
+    e.data_comm_seconds = 0.005;
+    run.logs.push_back(e);
+  }
+  const std::string page = render_html(run);
+  EXPECT_NE(page.find("<tr data-dimension='tensor'><td>tensor</td><td>20.0</td><td>20.0</td>"), std::string::npos)
+      << page;
+  EXPECT_NE(page.find("<tr data-dimension='data'><td>data</td><td>5.0</td><td>5.0</td>"), std::string::npos);
+  EXPECT_EQ(page.find("data-dimension='pipeline'"), std::string::npos) << "no pipeline, no row";
+  for (auto& e : run.logs) e.tensor_comm_seconds.reset(), e.data_comm_seconds.reset();
+  EXPECT_EQ(render_html(run).find("id='dimensions'"), std::string::npos) << "a run split one way has no such table";
+}

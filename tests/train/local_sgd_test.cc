@@ -209,8 +209,9 @@ TEST(LocalSgd, AResumedRunEndsBitwiseWhereTheUninterruptedOneEnds) {
   args.save_steps = 4;
   args.max_steps = 4;
   train_two_machines(args, 4);
-  ASSERT_TRUE(fs::exists(fs::path(halves_dir.path()) / "checkpoint-4" / kOuterOptimizerFile));
-  ASSERT_TRUE(fs::exists(fs::path(halves_dir.path()) / "checkpoint-4" / machine_optimizer_file(1)));
+  const CheckpointDir saved((fs::path(halves_dir.path()) / "checkpoint-4").string());
+  ASSERT_TRUE(fs::exists(saved.outer_optimizer()));
+  ASSERT_TRUE(fs::exists(saved.machine_optimizer(1)));
   args.max_steps = 8;
   args.resume_from_checkpoint = (fs::path(halves_dir.path()) / "checkpoint-4").string();
   const Runs resumed = train_two_machines(args, 8);

@@ -58,6 +58,17 @@ double tokens_per_sample(const TempDir& out) {
   return ratio;
 }
 
+// The last log window's `key`, or -1 when it has none.
+double last_logged(const TempDir& out, const std::string& key) {
+  std::ifstream in(out / "metrics.jsonl");
+  double value = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "log") value = j.contains(key) ? j[key].get<double>() : -1;
+  }
+  return value;
+}
+
 double eval_loss(const TempDir& out) {
   std::ifstream in(out / "eval_results.json");
   return nlohmann::json::parse(in).at("eval_loss").get<double>();
@@ -86,6 +97,10 @@ TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
       << both;
   expect_same_training(eval_loss(four), eval_loss(ddp), "2 data x 2 tensor ranks against DDP on 2");
   for (const TempDir* run : {&one, &two, &sequence, &four}) EXPECT_NEAR(tokens_per_sample(*run), 16, 1e-6) << run->path();
+  // Each dimension's communication: the tensor groups' collectives and the data groups' reduction.
+  EXPECT_GT(last_logged(four, "tensor_comm_seconds"), 0);
+  EXPECT_GT(last_logged(four, "data_comm_seconds"), 0);
+  EXPECT_EQ(last_logged(ddp, "tensor_comm_seconds"), -1) << "a run split one way logs no dimensions";
   EXPECT_GT(std::abs(eval_loss(ddp) - eval_loss(one)) / eval_loss(one), 1e-3)
       << "two data ranks see other samples than one: the comparison above is not vacuous";
 }

@@ -553,26 +553,6 @@ TEST(Checkpoint, AModuleLoadsOnlyIntoTheSameShapesAndSaysWhichParameterDiffers) 
   EXPECT_THROW(load_module(*same, dir + "/missing.pt"), ConfigError);
 }
 
-TEST(Checkpoint, RotationKeepsTheLatestAndTheBestAndIgnoresPartialDirectories) {
-  lockstep::testing::TempDir temp("rotation");
-  const std::string dir = temp.path();
-  for (int step : {10, 20, 30, 40, 50}) {
-    fs::create_directories(dir + "/checkpoint-" + std::to_string(step));
-    std::ofstream(dir + "/checkpoint-" + std::to_string(step) + "/trainer_state.json") << "{}";
-  }
-  fs::create_directories(dir + "/checkpoint-60");         // no trainer_state.json: incomplete
-  fs::create_directories(dir + "/.tmp-checkpoint-70-1");  // a save that was killed
-  EXPECT_EQ(latest_checkpoint(dir), dir + "/checkpoint-50");
-  auto deleted = rotate_checkpoints(dir, 2, {dir + "/checkpoint-50", dir + "/checkpoint-20"});
-  EXPECT_EQ(deleted.size(), 3u);
-  auto left = list_checkpoints(dir);
-  ASSERT_EQ(left.size(), 2u);
-  EXPECT_EQ(fs::path(left[0]).filename(), "checkpoint-20");
-  EXPECT_EQ(fs::path(left[1]).filename(), "checkpoint-50");
-  EXPECT_EQ(checkpoint_step(dir + "/checkpoint-123"), 123);
-  EXPECT_EQ(checkpoint_step(dir + "/checkpoint-12a"), -1);
-}
-
 // ----- whole runs of the example under the launcher -----------------------------------------
 
 namespace {

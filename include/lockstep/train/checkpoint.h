@@ -1,13 +1,7 @@
-// Checkpoints: a directory OUTPUT_DIR/checkpoint-<step>/ holding
-//   model.pt            the plain module's parameters and buffers (torch::save format, no wrapper
-//                       prefix: torch::load(net, ".../model.pt") works in any libtorch program)
-//   optimizer.pt        torch::save of the optimiser (moments, momentum buffers, step counts)
-//   scheduler.json      the learning-rate schedule and the step it is at
-//   trainer_state.json  global step, epoch, sampler position, every rank's RNG state, best
-//                       metric and checkpoint, log history
-//   training_args.json  the arguments of the run that wrote it
-//   outer_optimizer.pt  local SGD (--sync-every above 1) only: the outer step's momentum, and
-//   optimizer-machine-<m>.pt  machine m's own optimizer state (machine 0's is optimizer.pt)
+// Consolidated checkpoints: what one process writes and reads of a checkpoint directory
+// (checkpoint_dir.h says what the directory holds), and the torch state in them: model.pt, the
+// plain module's parameters and buffers (torch::save format, no wrapper prefix: torch::load(net,
+// ".../model.pt") works in any libtorch program), optimizer.pt, the RNG state.
 // Rank 0 writes it into OUTPUT_DIR/.tmp-checkpoint-<step>-<pid>/, flushes every file to disk,
 // and renames the directory into place, so a checkpoint-<step>/ directory is always complete:
 // a process killed mid-write leaves only a .tmp-* directory, which readers ignore and the next
@@ -23,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "lockstep/train_core/checkpoint_dir.h"
 
 namespace lockstep::train {
 
@@ -45,17 +41,7 @@ struct LoadReport {
 };
 LoadReport load_matching(torch::nn::Module& module, const std::string& path);
 
-// The complete checkpoint directories under output_dir, oldest (lowest step) first.
-std::vector<std::string> list_checkpoints(const std::string& output_dir);
-// The newest of them, or "" when there is none.
-std::string latest_checkpoint(const std::string& output_dir);
-// The step in a "checkpoint-<step>" name, or -1.
-std::int64_t checkpoint_step(const std::string& path);
 
-// Deletes the oldest checkpoints until at most `limit` remain (0: no limit), never the ones
-// named in `keep` (the latest and the best). Returns the paths deleted.
-std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int limit,
-                                            const std::vector<std::string>& keep);
 
 // Writes checkpoint directory `dir` atomically: model.pt, optimizer.pt, scheduler.json,
 // training_args.json and (last) trainer_state.json go into a .tmp- sibling that is flushed and
@@ -64,8 +50,6 @@ std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int l
 struct CheckpointFile {
   std::string name, bytes;
 };
-inline constexpr const char* kOuterOptimizerFile = "outer_optimizer.pt";
-std::string machine_optimizer_file(int machine);  // "optimizer-machine-<m>.pt"
 void write_checkpoint(const std::string& dir, const torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer, const nlohmann::json& scheduler,
                       const nlohmann::json& args, const nlohmann::json& trainer_state,

@@ -8,7 +8,7 @@
 // element once, no rank gathering anything. Under ZeRO a rank writes the slices it owns.
 //
 //   auto snapshot = snapshot_replicated(module, optimizer, rank, world);   // or snapshot_zero
-//   write_shard_file(dir + "/" + shard_file_name(rank, world), snapshot.tensors, snapshot.pieces);
+//   write_shard_file(CheckpointDir(dir).shard(rank, world), snapshot.tensors, snapshot.pieces);
 //   ...
 //   load_sharded(dir, module, &optimizer);   // any world size: the whole state on this rank
 #pragma once
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/ddp/zero.h"
+#include "lockstep/train_core/checkpoint_dir.h"
 #include "lockstep/train_core/shard_files.h"
 
 namespace lockstep::train {
@@ -36,8 +37,6 @@ struct ShardSnapshot {
   nlohmann::json optimizer;  // {"kind": "adamw", "step": N, "state": ["exp_avg", "exp_avg_sq"]}
   std::size_t bytes() const;
 };
-
-std::string shard_file_name(int rank, int world);  // "shard-00003-of-00008.bin"
 
 // DDP (or one process): the r-th of `world` cuts of every trainable parameter's values and the
 // optimizer's state for them, and (rank 0) the buffers.

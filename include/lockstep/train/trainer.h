@@ -134,6 +134,9 @@ struct Model {
   }
 };
 
+// The run's position. Callbacks read it; the Trainer changes it only through the named
+// operations below, and saves and restores it (a checkpoint's trainer_state.json, an elastic
+// job's state transfer) through position_json / load_position alone.
 struct TrainerState {
   std::int64_t global_step = 0;  // optimiser steps done
   std::int64_t max_steps = 0;    // the run's length in steps
@@ -145,6 +148,21 @@ struct TrainerState {
   std::string best_checkpoint;  // directory name, e.g. "checkpoint-400"
   nlohmann::json log_history = nlohmann::json::array();
   double fractional_epoch() const;
+
+  void set_length(std::int64_t steps_per_epoch, std::int64_t max_steps);
+  void finish_step();   // one optimiser step more, in this epoch
+  void finish_epoch();  // the next epoch begins
+  void begin_epoch();   // the epoch in `epoch` starts (no step of it done)
+  void record_log(const nlohmann::json& entry);
+  // Whether `value` beats the best metric so far (then it becomes the best).
+  bool offer_metric(double value, bool greater_is_better);
+  void set_best_checkpoint(std::string name);
+  void set_membership(std::int64_t membership);
+  // The position as JSON: the counters, the best metric and checkpoint, the log history (and, for
+  // readers, max_steps and the fractional epoch). load_position reads what position_json wrote;
+  // a missing counter is nlohmann::json's exception, which the caller names the file for.
+  nlohmann::json position_json() const;
+  void load_position(const nlohmann::json& position);
 };
 
 // Set by callbacks to change the course of training.

@@ -113,6 +113,12 @@
   X(std::optional<std::vector<double>>, pipeline_wait_seconds, "... per step, waiting for a stage's transfer")  \
   X(std::optional<std::vector<double>>, pipeline_send_seconds, "... per step, handing transfers to the network") \
   X(std::optional<std::vector<double>>, pipeline_reduce_seconds, "... per step, waiting for the replicas' gradient reduction") \
+  X(std::optional<double>, data_comm_seconds,                                                                 \
+    "per parallel dimension (tensor parallelism or a pipeline), its communication per step averaged over "     \
+    "ranks: the data dimension's (tensor parallelism: the data group's collectives, overlapped or not; a "    \
+    "pipeline: the mean of pipeline_reduce_seconds)")                                                         \
+  X(std::optional<double>, tensor_comm_seconds, "... the tensor groups' collectives, all on the step's path") \
+  X(std::optional<double>, pipeline_comm_seconds, "... the pipeline's transfers: the mean of pipeline_send_seconds") \
   X(std::optional<int>, straggler_rank, "the rank the others waited for over the window, when one stood out") \
   X(std::optional<std::string>, straggler, "... why: its data loading or its compute, and by how much")
 

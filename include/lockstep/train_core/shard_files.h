@@ -8,7 +8,7 @@
 // as "exp_avg" and "exp_avg_sq"). Every element of every tensor is in exactly one piece of one
 // shard; which rank wrote which range does not matter to a reader.
 //
-// Files in the checkpoint directory (format in docs/checkpoint-format.md):
+// Files in the checkpoint directory (checkpoint_dir.h names them; format in docs/checkpoint-format.md):
 //   shard-<r>-of-<W>.bin   the arrays, raw, little-endian, one after the other
 //   index.json             the tensors, every shard's pieces with the byte offset of each array,
 //                          each file's size and CRC-32C, and what the caller adds (optimizer kind,
@@ -57,9 +57,6 @@ nlohmann::json write_shard_file(const std::string& path, const std::vector<Check
 // index.json's text: the tensors, the shards' entries (in rank order) and `extra` (kept as is).
 std::string sharded_index(const std::vector<CheckpointTensor>& tensors,
                           const std::vector<nlohmann::json>& shards, const nlohmann::json& extra);
-
-// Whether `dir` holds a sharded checkpoint (an index.json).
-bool is_sharded_checkpoint(const std::string& dir);
 
 // Reads a sharded checkpoint. Each shard file is mapped (and its CRC-32C checked) the first time a
 // piece of it is needed, and stays mapped while the reader lives.
