@@ -15,40 +15,22 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
+
+#include "shm/block_registry.h"
 
 namespace lockstep::comm::shm {
 
-class MachineBlocks {
+// find() and mapped_by_all() (every rank has mapped block `id`: rank 0 unlinks its name; every
+// rank calls it) come with the registry.
+class MachineBlocks final : public BlockRegistry {
  public:
-  MachineBlocks(std::string segment, int rank);
-  ~MachineBlocks();
-  MachineBlocks(const MachineBlocks&) = delete;
-  MachineBlocks& operator=(const MachineBlocks&) = delete;
+  MachineBlocks(const std::string& segment, int rank);
 
   // The next block (zeros), mapped until the last copy of the pointer goes. SystemError naming
   // the size and /dev/shm's free space when it cannot be made.
   std::shared_ptr<void> allocate(std::size_t bytes);
-
-  struct Place {
-    std::uint64_t id;
-    std::size_t offset;  // bytes from the block's start
-  };
-  // The block holding address p, if any.
-  std::optional<Place> find(const void* p) const;
-  // Every rank has mapped block `id`: rank 0 unlinks its name (every rank calls it; again is a
-  // no-op).
-  void used_by_all(std::uint64_t id);
-
- private:
-  struct State;
-  std::string segment_;
-  int rank_;
-  std::uint64_t next_id_ = 0;
-  std::shared_ptr<State> state_;
 };
 
 }  // namespace lockstep::comm::shm

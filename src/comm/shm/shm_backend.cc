@@ -214,7 +214,7 @@ class ShmBackend final : public LocalBackend {
   bool has_machine_memory() const override { return true; }
   std::shared_ptr<void> allocate_machine_memory(std::size_t bytes) override { return machine_->allocate(bytes); }
   void machine_memory_mapped(const void* block) override {
-    if (const auto place = machine_->find(block)) machine_->used_by_all(place->id);
+    if (const auto place = machine_->find(block)) machine_->mapped_by_all(place->id);
   }
 
   void fenced_machine_write(const Collective& c, const std::function<void()>& write) override {
@@ -406,7 +406,7 @@ class ShmBackend final : public LocalBackend {
       case CollectiveKind::allreduce: {
         // Publish whether this is an in-place allreduce on a shared buffer; begin()'s barrier
         // carries it to the peers, and agree_on_shared() compares.
-        std::optional<shm::OwnBuffers::Found> shared;
+        std::optional<shm::Place> shared;
         if (c.send == c.recv && c.count > 0) shared = own_->find(c.recv, c.count * dtype_size(c.dtype));
         int parity = static_cast<int>(c.sequence & 1);
         control(rank_).shared_id[parity] = shared ? shared->id + 1 : 0;
@@ -432,12 +432,12 @@ class ShmBackend final : public LocalBackend {
   // The large buffer of an allgather (recv) or reduce_scatter (send), when it comes from
   // allocate_shared and the small buffer sits in it at this rank's offset; published for the
   // peers like the shared allreduce's.
-  std::optional<shm::OwnBuffers::Found> publish_shared_scatter(const Collective& c) {
+  std::optional<shm::Place> publish_shared_scatter(const Collective& c) {
     const std::size_t esize = dtype_size(c.dtype);
     const bool gather = c.kind == CollectiveKind::allgather;
     const char* large = static_cast<const char*>(gather ? c.recv : c.send);
     const char* small = static_cast<const char*>(gather ? c.send : c.recv);
-    std::optional<shm::OwnBuffers::Found> shared;
+    std::optional<shm::Place> shared;
     if (c.count > 0 && small == large + static_cast<std::size_t>(rank_) * c.count * esize)
       shared = own_->find(large, static_cast<std::size_t>(size_) * c.count * esize);
     const int parity = static_cast<int>(c.sequence & 1);
@@ -589,7 +589,7 @@ class ShmBackend final : public LocalBackend {
                             std::to_string(global(rank_)) + " (block " + std::to_string(place->id) + ", byte " +
                             std::to_string(place->offset) + "): the ranks of a machine must take their memory in "
                                                             "the same order");
-    machine_->used_by_all(place->id);
+    machine_->mapped_by_all(place->id);
     write();
     barrier(c);  // the whole block is written
     ++round_;

@@ -1,3 +1,5 @@
+// Shared buffers: this rank's, made here and kept by the registry, and its peers', mapped on first
+// use (shm_buffers.h).
 #include "shm/shm_buffers.h"
 
 #include "shm/segment.h"
@@ -7,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -28,92 +31,34 @@ BufferHeader* header_of(char* base) {
   return reinterpret_cast<BufferHeader*>(base);
 }
 
+// "<segment>-<rank>-": the names of a rank's buffers, less the id.
+std::string buffer_prefix(const std::string& segment, int rank) {
+  return segment + "-" + std::to_string(rank) + "-";
+}
+
 }  // namespace
 
 std::string buffer_name(const std::string& segment, int rank, std::uint64_t id) {
-  return segment + "-" + std::to_string(rank) + "-" + std::to_string(id);
+  return buffer_prefix(segment, rank) + std::to_string(id);
 }
 
-struct OwnBuffers::State {
-  struct Entry {
-    std::uint64_t id;
-    char* base;
-    std::size_t total, bytes;
-    std::string name;
-    bool linked;
-  };
-  mutable std::mutex mu;
-  std::map<const char*, Entry> by_data;  // keyed by the data pointer handed out
-
-  void release(const char* data) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = by_data.find(data);
-    if (it == by_data.end()) return;
-    auto& e = it->second;
-    header_of(e.base)->released.store(1, std::memory_order_release);
-    if (e.linked) ::shm_unlink(e.name.c_str());
-    ::munmap(e.base, e.total);
-    by_data.erase(it);
-  }
-};
-
-OwnBuffers::OwnBuffers(std::string segment, int rank)
-    : segment_(std::move(segment)), rank_(rank), state_(std::make_shared<State>()) {}
-
-OwnBuffers::~OwnBuffers() {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  for (auto& [data, e] : state_->by_data) {
-    if (e.linked) ::shm_unlink(e.name.c_str());
-    e.linked = false;
-  }
-}
+OwnBuffers::OwnBuffers(const std::string& segment, int rank)
+    : BlockRegistry(buffer_prefix(segment, rank), true) {}
 
 std::shared_ptr<void> OwnBuffers::allocate(std::size_t bytes) {
-  std::uint64_t id;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    id = next_id_++;
-  }
-  std::string name = buffer_name(segment_, rank_, id);
+  Named named = next();
   std::size_t total = kHeaderBytes + (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
-  auto fail = [&](const char* what, int error) -> std::shared_ptr<void> {
-    LOCKSTEP_LOG(warn, shm) << "cannot " << what << " a shared buffer of " << bytes << " bytes (" << name
-                            << "): " << std::strerror(error)
+  const shm::Mapping m = create_segment(named.name, total);
+  if (!m.base) {
+    LOCKSTEP_LOG(warn, shm) << "cannot " << m.what << " a shared buffer of " << bytes << " bytes ("
+                            << named.name << "): " << std::strerror(m.error)
                             << "; using private memory and staged copies instead (is /dev/shm large enough?)";
     return nullptr;
-  };
-  const shm::Mapping m = create_segment(name, total);
-  if (!m.base) return fail(m.what.c_str(), m.error);
-  void* base = m.base;
-  total = m.bytes;
-  char* b = static_cast<char*>(base);
-  new (header_of(b)) BufferHeader{};
-  char* data = b + kHeaderBytes;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->by_data[data] = State::Entry{id, b, total, bytes, name, true};
   }
-  return std::shared_ptr<void>(data, [state = state_](void* p) { state->release(static_cast<char*>(p)); });
-}
-
-std::optional<OwnBuffers::Found> OwnBuffers::find(const void* p, std::size_t bytes) const {
-  const char* c = static_cast<const char*>(p);
-  std::lock_guard<std::mutex> lock(state_->mu);
-  auto it = state_->by_data.upper_bound(c);
-  if (it == state_->by_data.begin()) return std::nullopt;
-  --it;
-  std::size_t offset = static_cast<std::size_t>(c - it->first);
-  if (offset + bytes > it->second.bytes) return std::nullopt;
-  return Found{it->second.id, offset};
-}
-
-void OwnBuffers::mapped_by_all(std::uint64_t id) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  for (auto& [data, e] : state_->by_data) {
-    if (e.id != id) continue;
-    if (e.linked) ::shm_unlink(e.name.c_str());
-    e.linked = false;
-  }
+  char* base = static_cast<char*>(m.base);
+  new (header_of(base)) BufferHeader{};
+  return hand_out(Mapped{std::move(named), base, m.bytes, base + kHeaderBytes, bytes},
+                  [](char* released) { header_of(released)->released.store(1, std::memory_order_release); });
 }
 
 PeerBuffers::~PeerBuffers() {

@@ -13,40 +13,24 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
+
+#include "shm/block_registry.h"
 
 namespace lockstep::comm::shm {
 
 std::string buffer_name(const std::string& segment, int rank, std::uint64_t id);
 
 // This rank's buffers. allocate() runs on the caller's thread, the rest on the progress thread.
-class OwnBuffers {
+// find() and mapped_by_all() (every peer has mapped buffer `id`: its name can go) come with the
+// registry, whose destructor unlinks names not yet unlinked; the memory lives on with its pointers.
+class OwnBuffers final : public BlockRegistry {
  public:
-  OwnBuffers(std::string segment, int rank);
-  ~OwnBuffers();  // unlinks names not yet unlinked; the memory lives on with its pointers
-  OwnBuffers(const OwnBuffers&) = delete;
-  OwnBuffers& operator=(const OwnBuffers&) = delete;
+  OwnBuffers(const std::string& segment, int rank);
 
   // nullptr, with a warning, when /dev/shm cannot hold `bytes` more.
   std::shared_ptr<void> allocate(std::size_t bytes);
-
-  struct Found {
-    std::uint64_t id;
-    std::size_t offset;  // bytes from the buffer's start
-  };
-  // The buffer holding [p, p + bytes), if any.
-  std::optional<Found> find(const void* p, std::size_t bytes) const;
-  // Every peer has mapped buffer `id`: its name can go.
-  void mapped_by_all(std::uint64_t id);
-
- private:
-  struct State;
-  std::string segment_;
-  int rank_;
-  std::uint64_t next_id_ = 0;
-  std::shared_ptr<State> state_;
 };
 
 // Peers' buffers, mapped on first use. Progress thread only.
