@@ -1,3 +1,4 @@
+// Loading the CUDA driver and NCCL at run time, once per process, from the lists in cuda_libraries.h.
 #include "cuda_libraries.h"
 
 #include <dlfcn.h>
@@ -12,75 +13,54 @@ namespace {
 
 constexpr const char* kOtherBackends = "the nccl backend reduces GPU memory; for host tensors use any other backend (--backend auto picks one)";
 
-void* open_library(const char* soname, const char* what) {
+// A library dlopen()ed for good (never closed: its functions are used until the process ends).
+struct OpenedLibrary {
+  void* handle;
+  const char* soname;
+};
+
+OpenedLibrary open_library(const char* soname, const char* what) {
   void* handle = ::dlopen(soname, RTLD_NOW | RTLD_GLOBAL);
   if (!handle)
     throw ConfigError(std::string("nccl: cannot load ") + soname + " (" + what + "): " + ::dlerror() + "; " +
                       kOtherBackends);
-  return handle;
+  return OpenedLibrary{handle, soname};
 }
 
 template <class Fn>
-void resolve(void* handle, const char* soname, const char* symbol, Fn& out) {
-  out = reinterpret_cast<Fn>(::dlsym(handle, symbol));
+void resolve(const OpenedLibrary& library, const char* symbol, Fn& out) {
+  out = reinterpret_cast<Fn>(::dlsym(library.handle, symbol));
   if (!out)
-    throw ConfigError(std::string("nccl: ") + soname + " has no " + symbol + ": it is older than lockstep needs");
+    throw ConfigError(std::string("nccl: ") + library.soname + " has no " + symbol +
+                      ": it is older than lockstep needs");
 }
 
+// One row of a list in cuda_libraries.h: its symbol from `library` into `functions`.
+#define LOCKSTEP_RESOLVE(member, symbol) resolve(library, #symbol, functions.member);
+
 CudaDriver load_cuda_driver() {
-  constexpr const char* kSoname = "libcuda.so.1";
-  void* h = open_library(kSoname, "the NVIDIA driver");
-  CudaDriver d{};
-  resolve(h, kSoname, "cuInit", d.init);
-  resolve(h, kSoname, "cuGetErrorString", d.get_error_string);
-  resolve(h, kSoname, "cuDeviceGetCount", d.device_get_count);
-  resolve(h, kSoname, "cuDeviceGet", d.device_get);
-  resolve(h, kSoname, "cuCtxGetCurrent", d.ctx_get_current);
-  resolve(h, kSoname, "cuCtxSetCurrent", d.ctx_set_current);
-  resolve(h, kSoname, "cuCtxPushCurrent_v2", d.ctx_push_current);
-  resolve(h, kSoname, "cuCtxPopCurrent_v2", d.ctx_pop_current);
-  resolve(h, kSoname, "cuCtxGetDevice", d.ctx_get_device);
-  resolve(h, kSoname, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain);
-  resolve(h, kSoname, "cuDevicePrimaryCtxRelease_v2", d.primary_ctx_release);
-  resolve(h, kSoname, "cuStreamCreate", d.stream_create);
-  resolve(h, kSoname, "cuStreamDestroy_v2", d.stream_destroy);
-  resolve(h, kSoname, "cuStreamQuery", d.stream_query);
-  resolve(h, kSoname, "cuStreamWaitEvent", d.stream_wait_event);
-  resolve(h, kSoname, "cuMemAlloc_v2", d.mem_alloc);
-  resolve(h, kSoname, "cuMemFree_v2", d.mem_free);
-  resolve(h, kSoname, "cuMemcpyHtoD_v2", d.memcpy_htod);
-  resolve(h, kSoname, "cuMemcpyDtoH_v2", d.memcpy_dtoh);
-  resolve(h, kSoname, "cuMemcpyHtoDAsync_v2", d.memcpy_htod_async);
-  resolve(h, kSoname, "cuMemcpyDtoHAsync_v2", d.memcpy_dtoh_async);
-  resolve(h, kSoname, "cuPointerGetAttribute", d.pointer_get_attribute);
-  if (CUresult r = d.init(0); r != CUDA_SUCCESS)
+  const OpenedLibrary library = open_library("libcuda.so.1", "the NVIDIA driver");
+  CudaDriver functions{};
+  LOCKSTEP_CUDA_DRIVER_FUNCTIONS(LOCKSTEP_RESOLVE)
+  if (CUresult r = functions.init(0); r != CUDA_SUCCESS)
     throw ConfigError("nccl: the NVIDIA driver does not start (cuInit: " + std::to_string(static_cast<int>(r)) +
                       "); " + kOtherBackends);
   int count = 0;
-  if (d.device_get_count(&count) != CUDA_SUCCESS || count == 0)
+  if (functions.device_get_count(&count) != CUDA_SUCCESS || count == 0)
     throw ConfigError(std::string("nccl: the NVIDIA driver sees no GPU (mind CUDA_VISIBLE_DEVICES); ") +
                       kOtherBackends);
-  return d;
+  return functions;
 }
 
 NcclLibrary load_nccl() {
-  constexpr const char* kSoname = "libnccl.so.2";
-  void* h = open_library(kSoname, "NCCL; PyTorch's CUDA wheel carries one, as does the CUDA toolkit");
-  NcclLibrary n{};
-  resolve(h, kSoname, "ncclGetVersion", n.get_version);
-  resolve(h, kSoname, "ncclGetUniqueId", n.get_unique_id);
-  resolve(h, kSoname, "ncclCommInitRankConfig", n.comm_init_rank_config);
-  resolve(h, kSoname, "ncclCommGetAsyncError", n.comm_get_async_error);
-  resolve(h, kSoname, "ncclCommAbort", n.comm_abort);
-  resolve(h, kSoname, "ncclCommDestroy", n.comm_destroy);
-  resolve(h, kSoname, "ncclGetErrorString", n.get_error_string);
-  resolve(h, kSoname, "ncclGetLastError", n.get_last_error);
-  resolve(h, kSoname, "ncclAllReduce", n.all_reduce);
-  resolve(h, kSoname, "ncclBroadcast", n.broadcast);
-  resolve(h, kSoname, "ncclAllGather", n.all_gather);
-  resolve(h, kSoname, "ncclReduceScatter", n.reduce_scatter);
-  return n;
+  const OpenedLibrary library =
+      open_library("libnccl.so.2", "NCCL; PyTorch's CUDA wheel carries one, as does the CUDA toolkit");
+  NcclLibrary functions{};
+  LOCKSTEP_NCCL_FUNCTIONS(LOCKSTEP_RESOLVE)
+  return functions;
 }
+
+#undef LOCKSTEP_RESOLVE
 
 // Loads once; a failure is remembered and rethrown, so every caller gets the same reason.
 template <class Library>

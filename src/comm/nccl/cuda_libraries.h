@@ -11,46 +11,60 @@
 
 namespace lockstep::comm::nccl {
 
-// The functions lockstep calls, by their ABI names (cuda.h maps cuMemAlloc to cuMemAlloc_v2 ...).
+// The functions lockstep calls, one row each: the member that holds it, then the symbol it is
+// loaded from, by its ABI name (cuda.h maps cuMemAlloc to cuMemAlloc_v2 ...). The structs below
+// and the loaders (cuda_libraries.cc) are both made from these lists.
+// clang-format off
+#define LOCKSTEP_CUDA_DRIVER_FUNCTIONS(X)              \
+  X(init, cuInit)                                      \
+  X(get_error_string, cuGetErrorString)                \
+  X(device_get_count, cuDeviceGetCount)                \
+  X(device_get, cuDeviceGet)                           \
+  X(ctx_get_current, cuCtxGetCurrent)                  \
+  X(ctx_set_current, cuCtxSetCurrent)                  \
+  X(ctx_push_current, cuCtxPushCurrent_v2)             \
+  X(ctx_pop_current, cuCtxPopCurrent_v2)               \
+  X(ctx_get_device, cuCtxGetDevice)                    \
+  X(primary_ctx_retain, cuDevicePrimaryCtxRetain)      \
+  X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2) \
+  X(stream_create, cuStreamCreate)                     \
+  X(stream_destroy, cuStreamDestroy_v2)                \
+  X(stream_query, cuStreamQuery)                       \
+  X(stream_wait_event, cuStreamWaitEvent)              \
+  X(mem_alloc, cuMemAlloc_v2)                          \
+  X(mem_free, cuMemFree_v2)                            \
+  X(memcpy_htod, cuMemcpyHtoD_v2)                      \
+  X(memcpy_dtoh, cuMemcpyDtoH_v2)                      \
+  X(memcpy_htod_async, cuMemcpyHtoDAsync_v2)           \
+  X(memcpy_dtoh_async, cuMemcpyDtoHAsync_v2)           \
+  X(pointer_get_attribute, cuPointerGetAttribute)
+
+#define LOCKSTEP_NCCL_FUNCTIONS(X)                 \
+  X(get_version, ncclGetVersion)                   \
+  X(get_unique_id, ncclGetUniqueId)                \
+  X(comm_init_rank_config, ncclCommInitRankConfig) \
+  X(comm_get_async_error, ncclCommGetAsyncError)   \
+  X(comm_abort, ncclCommAbort)                     \
+  X(comm_destroy, ncclCommDestroy)                 \
+  X(get_error_string, ncclGetErrorString)          \
+  X(get_last_error, ncclGetLastError)              \
+  X(all_reduce, ncclAllReduce)                     \
+  X(broadcast, ncclBroadcast)                      \
+  X(all_gather, ncclAllGather)                     \
+  X(reduce_scatter, ncclReduceScatter)
+// clang-format on
+
+#define LOCKSTEP_FUNCTION_MEMBER(member, symbol) decltype(&::symbol) member;
+
 struct CudaDriver {
-  decltype(&::cuInit) init;
-  decltype(&::cuGetErrorString) get_error_string;
-  decltype(&::cuDeviceGetCount) device_get_count;
-  decltype(&::cuDeviceGet) device_get;
-  decltype(&::cuCtxGetCurrent) ctx_get_current;
-  decltype(&::cuCtxSetCurrent) ctx_set_current;
-  decltype(&::cuCtxPushCurrent_v2) ctx_push_current;
-  decltype(&::cuCtxPopCurrent_v2) ctx_pop_current;
-  decltype(&::cuCtxGetDevice) ctx_get_device;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain;
-  decltype(&::cuDevicePrimaryCtxRelease_v2) primary_ctx_release;
-  decltype(&::cuStreamCreate) stream_create;
-  decltype(&::cuStreamDestroy_v2) stream_destroy;
-  decltype(&::cuStreamQuery) stream_query;
-  decltype(&::cuStreamWaitEvent) stream_wait_event;
-  decltype(&::cuMemAlloc_v2) mem_alloc;
-  decltype(&::cuMemFree_v2) mem_free;
-  decltype(&::cuMemcpyHtoD_v2) memcpy_htod;
-  decltype(&::cuMemcpyDtoH_v2) memcpy_dtoh;
-  decltype(&::cuMemcpyHtoDAsync_v2) memcpy_htod_async;
-  decltype(&::cuMemcpyDtoHAsync_v2) memcpy_dtoh_async;
-  decltype(&::cuPointerGetAttribute) pointer_get_attribute;
+  LOCKSTEP_CUDA_DRIVER_FUNCTIONS(LOCKSTEP_FUNCTION_MEMBER)
 };
 
 struct NcclLibrary {
-  decltype(&::ncclGetVersion) get_version;
-  decltype(&::ncclGetUniqueId) get_unique_id;
-  decltype(&::ncclCommInitRankConfig) comm_init_rank_config;
-  decltype(&::ncclCommGetAsyncError) comm_get_async_error;
-  decltype(&::ncclCommAbort) comm_abort;
-  decltype(&::ncclCommDestroy) comm_destroy;
-  decltype(&::ncclGetErrorString) get_error_string;
-  decltype(&::ncclGetLastError) get_last_error;
-  decltype(&::ncclAllReduce) all_reduce;
-  decltype(&::ncclBroadcast) broadcast;
-  decltype(&::ncclAllGather) all_gather;
-  decltype(&::ncclReduceScatter) reduce_scatter;
+  LOCKSTEP_NCCL_FUNCTIONS(LOCKSTEP_FUNCTION_MEMBER)
 };
+
+#undef LOCKSTEP_FUNCTION_MEMBER
 
 // Loaded once per process (cuInit called); throws ConfigError saying what is missing (no NVIDIA
 // driver, no GPU, no NCCL) and what to use instead.
