@@ -19,7 +19,9 @@ constexpr const char* kRebuild =
   throw DataError(path + ", byte offset " + std::to_string(offset) + ": " + what + "; " + what_to_do);
 }
 
-std::int64_t load_i64(const std::uint8_t* p) { return static_cast<std::int64_t>(load_le(p, 8)); }
+std::int64_t load_i64(const std::uint8_t* p) {
+  return static_cast<std::int64_t>(load_le(p, 8));
+}
 
 std::string hex(const std::uint8_t* p, std::size_t n) {
   std::string text;
@@ -40,7 +42,8 @@ TokenType type_of_code(std::uint8_t code, const std::string& path) {
     case 8: return TokenType::u16;
     default: break;
   }
-  const char* names[] = {"unknown", "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"};
+  const char* names[] = {"unknown", "uint8",   "int8",    "int16", "int32",
+                         "int64",   "float64", "float32", "uint16"};
   refuse(path, kDtypeAt,
          "dtype code " + std::to_string(code) + " (" + names[code < 9 ? code : 0] +
              ") is not a token type this reader takes: 1 (uint8), 4 (int32), 5 (int64) or 8 (uint16)",
@@ -61,24 +64,28 @@ Header read_header(const std::uint8_t* bytes, std::size_t size, const std::strin
     refuse(path, size, "the file ends inside the 34-byte header of a Megatron index (it is truncated)");
   for (std::size_t k = 0; k < sizeof kMagic; ++k)
     if (bytes[k] != kMagic[k])
-      refuse(path, 0,
-             "the magic is " + hex(bytes, sizeof kMagic) +
-                 ", not 4d 4d 49 44 49 44 58 00 00 (\"MMIDIDX\\0\\0\"): not a Megatron indexed dataset's .idx",
-             "pass the prefix P of a dataset written by Megatron's preprocess_data.py (P.idx and P.bin)");
+      refuse(
+          path, 0,
+          "the magic is " + hex(bytes, sizeof kMagic) +
+              ", not 4d 4d 49 44 49 44 58 00 00 (\"MMIDIDX\\0\\0\"): not a Megatron indexed dataset's .idx",
+          "pass the prefix P of a dataset written by Megatron's preprocess_data.py (P.idx and P.bin)");
   const std::uint64_t version = load_le(bytes + kVersionAt, 8);
-  if (version != 1) refuse(path, kVersionAt, "index version " + std::to_string(version) + ", only version 1 is read");
+  if (version != 1)
+    refuse(path, kVersionAt, "index version " + std::to_string(version) + ", only version 1 is read");
   const Header h{type_of_code(bytes[kDtypeAt], path), load_le(bytes + kSequencesAt, 8),
                  load_le(bytes + kBoundariesAt, 8)};
   const std::uint64_t after_header = size - kHeader;
   if (h.sequences > after_header / 12)
     refuse(path, kSequencesAt,
-           "the sequence count " + std::to_string(h.sequences) + " needs 12 bytes each (a size and a pointer) but " +
-               std::to_string(after_header) + " bytes follow the header (the index is truncated or corrupt)");
+           "the sequence count " + std::to_string(h.sequences) +
+               " needs 12 bytes each (a size and a pointer) but " + std::to_string(after_header) +
+               " bytes follow the header (the index is truncated or corrupt)");
   const std::uint64_t after_pointers = after_header - 12 * h.sequences;
   if (h.boundaries > after_pointers / 8)
     refuse(path, kBoundariesAt,
            "the document count " + std::to_string(h.boundaries) + " needs 8 bytes each but " +
-               std::to_string(after_pointers) + " bytes follow the sizes and pointers (the index is truncated or corrupt)");
+               std::to_string(after_pointers) +
+               " bytes follow the sizes and pointers (the index is truncated or corrupt)");
   if (after_pointers != 8 * h.boundaries)
     refuse(path, size - (after_pointers - 8 * h.boundaries),
            std::to_string(after_pointers - 8 * h.boundaries) +
@@ -100,7 +107,8 @@ std::uint64_t check_sequences(const std::uint8_t* bytes, const Header& h, const 
     const auto size = static_cast<std::int32_t>(load_le(bytes + sizes_at + 4 * s, 4));
     const std::int64_t pointer = load_i64(bytes + pointers_at + 8 * s);
     const std::string which = "sequence " + std::to_string(s);
-    if (size < 0) refuse(path, sizes_at + 4 * s, which + " has a negative size, " + std::to_string(size) + " tokens");
+    if (size < 0)
+      refuse(path, sizes_at + 4 * s, which + " has a negative size, " + std::to_string(size) + " tokens");
     if (pointer < 0 || static_cast<std::uint64_t>(pointer) > bin_bytes)
       refuse(path, pointers_at + 8 * s,
              which + "'s pointer " + std::to_string(pointer) + " is outside " + bin_path + " (" +
@@ -121,8 +129,8 @@ std::uint64_t check_sequences(const std::uint8_t* bytes, const Header& h, const 
 }
 
 // The .bin exactly as long as the sequences: shorter is a truncated copy, longer another build's.
-void check_bin_length(std::uint64_t tokens, TokenType type, const std::string& path, const std::string& bin_path,
-                      std::uint64_t bin_bytes) {
+void check_bin_length(std::uint64_t tokens, TokenType type, const std::string& path,
+                      const std::string& bin_path, std::uint64_t bin_bytes) {
   const std::uint64_t want = tokens * token_bytes(type);
   const std::string described = path + " describes " + std::to_string(tokens) + " " + token_type_name(type) +
                                 " tokens, " + std::to_string(want) + " bytes";
@@ -139,11 +147,13 @@ void check_bin_length(std::uint64_t tokens, TokenType type, const std::string& p
 void check_documents(const std::uint8_t* bytes, const Header& h, const std::string& path) {
   const std::uint64_t at = MegatronIndex::kHeaderBytes + 12 * h.sequences;
   const std::string count = std::to_string(h.sequences);
-  if (h.boundaries == 0) refuse(path, kBoundariesAt, "the document count is 0 (an index holds at least boundary 0)");
+  if (h.boundaries == 0)
+    refuse(path, kBoundariesAt, "the document count is 0 (an index holds at least boundary 0)");
   std::int64_t previous = 0;
   for (std::uint64_t d = 0; d < h.boundaries; ++d) {
     const std::int64_t start = load_i64(bytes + at + 8 * d);
-    const std::string which = "document boundary " + std::to_string(d) + " is sequence " + std::to_string(start);
+    const std::string which =
+        "document boundary " + std::to_string(d) + " is sequence " + std::to_string(start);
     if (d == 0 && start != 0) refuse(path, at, which + ", not 0");
     if (start < previous)
       refuse(path, at + 8 * d, which + ", before the previous boundary, " + std::to_string(previous));
@@ -153,8 +163,8 @@ void check_documents(const std::uint8_t* bytes, const Header& h, const std::stri
   }
   if (static_cast<std::uint64_t>(previous) != h.sequences)
     refuse(path, at + 8 * (h.boundaries - 1),
-           "the last document boundary is sequence " + std::to_string(previous) + ", not the sequence count " + count +
-               " (the sequences after it would belong to no document)");
+           "the last document boundary is sequence " + std::to_string(previous) +
+               ", not the sequence count " + count + " (the sequences after it would belong to no document)");
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ class MappedBytes {
 constexpr const char* kFlatHint =
     "pass a token file such as nanoGPT's prepare.py writes (np.array(ids, dtype=np.uint16).tofile(path))";
 constexpr const char* kIndexedHint =
-    "an indexed dataset is a prefix P with both P.idx and P.bin, as Megatron's preprocess_data.py writes them";
+    "an indexed dataset is a prefix P with both P.idx and P.bin, as Megatron's preprocess_data.py writes "
+    "them";
 
 // count tokens of `type` from `bytes` into out, sign-extended where the type is signed.
 void decode(TokenType type, const std::uint8_t* bytes, std::size_t count, std::int64_t* out) {
@@ -72,10 +73,11 @@ struct TokenCorpus {
   TokenType type = TokenType::u16;
   std::size_t tokens = 0;
   MappedBytes bin;
-  std::optional<MappedBytes> idx;  // indexed only
+  std::unique_ptr<MappedBytes> idx;  // indexed only
   std::optional<MegatronIndex> index;
 
-  TokenCorpus(const std::string& bin_path, const std::string& what_to_do) : path(bin_path), bin(bin_path, what_to_do) {}
+  TokenCorpus(const std::string& bin_path, const std::string& what_to_do)
+      : path(bin_path), bin(bin_path, what_to_do) {}
 };
 }  // namespace detail
 
@@ -112,8 +114,9 @@ namespace {
 
 void refuse_empty(const detail::TokenCorpus& c) {
   if (c.tokens == 0)
-    throw DataError(c.path + ": holds no tokens; a corpus to train on needs at least one block of them (was the "
-                             "tokenizer's output empty?)");
+    throw DataError(c.path +
+                    ": holds no tokens; a corpus to train on needs at least one block of them (was the "
+                    "tokenizer's output empty?)");
 }
 
 }  // namespace
@@ -123,18 +126,21 @@ TokenFile TokenFile::open_flat(const std::string& path, TokenWidth width) {
   c->type = width == TokenWidth::u16 ? TokenType::u16 : TokenType::u32;
   const std::size_t w = token_bytes(c->type);
   if (c->bin.size() % w != 0)
-    throw DataError(path + ", byte offset " + std::to_string(c->bin.size() - c->bin.size() % w) + ": the file holds " +
-                    std::to_string(c->bin.size()) + " bytes, not a whole number of " + std::to_string(w) + "-byte " +
-                    token_type_name(c->type) + " tokens; it is truncated, or its tokens are " +
-                    (w == 2 ? "uint32" : "uint16") + " (pass the width it was written with)");
+    throw DataError(path + ", byte offset " + std::to_string(c->bin.size() - c->bin.size() % w) +
+                    ": the file holds " + std::to_string(c->bin.size()) + " bytes, not a whole number of " +
+                    std::to_string(w) + "-byte " + token_type_name(c->type) +
+                    " tokens; it is truncated, or its tokens are " + (w == 2 ? "uint32" : "uint16") +
+                    " (pass the width it was written with)");
   c->tokens = c->bin.size() / w;
   refuse_empty(*c);
   return TokenFile(std::move(c));
 }
 
 TokenFile TokenFile::open_indexed(const std::string& prefix) {
+  auto idx =
+      std::make_unique<MappedBytes>(prefix + ".idx", kIndexedHint);  // the index first: it names the format
   auto c = std::make_shared<detail::TokenCorpus>(prefix + ".bin", kIndexedHint);
-  c->idx.emplace(prefix + ".idx", kIndexedHint);
+  c->idx = std::move(idx);
   c->index = read_megatron_index(c->idx->bytes(), c->idx->size(), prefix + ".idx", c->path, c->bin.size());
   c->type = c->index->type();
   c->tokens = static_cast<std::size_t>(c->index->tokens());
@@ -142,15 +148,21 @@ TokenFile TokenFile::open_indexed(const std::string& prefix) {
   return TokenFile(std::move(c));
 }
 
-const std::string& TokenFile::path() const { return corpus_->path; }
-TokenType TokenFile::type() const { return corpus_->type; }
-std::size_t TokenFile::size() const { return corpus_->tokens; }
+const std::string& TokenFile::path() const {
+  return corpus_->path;
+}
+TokenType TokenFile::type() const {
+  return corpus_->type;
+}
+std::size_t TokenFile::size() const {
+  return corpus_->tokens;
+}
 
 void TokenFile::copy(std::size_t first, std::size_t count, std::int64_t* out) const {
   if (first > size() || count > size() - first)
     throw ConfigError("tokens [" + std::to_string(first) + ", " + std::to_string(first) + " + " +
-                      std::to_string(count) + ") are past the end of " + path() + " (" + std::to_string(size()) +
-                      " tokens)");
+                      std::to_string(count) + ") are past the end of " + path() + " (" +
+                      std::to_string(size()) + " tokens)");
   decode(type(), corpus_->bin.bytes() + first * token_bytes(type()), count, out);
 }
 
@@ -181,9 +193,10 @@ void TokenFile::check_vocabulary(std::uint64_t vocab_size) const {
     copy(first, count, tokens.data());
     for (std::size_t k = 0; k < count; ++k) {
       if (tokens[k] >= 0 && static_cast<std::uint64_t>(tokens[k]) < vocab_size) continue;
-      throw DataError(path() + ", byte offset " + std::to_string((first + k) * token_bytes(type())) + ": token " +
-                      std::to_string(first + k) + " is " + std::to_string(tokens[k]) + ", outside the vocabulary of " +
-                      std::to_string(vocab_size) + " tokens; pass the vocabulary size of the tokenizer that wrote "
+      throw DataError(path() + ", byte offset " + std::to_string((first + k) * token_bytes(type())) +
+                      ": token " + std::to_string(first + k) + " is " + std::to_string(tokens[k]) +
+                      ", outside the vocabulary of " + std::to_string(vocab_size) +
+                      " tokens; pass the vocabulary size of the tokenizer that wrote "
                       "the file, or tokenize the corpus again with this model's tokenizer");
     }
   }
