@@ -4,7 +4,7 @@
 // a signed 8-bit number, says how many bytes longer (negative: shorter) the .bin is than the sizes
 // in the .idx add up to; the rest of the input is the .idx. The sizes are summed here, from the
 // bytes where the layout puts them (dtype code at 17, S at 18, sizes from 34), over the sizes the
-// input holds, and the .bin is capped at 1 MiB.
+// input holds; the .bin is capped at 64 KiB (at 1 MiB the target ran 7x slower, 200 inputs/s).
 //
 // A dataset it accepts has a .bin exactly as long as its tokens, documents that tile the token
 // stream in order, and every token readable.
@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr std::uint64_t kMostBinBytes = std::uint64_t{1} << 20;
+constexpr std::uint64_t kMostBinBytes = std::uint64_t{1} << 16;
 
 std::uint64_t little_endian(const std::uint8_t* p, int bytes) {
   std::uint64_t v = 0;
