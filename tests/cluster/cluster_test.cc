@@ -94,6 +94,7 @@ bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch:
 // not resolve, and every rank ends with the same parameters.
 TEST(Cluster, ATwoByTwoTrainerJobPicksHierByItselfAndEveryRankEndsEqual) {
   REQUIRE_CLUSTER();
+  const ShmWatch host_shm;
   VirtualCluster cluster({2, "1gbit"});
   TempDir out("cluster-trainer");
   auto nodes = launch(cluster, 2, trainer(out.path(), {"--max-steps", "30", "--save-strategy", "no"}));
@@ -102,7 +103,8 @@ TEST(Cluster, ATwoByTwoTrainerJobPicksHierByItselfAndEveryRankEndsEqual) {
   EXPECT_NE(o.find("4 workers x 64 per device"), std::string::npos) << o;
   EXPECT_NE(o.find("backend hier"), std::string::npos) << o;
   EXPECT_NE(o.find("all 4 replicas hold the same parameters"), std::string::npos) << o;
-  EXPECT_EQ(shm_segments().size(), 0u) << "the machines' /dev/shm are their own; the host's stays clean";
+  EXPECT_EQ(host_shm.added(), std::vector<std::string>{})
+      << "the machines' /dev/shm are their own; the host's stays clean";
 }
 
 // Machines of unequal size (2 workers and 1) pick hier too, and every rank ends equal.
@@ -170,7 +172,7 @@ TEST(Cluster, OnASlowLinkLocalSgdMeetsEveryEightStepsAndKeepsEachMachinesOptimiz
 // After a job that was killed mid-training, nothing is left: no namespace, nothing in /dev/shm.
 TEST(Cluster, NothingIsLeftBehind) {
   REQUIRE_CLUSTER();
-  const auto shm_before = shm_segments().size();
+  const ShmWatch host_shm;
   std::string prefix;
   {
     VirtualCluster cluster({2, ""});
@@ -180,7 +182,7 @@ TEST(Cluster, NothingIsLeftBehind) {
     ASSERT_TRUE(nodes[0]->read_until("step 10/", 120)) << nodes[0]->output();
   }  // the launchers and their workers are still running: the cluster kills them
   for (const auto& ns : VirtualCluster::namespaces()) EXPECT_NE(ns.rfind(prefix, 0), 0u) << ns << " was left";
-  EXPECT_EQ(shm_segments().size(), shm_before);
+  EXPECT_EQ(host_shm.added(), std::vector<std::string>{});
 }
 
 // `lockstep doctor` on each of a cluster's machines; returns machine 0's report and its doctor.json.

@@ -34,7 +34,7 @@ struct ElasticJob {
         cluster.on(machines, {LOCKSTEP_BINARY, "store", "--port", std::to_string(kStorePort)}), env());
     EXPECT_TRUE(store->read_until("serving on", 30)) << store->output();
   }
-  ~ElasticJob() { EXPECT_EQ(shm_segments().size(), 0u) << "the host's /dev/shm must stay clean"; }
+  ~ElasticJob() { EXPECT_EQ(host_shm.added(), std::vector<std::string>{}) << "the host's /dev/shm must stay clean"; }
 
   std::map<std::string, std::string> env() const {
     // One thread per worker: every "machine" here shares this machine's two cores.
@@ -85,6 +85,7 @@ struct ElasticJob {
     return false;
   }
 
+  const ShmWatch host_shm;  // first: before any machine starts
   VirtualCluster cluster;
   TempDir dir;
   std::string nnodes;

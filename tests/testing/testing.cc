@@ -12,12 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -263,6 +265,23 @@ std::vector<std::string> shm_segments(int owner_pid) {
     }
     closedir(d);
   }
+  return out;
+}
+
+ShmWatch::ShmWatch() : before_(shm_segments()) {
+  std::sort(before_.begin(), before_.end());
+  for (const auto& name : before_) {
+    const int maker = std::atoi(name.c_str() + std::string("lockstep-").size());
+    const bool runs = maker > 0 && ::kill(maker, 0) == 0;
+    std::fprintf(stderr, "/dev/shm already holds %s (its maker, pid %d, %s)\n", name.c_str(), maker,
+                 runs ? "still runs" : "is gone: it leaked");
+  }
+}
+
+std::vector<std::string> ShmWatch::added() const {
+  std::vector<std::string> now = shm_segments(), out;
+  std::sort(now.begin(), now.end());
+  std::set_difference(now.begin(), now.end(), before_.begin(), before_.end(), std::back_inserter(out));
   return out;
 }
 

@@ -103,4 +103,17 @@ std::string helper_path(const std::string& name);
 // rank 0 ran in process owner_pid (their names carry it).
 std::vector<std::string> shm_segments(int owner_pid = 0);
 
+// What one test adds to the host's /dev/shm. The lockstep objects already there when it is made
+// belong to something else (an earlier test, another job on the host): they are named on stderr,
+// each with whether the process that made it still runs, so a leak is traced to its maker, and
+// added() leaves them out.
+class ShmWatch {
+ public:
+  ShmWatch();
+  std::vector<std::string> added() const;  // the objects that appeared since, by name
+
+ private:
+  std::vector<std::string> before_;  // sorted
+};
+
 }  // namespace lockstep::testing
