@@ -5,6 +5,8 @@
 //   lockstep run --nproc-per-node 2 build/examples/gpt finetune --pretrained runs/gpt/checkpoint-600
 //   lockstep run --nproc-per-node 2 build/examples/gpt finetune --from-scratch        # the baseline
 //   lockstep run --nproc-per-node 2 build/examples/gpt train --from-hf my-gpt2         # from Hugging Face
+//   lockstep run --nproc-per-node 2 build/examples/gpt train --train-data train.bin --eval-data val.bin
+//       --vocab-size 50304                                                  # token files (one command)
 //   build/examples/gpt export-hf --checkpoint runs/gpt/checkpoint-600 --output my-gpt2-tuned
 //
 // `train` (the default) pretrains a byte-level causal language model and reports eval_loss and
@@ -13,9 +15,10 @@
 // shape, which `generate` and `finetune` read. `finetune` puts the pretrained body under a new
 // classification head that predicts an entry's category file, reporting which weights it loaded,
 // which are new and which it did not use, as from_pretrained does. `--from-hf` starts from a
-// directory that GPT2LMHeadModel.save_pretrained wrote (its tokens must be bytes: a vocabulary of
-// at least 256), `export-hf` writes a checkpoint as one that from_pretrained loads, and `generate`
-// reads either kind of directory.
+// directory that GPT2LMHeadModel.save_pretrained wrote (on the fortunes its tokens are bytes: a
+// vocabulary of at least 256; with --train-data/--eval-data, the files' tokens: nanoGPT's flat
+// uint16/uint32 arrays or Megatron's .bin/.idx, data/token_files.h), `export-hf` writes a
+// checkpoint as one that from_pretrained loads, and `generate` reads either kind of directory.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "lockstep/base/main.h"
 #include "lockstep/error.h"
@@ -104,11 +108,11 @@ class SaveConfig : public TrainerCallback {
 };
 
 // The shape of the Hugging Face GPT-2 in `dir`, which model flags may not change; its training
-// blocks are `sequence` bytes, at most its context.
-GptConfig hf_shape(const GptConfig& given, const std::string& dir, int& sequence) {
+// blocks are `sequence` tokens, at most its context. Bytes (no token files) need 256 tokens.
+GptConfig hf_shape(const GptConfig& given, const std::string& dir, int& sequence, bool bytes) {
   const GptConfig c = config_of(dir);
   refuse_reshape(given, c, dir);
-  if (c.vocab_size < 256)
+  if (bytes && c.vocab_size < 256)
     throw lockstep::ConfigError(dir + " has a vocabulary of " + std::to_string(c.vocab_size) +
                                 " tokens; this program's tokens are bytes, which need 256");
   sequence = std::min(sequence, c.block_size);
@@ -137,30 +141,74 @@ TrainingArguments pretrain_defaults() {
   return defaults;
 }
 
+// Where pretraining's text comes from: the fortunes as bytes, or token files.
+struct DataFlags {
+  std::string corpus_dir = lockstep::data::kFortunesDir, train_data, eval_data;
+  std::size_t train_limit = 0, eval_limit = 0;
+  bool token_files() const { return !train_data.empty() || !eval_data.empty(); }
+};
+
+void add_data_options(CLI::App& app, DataFlags& d, GptConfig& c) {
+  app.add_option("--corpus-dir", d.corpus_dir, "directory of the fortune files")->capture_default_str();
+  app.add_option("--train-data", d.train_data,
+                 "train on a token file instead of the fortunes' bytes: nanoGPT's flat .bin (uint16, or uint32 "
+                 "above 65,536 tokens), or a Megatron prefix P (P.idx and P.bin); needs --eval-data and --vocab-size");
+  app.add_option("--eval-data", d.eval_data, "the token file to evaluate on, in the same format");
+  app.add_option("--vocab-size", c.vocab_size, "tokens in the vocabulary (256 for bytes)")->capture_default_str();
+  app.add_option("--train-limit", d.train_limit, "use only the first N training blocks (0: all)");
+  app.add_option("--eval-limit", d.eval_limit, "use only the first N validation blocks (0: all)");
+}
+
+struct LanguageData {
+  std::shared_ptr<Dataset> train, eval;
+  std::string description;  // "321 training blocks of 32 (10272 bytes), 40 validation blocks"
+};
+
+LanguageData language_data(const DataFlags& d, const GptConfig& config, int sequence) {
+  std::ostringstream what;
+  if (d.token_files()) {
+    if (d.train_data.empty() || d.eval_data.empty())
+      throw lockstep::ConfigError("--train-data and --eval-data go together: pass both token files");
+    auto train = std::make_shared<TokenFileDataset>(d.train_data, config.vocab_size, sequence, d.train_limit);
+    auto eval = std::make_shared<TokenFileDataset>(d.eval_data, config.vocab_size, sequence, d.eval_limit);
+    what << train->size() << " training blocks of " << sequence << " tokens from " << d.train_data << ", "
+         << eval->size() << " validation blocks from " << d.eval_data;
+    return {train, eval, what.str()};
+  }
+  if (config.vocab_size < lockstep::data::kByteVocabulary)
+    throw lockstep::ConfigError("--vocab-size " + std::to_string(config.vocab_size) +
+                                " cannot hold the fortunes' bytes (256 tokens): pass token files (--train-data, "
+                                "--eval-data) for a smaller vocabulary");
+  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(d.corpus_dir);
+  auto train = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::train, sequence, d.train_limit);
+  auto eval = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::validation, sequence,
+                                                     d.eval_limit);
+  what << train->size() << " training blocks of " << sequence << " (" << train->blocks().tokens() << " bytes), "
+       << eval->size() << " validation blocks";
+  return {train, eval, what.str()};
+}
+
 int pretrain(int argc, const char* const* argv) {
   GptConfig config;
-  std::string corpus_dir = lockstep::data::kFortunesDir, from_hf;
-  std::size_t train_limit = 0, eval_limit = 0;
+  DataFlags data;
+  std::string from_hf;
   TrainingArguments args = parse_arguments(
       argc, argv,
       [&](CLI::App& app) {
         add_model_options(app, config);
-        app.add_option("--corpus-dir", corpus_dir, "directory of the fortune files")->capture_default_str();
-        app.add_option("--train-limit", train_limit, "use only the first N training blocks (0: all)");
-        app.add_option("--eval-limit", eval_limit, "use only the first N validation blocks (0: all)");
+        add_data_options(app, data, config);
         app.add_option("--from-hf", from_hf,
-                       "start from a Hugging Face GPT-2 directory (save_pretrained's): its shape and weights; "
-                       "blocks of min(--block-size, its n_positions) bytes");
+                       "start from a Hugging Face GPT-2 directory (save_pretrained's): its shape, vocabulary and "
+                       "weights; blocks of min(--block-size, its n_positions) tokens");
       },
-      "gpt train: pretrain a byte-level GPT on the fortune corpus with the lockstep Trainer", pretrain_defaults());
+      "gpt train: pretrain a GPT on the fortune corpus's bytes, or on token files, with the lockstep Trainer",
+      pretrain_defaults());
   int sequence = config.block_size;
-  if (!from_hf.empty()) config = hf_shape(config, from_hf, sequence);
+  if (!from_hf.empty()) config = hf_shape(config, from_hf, sequence, !data.token_files());
   config.validate();
-  auto corpus = std::make_shared<const lockstep::data::FortuneCorpus>(corpus_dir);
-  auto train_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::train, sequence,
-                                                          train_limit);
-  auto eval_set = std::make_shared<LanguageModelDataset>(corpus, lockstep::data::TextSplit::validation, sequence,
-                                                         eval_limit);
+  const LanguageData text = language_data(data, config, sequence);
+  const auto& train_set = text.train;
+  const auto& eval_set = text.eval;
   set_seed(args.seed);  // the same initial weights on every rank
   lockstep::models::GptLmHeadModel model(config);
   if (!from_hf.empty()) lockstep::models::load_hf_gpt2_weights(model, from_hf);  // on every rank, the same
@@ -168,17 +216,17 @@ int pretrain(int argc, const char* const* argv) {
   Trainer trainer(Model::of(model), train_set, eval_set, args, {save_config});
   save_config->rank0 = trainer.communicator().rank() == 0;
   if (trainer.communicator().rank() == 0)
-    std::printf("GPT: %d layers, %d heads, %d wide, %d tokens of context: %.2f M parameters%s; %zu training blocks "
-                "of %d (%zu bytes), %zu validation blocks\n",
-                config.n_layer, config.n_head, config.n_embd, config.block_size, config.parameters() / 1e6,
-                from_hf.empty() ? "" : (", from " + from_hf).c_str(), train_set->size(), sequence,
-                train_set->blocks().tokens(), eval_set->size());
+    std::printf("GPT: %d layers, %d heads, %d wide, %d tokens of context, %lld in the vocabulary: %.2f M "
+                "parameters%s; %s\n",
+                config.n_layer, config.n_head, config.n_embd, config.block_size,
+                static_cast<long long>(config.vocab_size), config.parameters() / 1e6,
+                from_hf.empty() ? "" : (", from " + from_hf).c_str(), text.description.c_str());
   const TrainResult result = trainer.train();
   const nlohmann::json m = trainer.evaluate();
   if (trainer.communicator().rank() == 0) {
-    std::printf("trained %lld steps in %.1f s; validation loss %.4f nats/byte, perplexity %.2f\n",
+    std::printf("trained %lld steps in %.1f s; validation loss %.4f nats/%s, perplexity %.2f\n",
                 static_cast<long long>(result.global_step), result.seconds, m["eval_loss"].get<double>(),
-                m.value("eval_perplexity", 0.0));
+                data.token_files() ? "token" : "byte", m.value("eval_perplexity", 0.0));
     nlohmann::json out = m;
     out["checkpoint"] = latest_checkpoint(args.output_dir);
     out["train_seconds"] = result.seconds;

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "lockstep/data/idx.h"
 #include "lockstep/error.h"
 
@@ -58,6 +60,34 @@ Batch LanguageModelDataset::get(const std::vector<std::size_t>& indices) const {
   }
   using torch::indexing::Slice;
   return Batch{tokens.index({Slice(), Slice(0, t)}).contiguous(), tokens.index({Slice(), Slice(1, t + 1)}).contiguous()};
+}
+
+namespace {
+
+data::TokenFile open_token_file(const std::string& path, std::int64_t vocab_size) {
+  if (vocab_size < 1) throw ConfigError("a token file needs a vocabulary of at least one token (--vocab-size)");
+  const auto vocab = static_cast<std::uint64_t>(vocab_size);
+  data::TokenFile file = std::filesystem::exists(path + ".idx")
+                             ? data::TokenFile::open_indexed(path)
+                             : data::TokenFile::open_flat(path, data::token_width_for(vocab));
+  file.check_vocabulary(vocab);
+  return file;
+}
+
+}  // namespace
+
+TokenFileDataset::TokenFileDataset(const std::string& path, std::int64_t vocab_size, int block_size,
+                                   std::size_t limit)
+    : blocks_(open_token_file(path, vocab_size).blocks(block_size)) {
+  size_ = limit > 0 ? std::min(limit, blocks_.size()) : blocks_.size();
+}
+
+Batch TokenFileDataset::get(const std::vector<std::size_t>& indices) const {
+  check_indices(indices, size_, "token block");
+  const auto n = static_cast<std::int64_t>(indices.size()), t = static_cast<std::int64_t>(blocks_.block_size());
+  auto input = torch::empty({n, t}, torch::kLong), target = torch::empty({n, t}, torch::kLong);
+  blocks_.copy_batch(indices, input.data_ptr<std::int64_t>(), target.data_ptr<std::int64_t>());
+  return Batch{input, target};
 }
 
 TextClassificationDataset::TextClassificationDataset(std::shared_ptr<const data::FortuneCorpus> corpus,

@@ -254,7 +254,8 @@ TEST(Zero3Cluster, AModelWhoseStateOutgrowsEachMachineTrainsUnderStageThreeWhere
     ASSERT_EQ(n->wait(600), 0) << "each machine limited to " << (machine_limit >> 20) << " MiB\n" << n->output();
   }
   const std::string& o = nodes[0]->output();
-  const std::regex parameters(R"(GPT: 44 layers, 8 heads, 512 wide, 64 tokens of context: ([0-9.]+) M parameters)");
+  const std::regex parameters(
+      R"(GPT: 44 layers, 8 heads, 512 wide, 64 tokens of context, 256 in the vocabulary: ([0-9.]+) M parameters)");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(o, m, parameters)) << o;
   EXPECT_GT(std::stod(m[1]) * 1e6 * 16, double(kStateLimit)) << "the training state must outgrow a machine's share";

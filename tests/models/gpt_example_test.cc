@@ -176,6 +176,40 @@ TEST_F(GptExample, TheReportShowsTokensPerSecondAndPerplexity) {
   EXPECT_NE(html.find("<th>eval perplexity</th>"), std::string::npos);
 }
 
+// nanoGPT's flat uint16 file of `tokens` repetitions of a 5-token cycle above the byte range
+// (300, 301, ..., 304), starting at `phase`.
+void write_cycle(const std::string& path, int tokens, int phase) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < tokens; ++i) {
+    const std::uint16_t t = static_cast<std::uint16_t>(300 + (i + phase) % 5);
+    out.write(reinterpret_cast<const char*>(&t), sizeof t);  // little-endian on every host we run
+  }
+}
+
+// Token files instead of the fortunes: tokens past 255 read as themselves (a model trained on bytes
+// could not learn the cycle: its targets would be out of its vocabulary), the loss falls far below
+// a uniform guess over the vocabulary, and a token outside it is refused naming the file and offset.
+TEST(GptTokenFiles, TrainsOnAFlatTokenFileAndRefusesATokenOutsideTheVocabulary) {
+  TempDir dir("gpt-tokens");
+  write_cycle(dir / "train.bin", 4000, 0);
+  write_cycle(dir / "val.bin", 600, 2);
+  const std::vector<std::string> data = {
+      "--train-data",    dir / "train.bin", "--eval-data",     dir / "val.bin", "--vocab-size",   "320",
+      "--learning-rate", "3e-3",            "--max-steps",     "30",            "--eval-strategy", "no",
+      "--save-strategy", "no",              "--disable-tqdm",  "--output-dir",  dir / "run"};
+  const std::string out = run_ok(gpt({kSmallModel, data}));
+  EXPECT_NE(out.find("320 in the vocabulary"), std::string::npos) << out;
+  EXPECT_NE(out.find(" nats/token,"), std::string::npos) << out;
+  std::ifstream results(dir / "run/eval_results.json");
+  const double loss = nlohmann::json::parse(results).at("eval_loss").get<double>();
+  EXPECT_LT(loss, std::log(320.0) / 2) << "the cycle is certain: a model that reads the tokens learns it";
+  std::ofstream(dir / "val.bin", std::ios::binary | std::ios::app).write("\x90\x01", 2);  // token 400, past 320
+  const auto [code, msg] = run_fail(gpt({kSmallModel, data}, 1));
+  EXPECT_NE(code, 0) << msg;
+  EXPECT_NE(msg.find(dir / "val.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("byte offset 1200"), std::string::npos) << msg;
+}
+
 // ----- bad input: one line naming the problem and what to do, exit 2 ---------------------------
 
 TEST(GptExampleErrors, AMissingCorpusNamesThePackage) {
