@@ -1,6 +1,6 @@
 // Pipeline schedules as tables: for every rank of a pipeline, the list of actions it runs in one
 // optimiser step, computed before the step and identical on every rank (each rank builds the same
-// table from the same four numbers). The runtime (pipe/stage_runtime.h) only executes a table; a
+// table from the same four numbers). The runtime (src/pipe/executor.cc) only executes a table; a
 // new schedule is a new table, not new runtime code.
 //
 // Words. A model is cut into S = P x v contiguous *stages*; rank r of the pipeline holds stages
