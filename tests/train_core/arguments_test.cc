@@ -117,6 +117,33 @@ TEST(Arguments, BadValuesAreErrorsNamingTheFlag) {
   EXPECT_EQ(error_of({"--fp16"}), "(no error)");
 }
 
+// Each refusal of a pipelined run names the flag and what to do instead, before anything starts;
+// the same flags without --pipeline-parallel pass, so the refusal is the pipeline's.
+TEST(Arguments, PipeliningRefusesWhatItDoesNotCombineWithYet) {
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), {"--pipeline-parallel", "2"});
+    return error_of(more);
+  };
+  EXPECT_EQ(with({}), "(no error)");
+  EXPECT_EQ(with({"--bf16", "--gradient-checkpointing", "--save-format", "sharded"}), "(no error)");
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--fp16"}, "--fp16 does not combine with --pipeline-parallel 2 yet"},
+      {{"--sync-every", "4"}, "--sync-every does not combine with --pipeline-parallel 2"},
+      {{"--save-format", "consolidated"}, "`lockstep checkpoint consolidate` makes model.pt"},
+      {{"--zero-stage", "1"}, "--zero-stage does not combine with --pipeline-parallel 2"},
+      {{"--gradient-checkpointing", "--pipeline-schedule", "zb"}, "use 1f1b or interleaved"},
+      {{"--virtual-stages", "2"}, "needs --pipeline-schedule interleaved"},
+  };
+  for (const auto& [flags, message] : refused) {
+    EXPECT_EQ(error_of(flags), flags.front() == "--virtual-stages"
+                                   ? "--virtual-stages is a pipeline setting: add --pipeline-parallel 2 or more"
+                                   : "(no error)")
+        << flags.front();
+    const std::string e = with(flags);
+    EXPECT_NE(e.find(message), std::string::npos) << flags.front() << ": " << e;
+  }
+}
+
 TEST(Arguments, TensorParallelismRefusesWhatItDoesNotCombineWithYet) {
   const std::vector<std::string> split = {"--tensor-parallel", "2", "--save-strategy", "no"};
   auto with = [&](std::vector<std::string> more) {
