@@ -46,7 +46,7 @@ inline void cpu_relax() {
 
 }  // namespace
 
-void ShmBackend::check_peer(int r, const Collective& c) {
+void ShmBackend::check_peer(int r, const Collective& c, std::uint64_t needed) {
   RankControl& rc = control(r);
   if (rc.dead.load(std::memory_order_acquire)) throw PeerError(peer_lost(r, c, "died"));
   int status = pthread_mutex_trylock(&rc.alive);
@@ -60,9 +60,11 @@ void ShmBackend::check_peer(int r, const Collective& c) {
     throw PeerError(peer_lost(r, c, "died"));
   }
   if (status == 0) {
-    // Not held: the peer has not started yet, or it closed its communicator.
+    // Not held: the peer has not started yet, or it closed its communicator. One that arrived
+    // between the caller's look at its generation and this one, then closed, did its part: its
+    // generation, stored before it departed, says so.
     pthread_mutex_unlock(&rc.alive);
-    if (rc.departed.load(std::memory_order_acquire))
+    if (rc.departed.load(std::memory_order_acquire) && rc.generation.load(std::memory_order_acquire) < needed)
       throw PeerError(peer_lost(r, c, "closed its communicator without issuing this collective"));
   }
 }
@@ -100,7 +102,7 @@ void ShmBackend::wait_all(std::uint64_t gen, const Collective& c) {
     if (now >= next_check) {
       check_abort(c);
       for (int r = next; r < size_; ++r)
-        if (control(r).generation.load(std::memory_order_acquire) < gen) check_peer(r, c);
+        if (control(r).generation.load(std::memory_order_acquire) < gen) check_peer(r, c, gen);
       if (now >= deadline_) throw TimeoutError(timeout_message(gen, c));
       next_check = now + check_every;
     }

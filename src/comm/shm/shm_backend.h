@@ -99,7 +99,9 @@ class ShmBackend final : public LocalBackend {
   void in_rounds(const Collective& c, std::size_t chunk, bool agree, Fill&& fill, Drain&& drain);
 
   // barrier.cc: waiting, with liveness, abort and deadline checks.
-  void check_peer(int r, const Collective& c);
+  // Throws PeerError when rank r died, or closed its communicator before reaching barrier
+  // generation `needed` (by default: before anything more).
+  void check_peer(int r, const Collective& c, std::uint64_t needed = UINT64_MAX);
   std::string peer_lost(int r, const Collective& c, const char* what);
   void check_abort(const Collective& c);
   void wait_all(std::uint64_t gen, const Collective& c);
