@@ -18,14 +18,17 @@
 #include "lockstep/models/linear.h"
 #include "lockstep/tp/layers.h"
 #include "lockstep/tp/regions.h"
+#include "lockstep/tp/shards.h"
 
 namespace lockstep::models {
 namespace {
 
-// The parameter now holds `shard` (the same tensor object: whatever refers to it sees the shard).
-void keep(torch::Tensor& parameter, const torch::Tensor& shard) {
+// The parameter now holds its part `shard` of what it held (the same tensor object: whatever
+// refers to it sees the shard), and `kept` says where the part sits in the whole.
+void keep(torch::Tensor& parameter, const tp::TensorShard& shard, tp::ShardedParameters& kept) {
   torch::NoGradGuard no_grad;
-  parameter.set_data(shard.contiguous().clone());
+  parameter.set_data(shard.take(parameter));
+  kept.emplace_back(parameter, shard);
 }
 
 void check_divides(std::int64_t n, int ranks, const char* what) {
@@ -90,16 +93,18 @@ void join(comm::Communicator& group, bool sequence_parallel, torch::Tensor& outp
 
 }  // namespace
 
-void CausalSelfAttentionImpl::split(comm::Communicator& group, bool sequence_parallel) {
+tp::ShardedParameters CausalSelfAttentionImpl::split(comm::Communicator& group, bool sequence_parallel) {
   check_not_split(tensor_group_);
-  const int ranks = group.size();
+  const int ranks = group.size(), rank = group.rank();
   check_divides(n_head_, ranks, "n_head");
-  const auto c = c_proj->weight.size(0), part = c / ranks, first = group.rank() * part;
+  const auto c = c_proj->weight.size(0), part = c / ranks;
+  tp::ShardedParameters kept;
   // c_attn's rows are [q; k; v], each [heads x head_dim]: this rank's heads of each.
-  keep(c_attn->weight, c_attn->weight.detach().view({3, c, c}).narrow(1, first, part).reshape({3 * part, c}));
-  keep(c_attn->bias, c_attn->bias.detach().view({3, c}).narrow(1, first, part).reshape({3 * part}));
-  keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  keep(c_attn->weight, tp::TensorShard::of({3 * c, c}, {3, c, c}, 1, rank, ranks, {3 * part, c}), kept);
+  keep(c_attn->bias, tp::TensorShard::of({3 * c}, {3, c}, 1, rank, ranks, {3 * part}), kept);
+  keep(c_proj->weight, tp::TensorShard::of({c, c}, {}, 1, rank, ranks), kept);
   join(group, sequence_parallel, c_proj->bias, tensor_group_, sequence_parallel_);
+  return kept;
 }
 
 torch::Tensor CausalSelfAttentionImpl::dropped(const torch::Tensor& y) {
@@ -122,16 +127,16 @@ torch::Tensor CausalSelfAttentionImpl::split_projected(const torch::Tensor& x) {
   return leave(fast_linear(y, c_proj->weight), c_proj->bias, group, sequence_parallel_);
 }
 
-void MlpImpl::split(comm::Communicator& group, bool sequence_parallel) {
+tp::ShardedParameters MlpImpl::split(comm::Communicator& group, bool sequence_parallel) {
   check_not_split(tensor_group_);
-  const int ranks = group.size();
-  const auto hidden = c_fc->weight.size(0);
-  check_divides(hidden, ranks, "MLP width (4 n_embd)");
-  const auto part = hidden / ranks, first = group.rank() * part;
-  keep(c_fc->weight, c_fc->weight.detach().narrow(0, first, part));
-  keep(c_fc->bias, c_fc->bias.detach().narrow(0, first, part));
-  keep(c_proj->weight, c_proj->weight.detach().narrow(1, first, part));
+  const int ranks = group.size(), rank = group.rank();
+  check_divides(c_fc->weight.size(0), ranks, "MLP width (4 n_embd)");
+  tp::ShardedParameters kept;
+  keep(c_fc->weight, tp::TensorShard::of(c_fc->weight.sizes().vec(), {}, 0, rank, ranks), kept);
+  keep(c_fc->bias, tp::TensorShard::of(c_fc->bias.sizes().vec(), {}, 0, rank, ranks), kept);
+  keep(c_proj->weight, tp::TensorShard::of(c_proj->weight.sizes().vec(), {}, 1, rank, ranks), kept);
   join(group, sequence_parallel, c_proj->bias, tensor_group_, sequence_parallel_);
+  return kept;
 }
 
 torch::Tensor MlpImpl::dropped(const torch::Tensor& y) {
@@ -151,12 +156,12 @@ void GptModelImpl::split(comm::Communicator& group, bool sequence_parallel) {
   const int ranks = group.size();
   check_divides(config_.vocab_size, ranks, "vocab_size");
   check_divides(config_.n_head, ranks, "n_head");
-  const auto part = config_.vocab_size / ranks;
-  keep(wte->weight, wte->weight.detach().narrow(0, group.rank() * part, part));
+  shards_.clear();
+  keep(wte->weight, tp::TensorShard::of(wte->weight.sizes().vec(), {}, 0, group.rank(), ranks), shards_);
   for (const auto& block : *h) {
     auto* b = block->as<BlockImpl>();
-    b->attn->split(group, sequence_parallel);
-    b->mlp->split(group, sequence_parallel);
+    for (auto kept : {b->attn->split(group, sequence_parallel), b->mlp->split(group, sequence_parallel)})
+      shards_.insert(shards_.end(), kept.begin(), kept.end());  // the list is built in order: attention first
     // Sequence parallel: each rank normalises its own tokens, so holds part of the norms' gradients.
     if (sequence_parallel)
       for (auto* t : {&b->ln_1->weight, &b->ln_1->bias, &b->ln_2->weight, &b->ln_2->bias})
@@ -183,14 +188,8 @@ torch::Tensor GptModelImpl::split_embed(const torch::Tensor& tokens) {
 }
 
 std::vector<torch::Tensor> GptModelImpl::split_parameters() const {
-  if (!tensor_group_) return {};
-  std::vector<torch::Tensor> out{wte->weight};
-  for (const auto& block : *h) {
-    const auto* b = block->as<BlockImpl>();
-    for (const auto* t : {&b->attn->c_attn->weight, &b->attn->c_attn->bias, &b->attn->c_proj->weight,
-                          &b->mlp->c_fc->weight, &b->mlp->c_fc->bias, &b->mlp->c_proj->weight})
-      out.push_back(*t);
-  }
+  std::vector<torch::Tensor> out;
+  for (const auto& [parameter, shard] : shards_) out.push_back(parameter);
   return out;
 }
 

@@ -29,6 +29,7 @@
 
 #include "lockstep/ddp/parameter_units.h"
 #include "lockstep/pipe/units.h"
+#include "lockstep/tp/shards.h"
 #include "lockstep/train_core/matmuls.h"
 
 namespace lockstep::comm {
@@ -79,8 +80,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   // Tensor parallelism: keeps this rank's heads (their rows of c_attn, columns of c_proj) and
   // exchanges over `group` from then on (gpt_tensor_parallel.cc); with `sequence_parallel` its
-  // input and output are this rank's slice of the sequence.
-  void split(comm::Communicator& group, bool sequence_parallel);
+  // input and output are this rank's slice of the sequence. Returns the shards it made.
+  tp::ShardedParameters split(comm::Communicator& group, bool sequence_parallel);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
@@ -104,7 +105,8 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   // Tensor parallelism: keeps this rank's hidden features (rows of c_fc, columns of c_proj).
-  void split(comm::Communicator& group, bool sequence_parallel);
+  // Returns the shards it made.
+  tp::ShardedParameters split(comm::Communicator& group, bool sequence_parallel);
 
  private:
   torch::Tensor projected(const torch::Tensor& x);  // forward before the output's dropout
@@ -162,8 +164,11 @@ class GptModelImpl : public torch::nn::Module {
   comm::Communicator* tensor_group() const { return tensor_group_; }
   bool sequence_parallel() const { return sequence_parallel_; }
   std::vector<torch::Tensor> split_parameters() const;  // the shards of split tensors
+  // Each shard with where it sits in its whole tensor (what checkpoints save and load whole).
+  const tp::ShardedParameters& tensor_shards() const { return shards_; }
 
  private:
+  tp::ShardedParameters shards_;
   torch::Tensor split_embed(const torch::Tensor& tokens);  // before the embeddings' dropout
   comm::Communicator* tensor_group_ = nullptr;
   bool sequence_parallel_ = false;
@@ -206,6 +211,7 @@ class GptLmHeadModelImpl : public torch::nn::Module, public train::CountsMatmuls
     transformer->split(group, sequence_parallel);
   }
   std::vector<torch::Tensor> split_parameters() const { return transformer->split_parameters(); }
+  const tp::ShardedParameters& tensor_shards() const { return transformer->tensor_shards(); }
 
   GptModel transformer{nullptr};
 };
