@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "lockstep/ddp/optimizer_state.h"
@@ -42,18 +43,41 @@ struct Listed {
   std::vector<CheckpointTensor> tensors;
   std::vector<torch::Tensor> live;
   std::vector<std::int64_t> flat_offsets;  // trainable parameters only: where each starts end to end
+  std::vector<const tp::TensorShard*> shards;  // trainable parameters only: a shard's place, or null
   std::size_t parameters = 0;
+
+  // Parameter i's `t` (its value or an optimizer state array) whole: gathered over the tensor
+  // group when it is a shard (collective: every rank of the group calls it for every shard).
+  torch::Tensor whole(std::size_t i, const torch::Tensor& t, comm::Communicator* group) const {
+    return shards[i] ? shards[i]->gather(t, *group) : t;
+  }
+  // Parameter i's part of a whole tensor read from a checkpoint.
+  torch::Tensor part(std::size_t i, const torch::Tensor& whole) const {
+    return i < shards.size() && shards[i] ? shards[i]->take(whole) : whole;
+  }
 };
 
-Listed list_tensors(const torch::nn::Module& module) {
+// Where `parameter` sits in its whole tensor, when it is a tensor-parallel shard.
+const tp::TensorShard* shard_of(const TensorSplit* split, const torch::Tensor& parameter) {
+  if (!split) return nullptr;
+  for (const auto& [p, shard] : split->shards)
+    if (p.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) return &shard;
+  return nullptr;
+}
+
+// A split parameter is listed as its whole tensor (`shards` says which, by index).
+Listed list_tensors(const torch::nn::Module& module, const TensorSplit* split = nullptr) {
   Listed out;
   std::int64_t at = 0;
   for (const auto& p : module.named_parameters()) {
     if (!p.value().requires_grad()) continue;
-    out.tensors.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value().scalar_type()), false});
+    const tp::TensorShard* shard = shard_of(split, p.value());
+    out.tensors.push_back(
+        {p.key(), shard ? shard->whole : p.value().sizes().vec(), dtype_name(p.value().scalar_type()), false});
     out.live.push_back(p.value());
+    out.shards.push_back(shard);
     out.flat_offsets.push_back(at);
-    at += p.value().numel();
+    at += out.tensors.back().numel();
   }
   out.parameters = out.tensors.size();
   for (const auto& b : module.named_buffers()) {
@@ -84,13 +108,13 @@ nlohmann::json optimizer_record(Kind kind, torch::optim::Optimizer& o, std::int6
   return {{"kind", kind_name(kind)}, {"step", step}, {"state", ddp_detail::state_names(kind, o)}};
 }
 
-std::string mismatch(const CheckpointTensor& saved, const torch::Tensor& mine) {
+std::string mismatch(const CheckpointTensor& saved, const CheckpointTensor& mine) {
   auto shape = [](const std::vector<std::int64_t>& s) {
     std::string out = "[";
     for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
     return out + "]";
   };
-  return dtype_name(mine.scalar_type()) + shape(mine.sizes().vec()) + " in the model but " + saved.dtype +
+  return mine.dtype + shape(mine.shape) + " in the model but " + saved.dtype +
          shape(saved.shape) + " in the checkpoint";
 }
 
@@ -105,9 +129,11 @@ std::size_t ShardSnapshot::bytes() const {
 namespace {
 
 // The parameters of `listed` that `mine` picks, laid end to end, cut in `world`: cut `rank`'s
-// pieces, with the optimizer's state, and (with `buffers`) the buffers.
+// pieces, with the optimizer's state, and (with `buffers`) the buffers. Under tensor parallelism
+// (`group`) the shards are gathered whole first, by every rank of the group alike.
 ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::size_t)>& mine,
-                           torch::optim::Optimizer& optimizer, int rank, int world, bool buffers, bool copy) {
+                           torch::optim::Optimizer& optimizer, int rank, int world, bool buffers, bool copy,
+                           comm::Communicator* group = nullptr) {
   torch::NoGradGuard no_grad;
   ShardSnapshot s;
   s.copies = copy;
@@ -116,22 +142,23 @@ ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::s
   std::int64_t total = 0, step = 0;
   std::vector<std::int64_t> offsets(listed.parameters, -1);
   for (std::size_t i = 0; i < listed.parameters; ++i)
-    if (mine(i)) offsets[i] = total, total += listed.live[i].numel();
+    if (mine(i)) offsets[i] = total, total += listed.tensors[i].numel();
   const std::int64_t lo = total * rank / world, hi = total * (rank + 1) / world;
   for (std::size_t i = 0; i < listed.parameters; ++i) {
     if (offsets[i] < 0) continue;
-    const auto& p = listed.live[i];
-    const std::int64_t from = std::max(lo, offsets[i]), to = std::min(hi, offsets[i] + p.numel());
-    if (from >= to) continue;
-    ShardPiece piece{int(i), from - offsets[i], to - from, {}};
-    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned, copy);
-    auto it = optimizer.state().find(ddp_detail::key_of(p));
+    const auto p = listed.whole(i, listed.live[i], group);
+    std::map<std::string, torch::Tensor> state;
+    auto it = optimizer.state().find(ddp_detail::key_of(listed.live[i]));
     if (it != optimizer.state().end()) {
       const auto st = ddp_detail::read_state(kind, *it->second);
       step = st.step;
-      for (const auto& [name, t] : st.tensors)
-        piece.arrays[name] = copy_of(t, piece.start, piece.count, s.owned);
+      for (const auto& [name, t] : st.tensors) state[name] = listed.whole(i, t, group);
     }
+    const std::int64_t from = std::max(lo, offsets[i]), to = std::min(hi, offsets[i] + p.numel());
+    if (from >= to) continue;
+    ShardPiece piece{int(i), from - offsets[i], to - from, {}};
+    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned, copy || listed.shards[i]);
+    for (const auto& [name, t] : state) piece.arrays[name] = copy_of(t, piece.start, piece.count, s.owned);
     s.pieces.push_back(std::move(piece));
   }
   if (buffers) add_buffers(listed, s);
@@ -156,6 +183,12 @@ ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torc
   return snapshot_cut(
       listed, [&](std::size_t i) { return names.count(listed.tensors[i].name) > 0; }, optimizer, replica, replicas,
       buffers, copy);
+}
+
+ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
+                                       torch::optim::Optimizer& optimizer, int rank, int world) {
+  return snapshot_cut(list_tensors(module, &split), [](std::size_t) { return true; }, optimizer, rank, world,
+                      rank == 0, /*copy=*/true, split.group);
 }
 
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy) {
@@ -216,7 +249,7 @@ std::vector<int> matching_tensors(const ShardedCheckpointReader& reader, const L
     if (t < 0) fail(std::string(kind) + " '" + mine.name + "' is missing from it");
     const auto& saved = reader.tensors()[std::size_t(t)];
     if (saved.shape != mine.shape || saved.dtype != mine.dtype)
-      fail(std::string(kind) + " '" + mine.name + "' is " + mismatch(saved, listed.live[i]));
+      fail(std::string(kind) + " '" + mine.name + "' is " + mismatch(saved, mine));
     found[i] = t;
   }
   for (const auto& saved : reader.tensors()) {
@@ -237,10 +270,10 @@ void check_optimizer_kind(const nlohmann::json& record, Kind kind, const std::st
 }  // namespace
 
 nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
-                            torch::optim::Optimizer* optimizer, bool part) {
+                            torch::optim::Optimizer* optimizer, bool part, const TensorSplit* split) {
   torch::NoGradGuard no_grad;
   ShardedCheckpointReader reader(dir);
-  const Listed listed = list_tensors(module);
+  const Listed listed = list_tensors(module, split);
   const std::vector<int> found = matching_tensors(reader, listed, dir, part);
   auto read_tensor = [&](int t, const std::string& array) {
     const auto& saved = reader.tensors()[std::size_t(t)];
@@ -250,10 +283,11 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
   };
   for (std::size_t i = 0; i < listed.tensors.size(); ++i) {
     const auto& live = listed.live[i];
-    if (live.is_cpu() && live.is_contiguous())  // straight into the model's memory: no second copy
+    const bool shard = i < listed.parameters && listed.shards[i];
+    if (!shard && live.is_cpu() && live.is_contiguous())  // straight into the model's memory: no second copy
       reader.read(found[i], "value", 0, live.numel(), live.data_ptr());
     else
-      live.copy_(read_tensor(found[i], "value"));
+      live.copy_(listed.part(i, read_tensor(found[i], "value")));
   }
   const nlohmann::json record = reader.extra().value("optimizer", nlohmann::json::object());
   const auto state = record.value("state", std::vector<std::string>{});
@@ -262,7 +296,8 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
   check_optimizer_kind(record, kind, dir);
   for (std::size_t i = 0; i < listed.parameters; ++i) {
     ddp_detail::ParamState st{record.value("step", std::int64_t{0}), {}};
-    for (const auto& name : state) st.tensors[name] = read_tensor(found[i], name).to(listed.live[i].device());
+    for (const auto& name : state)
+      st.tensors[name] = listed.part(i, read_tensor(found[i], name)).to(listed.live[i].device());
     optimizer->state()[ddp_detail::key_of(listed.live[i])] = ddp_detail::make_state(kind, st);
   }
   return record;

@@ -5,6 +5,8 @@
 // group: the reducer, the sampler's split and evaluation's.
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
@@ -20,7 +22,7 @@ void Trainer::Impl::split_model() {
   if (l.tensor() == 1) return;
   if (!model.split_for_tensor_parallel)
     throw ConfigError("--tensor-parallel " + std::to_string(l.tensor()) +
-                      ": this model cannot be split (give it split_for_tensor_parallel() and split_parameters(), as "
+                      ": this model cannot be split (give it split_for_tensor_parallel() and tensor_shards(), as "
                       "models/gpt.h's GptLmHeadModel does; lockstep/tp/layers.h has the split layers)");
   // Every rank makes its tensor group, then its data group: the same order everywhere.
   tensor_comm = comm->group(l.group_of(ParallelDim::tensor, rank()), l.group_name(ParallelDim::tensor, rank()));
@@ -36,28 +38,56 @@ void Trainer::Impl::split_model() {
 }
 
 double TrainingStep::tensor_parallel_clip(double max_norm) {
-  const auto split = run_.model.split_parameters();
-  std::vector<torch::Tensor> whole;
+  std::vector<torch::Tensor> split, whole;
+  for (const auto& [parameter, shard] : run_.model.tensor_shards()) split.push_back(parameter);
   for (const auto& p : run_.model.module->parameters())
     if (std::none_of(split.begin(), split.end(), [&](const torch::Tensor& s) { return s.is_same(p); }))
       whole.push_back(p);
   return tp::clip_grad_norm(split, whole, max_norm, *run_.tensor_comm);
 }
 
-// The replicas of one shard (a data group) must hold the same parameters; different shards differ.
+std::optional<TensorSplit> Trainer::Impl::tensor_split() const {
+  if (!tensor_comm) return std::nullopt;
+  return TensorSplit{model.tensor_shards(), tensor_comm.get()};
+}
+
+namespace {
+
+// Collective over `group`: whether every member's `mine` is the same, agreed by every rank of `all`.
+bool same_everywhere(comm::Communicator& group, comm::Communicator& all, const std::string& mine) {
+  const auto seen = comm::allgather_strings(group, mine);
+  std::int32_t agree = std::all_of(seen.begin(), seen.end(), [&](const std::string& f) { return f == seen[0]; });
+  std::int32_t everywhere = 0;
+  all.allreduce(&agree, &everywhere, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
+  return everywhere != 0;
+}
+
+}  // namespace
+
+// The replicas of one shard (a data group) must hold the same parameters, and the ranks of a
+// tensor group the same whole (unsplit) parameters: they take the same gradients and skip the same
+// steps (--fp16). Different shards differ.
 void Trainer::Impl::check_tensor_replicas() {
-  const auto all = comm::allgather_strings(*data_comm, parameters_fingerprint(*model.module, nullptr));
-  bool same = true;
-  for (const auto& f : all) same = same && f == all[0];
-  std::int32_t agree = same ? 1 : 0, everywhere = 0;
-  comm->allreduce(&agree, &everywhere, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
+  const bool replicas = same_everywhere(*data_comm, *comm, parameters_fingerprint(*model.module, nullptr));
+  std::vector<std::uint64_t> whole;
+  const auto shards = model.tensor_shards();
+  for (const auto& p : model.module->parameters())
+    if (std::none_of(shards.begin(), shards.end(), [&](const auto& s) { return s.first.is_same(p); }))
+      whole.push_back(parameter_hash(p));
+  const bool tensor_ranks = same_everywhere(*tensor_comm, *comm, combined_fingerprint(whole));
   if (rank() != 0) return;
-  if (everywhere)
+  if (replicas)
     LOCKSTEP_LOG(info, train) << "the " << layout().data() << " replicas of each of the " << layout().tensor()
                               << " tensor shards hold the same parameters";
   else
     LOCKSTEP_LOG(warn, train) << "the replicas of a tensor shard diverged (a non-deterministic op, or a rank that "
                                  "skipped a step); evaluate with care";
+  if (tensor_ranks)
+    LOCKSTEP_LOG(info, train) << "the " << layout().tensor() << " ranks of each tensor group hold the same whole "
+                                 "parameters";
+  else
+    LOCKSTEP_LOG(warn, train) << "the ranks of a tensor group hold different whole parameters (layer norms, "
+                                 "positions, biases): one took a step the others skipped; evaluate with care";
 }
 
 }  // namespace lockstep::train

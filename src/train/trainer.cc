@@ -22,6 +22,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train/tensor_memory.h"
 #include "lockstep/train_core/progress.h"
 #include "lockstep/base/run_env.h"
@@ -166,7 +167,10 @@ void Trainer::Impl::load_best_model() {
   if (!args.load_best_model_at_end || state.best_checkpoint.empty()) return;
   const std::string best = (fs::path(args.output_dir) / state.best_checkpoint).string();
   WholeParameters whole(*this, true);
-  load_module(*model.module, CheckpointDir(best).model());
+  if (const auto split = tensor_split())  // the checkpoint's whole tensors, this rank's shard of each
+    load_sharded(best, *model.module, nullptr, /*part=*/false, &*split);
+  else
+    load_module(*model.module, CheckpointDir(best).model());
   if (rank() == 0)
     LOCKSTEP_LOG(info, train) << "loaded the best model, " << state.best_checkpoint << " ("
                               << args.metric_for_best_model << " " << state.best_metric.value_or(0) << ")";

@@ -133,6 +133,7 @@ nlohmann::json TrainerCheckpoints::trainer_state_json(std::size_t sampler_positi
             {"world_size", t_.world()},
             {"data_world_size", t_.data_world()},
             {"pipeline_parallel", t_.args.pipeline_parallel},
+            {"tensor_parallel", t_.layout().tensor()},
             {"seed", t_.args.seed},
             {"rng_states", ranks.rngs}});
   if (t_.args.fp16) {
@@ -236,6 +237,7 @@ std::optional<nlohmann::json> TrainerCheckpoints::take_resume_record() {
 
 bool TrainerCheckpoints::sharded_saves() const {
   if (t_.step.pipeline()) return true;  // each pipeline rank saves its stages' part
+  if (t_.tensor_comm) return true;       // each rank saves its cut of the gathered whole tensors
   if (t_.elastic) return false;  // the writer's reports need one communicator for the whole save
   return t_.args.save_format == "sharded" || (t_.args.save_format == "auto" && t_.zero_plan.sharded());
 }
@@ -288,6 +290,7 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
                {"global_step", t.state.global_step},
                {"world_size", t.world()},
                {"pipeline_parallel", t.args.pipeline_parallel},
+               {"tensor_parallel", t.layout().tensor()},
                {"zero_stage", t.step.zero() ? t.zero_plan.stage : 0}};
   job.files = {{CheckpointDir::kTrainerState, trainer_state.dump(2)},
                {CheckpointDir::kScheduler, scheduler_json(t).dump(2)},
@@ -376,8 +379,13 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (step.zero()) whole = step.make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = step.zero() ? *whole : *step.optimizer();
+  const std::optional<TensorSplit> split = t_.tensor_split();
+  if (split && !checkpoint.sharded())
+    throw ConfigError("--resume-from-checkpoint " + dir + ": a consolidated checkpoint (model.pt) does not load into "
+                      "a model split for --tensor-parallel yet; resume it without --tensor-parallel and save with "
+                      "--save-format sharded, which any layout loads");
   if (checkpoint.sharded()) {
-    load_sharded(dir, *model.module, &target);
+    load_sharded(dir, *model.module, &target, /*part=*/false, split ? &*split : nullptr);
   } else {
     load_module(*model.module, checkpoint.model());
     load_optimizer(target, optimizer_path(dir));
@@ -428,7 +436,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
   const nlohmann::json s = read_json_file(state_path, "the trainer state of a checkpoint");
   load_state(dir);
   TrainerState& state = t_.state;
-  int saved_world = 0, saved_pipeline = 1;
+  int saved_world = 0, saved_pipeline = 1, saved_tensor = 1;
   bool same_layout = false;
   try {
     state.load_position(s);
@@ -440,7 +448,9 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
     // The data is dealt over the replicas (every rank without a pipeline); the generators are per rank.
     const int saved_data_world = s.value("data_world_size", saved_world);
     saved_pipeline = s.value("pipeline_parallel", 1);
-    same_layout = saved_world == t_.world() && saved_pipeline == t_.args.pipeline_parallel;
+    saved_tensor = s.value("tensor_parallel", 1);
+    same_layout = saved_world == t_.world() && saved_pipeline == t_.args.pipeline_parallel &&
+                  saved_tensor == t_.layout().tensor();
     if (same_layout) set_rng_state_hex(s.at("rng_states").at(static_cast<std::size_t>(t_.rank())).get<std::string>());
     if (saved_data_world == t_.data_world()) {
       sampler.load_state(saved);
@@ -457,6 +467,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
     if (t_.rank() == 0)
       LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers"
                                 << (saved_pipeline > 1 ? " (" + std::to_string(saved_pipeline) + " pipeline ranks)" : "")
+                                << (saved_tensor > 1 ? " (" + std::to_string(saved_tensor) + " tensor ranks)" : "")
                                 << ", this run has " << t_.world() << ": the " << sampler_offset_ << " samples of epoch "
                                 << state.epoch << " already trained on stay done, the rest are dealt over "
                                 << t_.data_world() << "; each rank's RNG stream starts afresh";

@@ -46,6 +46,7 @@
 #include "lockstep/ddp/zero.h"
 #include "lockstep/pipe/pipeline.h"
 #include "lockstep/pipe_core/layout.h"
+#include "lockstep/train/sharded_checkpoint.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train_core/blas.h"
 #include "lockstep/train_core/metrics.h"
@@ -158,6 +159,9 @@ struct Trainer::Impl {
   WindowCounters window_counters() const;
   void split_model();            // collective: the groups made, the model split, its loss set
   void check_tensor_replicas();  // collective: each shard's replicas agree
+  // The model's shards and the tensor group, for checkpoints (which hold whole tensors); nullopt
+  // when the model is not split.
+  std::optional<TensorSplit> tensor_split() const;
   // Samples one rank takes per optimiser step.
   std::size_t samples_per_step() const;
   double learning_rate_at(std::int64_t at) const { return args.learning_rate * schedule.multiplier(at); }

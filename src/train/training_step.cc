@@ -83,7 +83,8 @@ void TrainingStep::account_communication(StepTimes& t, double& bytes, int& bucke
 
 // --fp16: the gradients divided by the loss scale again, and whether every one is finite. Every
 // rank decides alike: it holds the same all-reduced gradients (under ZeRO, its slices of them,
-// and the ranks agree on the answer).
+// and the ranks agree on the answer; under tensor parallelism, its shards, and the tensor group
+// agrees: a shard that overflowed on one rank skips the step on all).
 bool TrainingStep::unscale_gradients() {
   const double inverse = 1.0 / loss_scale_.scale();
   if (zero_) return zero_->unscale_gradients(inverse);
@@ -93,7 +94,10 @@ bool TrainingStep::unscale_gradients() {
     p.mutable_grad().mul_(inverse);
     finite.push_back(torch::isfinite(p.grad()).all());
   }
-  return finite.empty() || torch::stack(finite).all().item<bool>();
+  std::int32_t all_finite = finite.empty() || torch::stack(finite).all().item<bool>();
+  if (run_.tensor_comm)
+    run_.tensor_comm->allreduce(&all_finite, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
+  return all_finite != 0;
 }
 
 // --fp16: an overflowed step changes no parameter; the scale falls and the next step tries again.

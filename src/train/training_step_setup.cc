@@ -161,6 +161,8 @@ ShardSnapshot TrainingStep::snapshot(bool copy) {
     return snapshot_pipeline_rank(module, *stage_module_, *optimizer_, run_.data_rank(), run_.data_world(),
                                   run_.rank() == 0, copy);
   if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy);
+  if (const auto split = run_.tensor_split())
+    return snapshot_tensor_parallel(module, *split, *optimizer_, run_.rank(), run_.world());
   return snapshot_replicated(module, *optimizer_, run_.rank(), run_.world(), copy);
 }
 

@@ -216,14 +216,10 @@ void TrainingArguments::validate_tensor_parallel() const {
     bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
   if (zero_stage > 0) bad("zero-stage", "does not combine with " + with + " yet: use one or the other");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
-  if (fp16)
-    bad("fp16", "does not combine with " + with + " yet (the loss scale's overflow check across the tensor group is "
-                "not built): use --bf16, which needs no loss scaling");
-  if (save_strategy != "no" || load_best_model_at_end)
-    bad("save-strategy", "must be no under " + with + ": checkpoints of a split model are not built yet (they "
-                         "would need each shard's offsets in the whole tensor)");
-  if (!resume_from_checkpoint.empty())
-    bad("resume-from-checkpoint", "does not combine with " + with + " yet (a checkpoint is not split on loading)");
+  if (save_format == "consolidated")
+    bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
+                           " every rank saves its cut of the whole tensors (sharded, which any layout loads; "
+                           "`lockstep checkpoint consolidate` makes model.pt of one)");
 }
 
 // What --cuda-graphs does not capture (yet); one worker and a CUDA device are checked at start.

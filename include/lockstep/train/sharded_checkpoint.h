@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/ddp/zero.h"
+#include "lockstep/tp/shards.h"
 #include "lockstep/train_core/checkpoint_dir.h"
 #include "lockstep/train_core/shard_files.h"
 
@@ -49,6 +50,19 @@ ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim:
 ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torch::nn::Module& owned,
                                      torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
                                      bool copy = true);
+// Tensor parallelism: the module's parameters that are shards of whole tensors (the model's
+// tensor_shards) and the group whose ranks hold the other shards. The checkpoint holds whole
+// tensors, so a run of any layout reads it, and so do `gpt generate` and `lockstep checkpoint`.
+struct TensorSplit {
+  tp::ShardedParameters shards;
+  comm::Communicator* group = nullptr;
+};
+// Tensor parallelism, with data replicas or not: each split parameter and its optimizer state
+// gathered whole over the tensor group (collective: every rank, every shard, one at a time, so
+// no rank holds more than one whole tensor at once beyond its cut), then the rank-th of `world`
+// cuts of the whole model as snapshot_replicated writes it. Always copies.
+ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
+                                       torch::optim::Optimizer& optimizer, int rank, int world);
 // ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true);
 
@@ -57,9 +71,11 @@ ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer
 // the whole optimizer state into `optimizer` (built over module.parameters(), of the kind the
 // checkpoint names). Returns the checkpoint's optimizer record.
 // `part`: the module is part of the checkpoint's model (a pipeline rank's parameters): tensors the
-// checkpoint holds beyond the module's are not an error.
+// checkpoint holds beyond the module's are not an error. `split`: the module is split for tensor
+// parallelism; each shard reads its part of the whole tensor (and of its optimizer state).
 nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
-                            torch::optim::Optimizer* optimizer, bool part = false);
+                            torch::optim::Optimizer* optimizer, bool part = false,
+                            const TensorSplit* split = nullptr);
 
 // Under ZeRO stage 3: the buffers into the module and this rank's slices into `zero`, reading
 // nothing else (a model that barely fits its machines resumes without the whole state anywhere).

@@ -33,6 +33,7 @@
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/ddp/parameter_units.h"
 #include "lockstep/pipe/units.h"
+#include "lockstep/tp/shards.h"
 #include "lockstep/train_core/arguments.h"
 
 namespace lockstep::train {
@@ -67,9 +68,10 @@ struct Model {
   // --tensor-parallel (lockstep/tp): splits the model's layers in place over the tensor group (and,
   // with --sequence-parallel, the activations between them over the sequence), its forward then
   // returning this rank's vocabulary columns of every token's logits (models/gpt.h's
-  // GptLmHeadModel); split_parameters lists the shards, for the global norm. Empty: it cannot.
+  // GptLmHeadModel); tensor_shards lists the shards and where each sits in its whole tensor, for
+  // the global norm and for checkpoints, which hold whole tensors. Empty: it cannot.
   std::function<void(comm::Communicator&, bool sequence_parallel)> split_for_tensor_parallel;
-  std::function<std::vector<torch::Tensor>()> split_parameters;
+  std::function<tp::ShardedParameters()> tensor_shards;
 
   template <class M>
   static Model of(std::shared_ptr<M> m) {
@@ -87,7 +89,7 @@ struct Model {
       model.split_for_tensor_parallel = [raw = m.get()](comm::Communicator& g, bool sequence_parallel) {
         raw->split_for_tensor_parallel(g, sequence_parallel);
       };
-      model.split_parameters = [raw = m.get()] { return raw->split_parameters(); };
+      model.tensor_shards = [raw = m.get()] { return raw->tensor_shards(); };
     }
     return model;
   }
@@ -125,7 +127,7 @@ struct Model {
   template <class M>
   static constexpr auto has_tensor_split(int)
       -> decltype(std::declval<M&>().split_for_tensor_parallel(std::declval<comm::Communicator&>(), true),
-                  std::declval<M&>().split_parameters(), true) {
+                  std::declval<M&>().tensor_shards(), true) {
     return true;
   }
   template <class M>
