@@ -41,6 +41,7 @@ torch::Tensor StageChunk::forward_loss(int k, const torch::Tensor& input, std::u
   Saved& s = saved_[k];
   s.input = x;
   s.output = value * batch.loss_weight;
+  if (batch.loss_scale != 1) s.output = s.output * batch.loss_scale;
   return value.detach();
 }
 

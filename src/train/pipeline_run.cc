@@ -86,9 +86,10 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   const double mean_over = plan.all_ranks_samples / run_.data_world();
   std::vector<pipe::MicroBatch> batches;
   const auto in_parts = input.tensor_split(m), target_parts = target.tensor_split(m);
+  const double loss_scale = args.fp16 ? loss_scale_.scale() : 1;
   for (int k = 0; k < m; ++k)
     batches.push_back({in_parts[std::size_t(k)], target_parts[std::size_t(k)],
-                       double(in_parts[std::size_t(k)].size(0)) / mean_over});
+                       double(in_parts[std::size_t(k)].size(0)) / mean_over, loss_scale});
   const pipe::PipelineStepStats st = pipeline_->train_step(batches);
   if (st.loss_targets > 0) {
     window.add_loss(st.loss_sum / st.loss_targets, st.loss_targets);
@@ -99,17 +100,19 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   t.exposed_comm = st.wait_seconds + st.send_seconds + st.reduce_seconds;
   t.comm = st.reduce_seconds;
   const auto optimizer_begin = Clock::now();
-  const double max_norm = args.max_grad_norm;
-  const double norm = pipeline_->clip_grad_norm(max_norm);
-  if (max_norm > 0) window.set_grad_norm(norm);
   PipelineWindow& w = pipeline_window_;
   w.compute += st.compute_seconds, w.wait += st.wait_seconds, w.send += st.send_seconds;
   w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps;
-  const double lr = run_.learning_rate_at(run_.state.global_step);
-  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  optimizer_->step();
-  optimizer_->zero_grad();
-  pipeline_->after_optimizer_step();
+  if (!args.fp16 || !skip_overflowed_step()) {  // every stage skips alike (unscale_gradients)
+    const double max_norm = args.max_grad_norm;
+    const double norm = pipeline_->clip_grad_norm(max_norm);
+    if (max_norm > 0) window.set_grad_norm(norm);
+    const double lr = run_.learning_rate_at(run_.state.global_step);
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    optimizer_->step();
+    optimizer_->zero_grad();
+    pipeline_->after_optimizer_step();
+  }
   t.optimizer = seconds_between(optimizer_begin, Clock::now());
   t.total = seconds_between(begin, Clock::now());
   if (TraceWriter* trace = run_.trace()) {

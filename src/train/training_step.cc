@@ -83,8 +83,9 @@ void TrainingStep::account_communication(StepTimes& t, double& bytes, int& bucke
 
 // --fp16: the gradients divided by the loss scale again, and whether every one is finite. Every
 // rank decides alike: it holds the same all-reduced gradients (under ZeRO, its slices of them,
-// and the ranks agree on the answer; under tensor parallelism, its shards, and the tensor group
-// agrees: a shard that overflowed on one rank skips the step on all).
+// and the ranks agree on the answer; under tensor parallelism its shards, and under a pipeline
+// its stages' parameters: then every rank agrees, so that a gradient that overflowed on one rank
+// skips the step on all).
 bool TrainingStep::unscale_gradients() {
   const double inverse = 1.0 / loss_scale_.scale();
   if (zero_) return zero_->unscale_gradients(inverse);
@@ -95,8 +96,8 @@ bool TrainingStep::unscale_gradients() {
     finite.push_back(torch::isfinite(p.grad()).all());
   }
   std::int32_t all_finite = finite.empty() || torch::stack(finite).all().item<bool>();
-  if (run_.tensor_comm)
-    run_.tensor_comm->allreduce(&all_finite, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
+  if (run_.tensor_comm || pipeline_)
+    run_.comm->allreduce(&all_finite, 1, comm::DType::i32, comm::ReduceOp::min)->wait();
   return all_finite != 0;
 }
 

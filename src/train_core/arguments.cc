@@ -194,9 +194,6 @@ void TrainingArguments::validate_pipeline() const {
   if (zero_stage > 0)
     bad("zero-stage", "does not combine with " + with + " yet: each stage's replicas reduce its gradients with DDP");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
-  if (fp16)
-    bad("fp16", "does not combine with " + with + " yet (the loss scale's overflow check across stages is not built): "
-                "use --bf16, which needs no loss scaling");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
                            " each stage saves its part (sharded; `lockstep checkpoint consolidate` makes model.pt of one)");

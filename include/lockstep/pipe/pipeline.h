@@ -83,6 +83,7 @@ struct MicroBatch {
   torch::Tensor input;   // the first stage's input
   torch::Tensor target;  // the loss's target (the last stage's)
   double loss_weight = 1;  // the micro-batch's loss is multiplied by this before its backward
+  double loss_scale = 1;   // --fp16: and then by this (two products, as the unpipelined step's)
 };
 
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
