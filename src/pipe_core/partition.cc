@@ -116,4 +116,19 @@ StagePlan parse_stage_split(const std::string& text, int units, int stages) {
   return plan;
 }
 
+std::vector<int> owners_of_tensors(const std::vector<long long>& elements, int replicas) {
+  if (replicas < 1) throw ConfigError("ZeRO over a stage's replicas needs at least one replica");
+  std::vector<std::size_t> order(elements.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return elements[a] > elements[b]; });
+  std::vector<long long> held(std::size_t(replicas), 0);
+  std::vector<int> owner(elements.size(), 0);
+  for (const std::size_t i : order) {
+    const auto least = std::min_element(held.begin(), held.end());  // the first of equals
+    owner[i] = int(least - held.begin());
+    *least += elements[i];
+  }
+  return owner;
+}
+
 }  // namespace lockstep::pipe

@@ -174,15 +174,15 @@ ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim:
   return snapshot_cut(list_tensors(module), [](std::size_t) { return true; }, optimizer, rank, world, rank == 0, copy);
 }
 
-ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torch::nn::Module& owned,
+ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const std::vector<torch::Tensor>& owned,
                                      torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
                                      bool copy) {
-  std::set<std::string> names;
-  for (const auto& p : owned.named_parameters()) names.insert(p.key());
+  std::set<const void*> mine;
+  for (const auto& p : owned) mine.insert(p.unsafeGetTensorImpl());
   const Listed listed = list_tensors(module);
   return snapshot_cut(
-      listed, [&](std::size_t i) { return names.count(listed.tensors[i].name) > 0; }, optimizer, replica, replicas,
-      buffers, copy);
+      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer, replica,
+      replicas, buffers, copy);
 }
 
 ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,

@@ -291,7 +291,7 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
                {"world_size", t.world()},
                {"pipeline_parallel", t.args.pipeline_parallel},
                {"tensor_parallel", t.layout().tensor()},
-               {"zero_stage", t.step.zero() ? t.zero_plan.stage : 0}};
+               {"zero_stage", t.step.zero() || t.step.pipeline() ? t.zero_plan.stage : 0}};
   job.files = {{CheckpointDir::kTrainerState, trainer_state.dump(2)},
                {CheckpointDir::kScheduler, scheduler_json(t).dump(2)},
                {CheckpointDir::kTrainingArgs, t.args.to_json().dump(2)}};
@@ -353,6 +353,7 @@ void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
   if (CheckpointDir(dir).sharded()) {
     load_sharded(dir, *model.module, nullptr);
     load_sharded(dir, *step.stage_module(), step.optimizer(), /*part=*/true);
+    step.keep_own_optimizer_state();
     return;
   }
   load_module(*model.module, CheckpointDir(dir).model());
@@ -362,6 +363,7 @@ void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
     const auto it = whole->state().find(ddp_detail::key_of(p));
     if (it != whole->state().end()) step.optimizer()->state()[ddp_detail::key_of(p)] = std::move(it->second);
   }
+  step.keep_own_optimizer_state();
 }
 
 // The model and the optimizer's state from either format, at any world size and ZeRO stage: each

@@ -176,11 +176,15 @@ metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) con
     begin.virtual_stages = args.virtual_stages;
     begin.num_microbatches = args.num_microbatches > 0 ? args.num_microbatches : args.gradient_accumulation_steps;
     begin.pipeline_plan = pipeline->describe_plan();
-    // This worker's share: its stages' parameters, their gradients and optimizer state.
-    std::int64_t own = 0;
+    // This worker's share: its stages' parameters and their gradients, and the optimizer state of
+    // those it updates (under --zero-stage 1, its share of them).
+    std::int64_t own = 0, updated = 0;
     for (const auto& p : pipeline->parameters()) own += static_cast<std::int64_t>(p.nbytes());
+    for (const auto& group : run_.step.optimizer()->param_groups())
+      for (const auto& p : group.params()) updated += static_cast<std::int64_t>(p.nbytes());
     begin.worker_parameter_bytes = begin.worker_gradient_bytes = own;
-    begin.worker_optimizer_state_bytes = own * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
+    begin.worker_optimizer_state_bytes = updated * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
+    begin.zero_stage = run_.zero_plan.stage;
   }
   return begin;
 }

@@ -108,7 +108,7 @@ bool TrainingStep::skip_overflowed_step() {
   if (zero_)
     zero_->skip_step();
   else
-    optimizer_->zero_grad();
+    zero_gradients();
   // Under local SGD each machine decides for itself: the first rank of each says so.
   bool speaks = run_.rank() == 0;
   std::string where;

@@ -136,6 +136,9 @@ class TrainingStep {
   data::EvalTotals pipeline_eval_totals();            // collective: evaluation through the pipeline
   void add_pipeline_fields(metrics::StepLog& entry);  // collective: each pipeline rank's window
   void check_stage_replicas();                        // collective: each stage's replicas agree
+  // --zero-stage 1 under a pipeline (pipeline_zero_one.cc): after a load, this replica keeps the
+  // optimizer state of the parameters it updates and drops the rest.
+  void keep_own_optimizer_state();
   double tensor_parallel_clip(double max_norm);       // collective: the norm over the tensor group
 
  private:
@@ -162,6 +165,12 @@ class TrainingStep {
   std::unique_ptr<pipe::Pipeline> pipeline_;
   std::shared_ptr<torch::nn::Module> stage_module_;
   PipelineWindow pipeline_window_;
+  // --zero-stage 1 under a pipeline: for each of pipeline_->parameters(), the replica of its stage
+  // that updates it (empty without ZeRO or replicas).
+  std::vector<int> stage_owners_;
+  std::vector<torch::Tensor> stage_share();  // makes stage_owners_; the parameters this rank updates
+  void share_stage_updates();                // collective over the stage's replicas: the new values
+  void zero_gradients();                     // the optimizer's, and under ZeRO-1 the others' too
   std::unique_ptr<ZeroOptimizer> zero_;  // --zero-stage 1 to 3 on several workers
   // --sync-every above 1 (local SGD): the reducer spans this machine's ranks only, and the
   // machines meet through the outer optimizer.

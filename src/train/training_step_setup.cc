@@ -157,9 +157,14 @@ torch::optim::Optimizer& TrainingStep::whole_optimizer(std::unique_ptr<torch::op
 
 ShardSnapshot TrainingStep::snapshot(bool copy) {
   const torch::nn::Module& module = *run_.model.module;
-  if (pipeline_)
-    return snapshot_pipeline_rank(module, *stage_module_, *optimizer_, run_.data_rank(), run_.data_world(),
-                                  run_.rank() == 0, copy);
+  if (pipeline_) {  // its cut of its stages' parameters, or under ZeRO-1 the share it updates, whole
+    std::vector<torch::Tensor> updated;
+    for (const auto& group : optimizer_->param_groups())
+      updated.insert(updated.end(), group.params().begin(), group.params().end());
+    const bool whole_share = !stage_owners_.empty();
+    return snapshot_pipeline_rank(module, updated, *optimizer_, whole_share ? 0 : run_.data_rank(),
+                                  whole_share ? 1 : run_.data_world(), run_.rank() == 0, copy);
+  }
   if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy);
   if (const auto split = run_.tensor_split())
     return snapshot_tensor_parallel(module, *split, *optimizer_, run_.rank(), run_.world());

@@ -191,8 +191,12 @@ void TrainingArguments::validate_pipeline() const {
     bad("virtual-stages", "needs --pipeline-schedule interleaved (the " + pipeline_schedule +
                               " schedule runs one stage per pipeline rank)");
   const std::string with = "--pipeline-parallel " + std::to_string(pipeline_parallel);
-  if (zero_stage > 0)
-    bad("zero-stage", "does not combine with " + with + " yet: each stage's replicas reduce its gradients with DDP");
+  if (zero_stage > 1)
+    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with +
+                          " yet (a stage's gradients are reduced whole): use --zero-stage 1, which shards the optimizer "
+                          "state over each stage's replicas");
+  if (zero_shared_parameters)
+    bad("zero-shared-parameters", "does not combine with " + with + " (each stage's parameters are on its own ranks)");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +

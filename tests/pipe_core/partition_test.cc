@@ -1,6 +1,9 @@
 // The partitioner and the mesh: balanced cuts, hand-given splits, and the errors a user meets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include "lockstep/error.h"
 #include "lockstep/pipe_core/mesh.h"
 #include "lockstep/pipe_core/partition.h"
@@ -68,6 +71,34 @@ TEST(Mesh, RanksAreStageMajor) {
   EXPECT_EQ(mesh.stage_group(1), (std::vector<int>{3, 4, 5}));
   EXPECT_EQ(mesh.pipeline_group(2), (std::vector<int>{2, 5}));
   EXPECT_EQ(mesh.describe(), "2 pipeline ranks x 3 replicas (6 workers)");
+}
+
+// ZeRO-1 over a stage's replicas: every tensor has one owner, and random sizes (the seed printed)
+// leave no replica above the mean by more than the largest tensor.
+TEST(Partition, TensorOwnersSplitAStagesElementsWithinTheLargestTensor) {
+  EXPECT_EQ(owners_of_tensors({10, 1, 1, 8}, 2), (std::vector<int>{0, 1, 1, 1}));  // 10 | 8 + 1 + 1
+  EXPECT_EQ(owners_of_tensors({5, 5}, 1), (std::vector<int>{0, 0}));
+  EXPECT_EQ(owners_of_tensors({}, 3), std::vector<int>{});
+  EXPECT_THROW(owners_of_tensors({1}, 0), ConfigError);
+  const std::uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int replicas = std::uniform_int_distribution<int>(1, 8)(rng);
+    std::vector<long long> sizes(std::uniform_int_distribution<std::size_t>(0, 40)(rng));
+    for (auto& n : sizes) n = std::uniform_int_distribution<long long>(1, 1 << 20)(rng);
+    const std::vector<int> owner = owners_of_tensors(sizes, replicas);
+    std::vector<long long> held(std::size_t(replicas), 0);
+    long long total = 0, largest = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      ASSERT_GE(owner[i], 0);
+      ASSERT_LT(owner[i], replicas);
+      held[std::size_t(owner[i])] += sizes[i];
+      total += sizes[i];
+      largest = std::max(largest, sizes[i]);
+    }
+    for (const long long h : held)
+      EXPECT_LE(double(h), double(total) / replicas + double(largest)) << "seed " << seed << ", trial " << trial;
+  }
 }
 
 TEST(Mesh, APipelineThatDoesNotDivideTheWorldIsAConfigError) {

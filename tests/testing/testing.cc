@@ -226,6 +226,25 @@ int Process::wait(double timeout_seconds) {
   return exit_code_;
 }
 
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');  // the command's name may hold spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(pid_t(std::stoi(name)));
+  }
+  return out;
+}
+
 std::size_t count_of(const std::string& haystack, const std::string& needle) {
   std::size_t n = 0;
   for (auto at = haystack.find(needle); at != std::string::npos;

@@ -92,6 +92,9 @@ class Process {
 
 std::size_t count_of(const std::string& haystack, const std::string& needle);
 
+// The processes `parent` started and that still run (a launcher's workers), from /proc.
+std::vector<pid_t> children_of(pid_t parent);
+
 // A randomised test's seed: LOCKSTEP_TEST_SEED when set (to replay a failure), else a fresh one;
 // printed as LOCKSTEP_TEST_SEED=<seed> either way, so a failing run's log says how to replay it.
 std::uint64_t test_seed();

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -100,6 +101,38 @@ TEST(PipelineRuns, Fp16PipelinesSkipTheUnpipelinedRunsStepsAndEndBitwiseOnIt) {
   EXPECT_EQ(lockstep::testing::count_of(two, skipped), lockstep::testing::count_of(one, skipped)) << two;
 }
 
+// The first train_begin record's `key`.
+double begin_field(const TempDir& out, const std::string& key) {
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "train_begin") return j.at(key).get<double>();
+  }
+  return -1;
+}
+
+// --zero-stage 1 over each stage's replicas: a 2-stage pipeline of 2 replicas ends bitwise on DDP
+// over 2 workers (each tensor's update is the one every replica would make); rank 0 (stage 0,
+// replica 0) keeps the optimizer state of about half its stage's parameters; and the checkpoint the
+// replicas write, each its share whole, resumes under DDP ending where the uninterrupted run ends.
+TEST(PipelineRuns, ZeroOneOverAStagesReplicasEndsBitwiseOnDdpAndItsCheckpointResumesWithoutIt) {
+  TempDir ddp("pp-z1-ddp"), sharded("pp-z1"), resumed("pp-z1-resumed");
+  const Flags save = {"--save-strategy", "steps", "--save-steps", "6"};
+  const std::string expected = fingerprint(run_ok(launch(2, tiny(ddp.path(), 12, "0") + save)));
+  ASSERT_FALSE(expected.empty());
+  const std::string z1 = run_ok(launch(4, tiny(sharded.path(), 12, "0") + save +
+                                             Flags{"--pipeline-parallel", "2", "--zero-stage", "1"}));
+  EXPECT_EQ(fingerprint(z1), expected) << z1;
+  EXPECT_NE(z1.find("layout: 4 workers: 2 pipeline x 2 data (ZeRO-1)"), std::string::npos) << z1;
+  // AdamW keeps two moments per element: without ZeRO, twice the stage's parameter bytes.
+  EXPECT_LE(begin_field(sharded, "worker_optimizer_state_bytes"),
+            0.6 * 2 * begin_field(sharded, "worker_parameter_bytes"));
+  const std::string from = sharded / "checkpoint-6";
+  const std::string o = run_ok(launch(2, tiny(resumed.path(), 12, "0") + Flags{"--resume-from-checkpoint", from}));
+  EXPECT_NE(o.find("resumed from " + from + " at step 6"), std::string::npos) << o;
+  EXPECT_EQ(fingerprint(o), expected) << "DDP on 2, from the pipeline's ZeRO-1 checkpoint";
+}
+
 // A pipelined checkpoint (each stage its part) goes on under another pipeline and without one,
 // ending where the uninterrupted run ends; the unpipelined GPT samples from it and exports it.
 TEST(PipelineRuns, ACheckpointGoesOnUnderAnyLayoutAndIntoTheUnpipelinedModel) {
@@ -130,26 +163,6 @@ TEST(PipelineRuns, ACheckpointGoesOnUnderAnyLayoutAndIntoTheUnpipelinedModel) {
   EXPECT_TRUE(fs::exists(hf / "gpt2/model.safetensors"));
 }
 
-// The workers `lockstep run` (process `launcher`) started.
-std::vector<pid_t> children_of(pid_t launcher) {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state = 0;
-    pid_t parent = 0;
-    rest >> state >> parent;
-    if (parent == launcher) out.push_back(pid_t(std::stoi(name)));
-  }
-  return out;
-}
-
 // Random kill points (the seed is printed; LOCKSTEP_TEST_SEED replays it): a random stage of a
 // 3-stage pipeline killed at a random step; the launcher names it within seconds, restarts the
 // group, which resumes from the last checkpoint and ends bitwise on the uninterrupted run.
@@ -167,7 +180,7 @@ TEST(PipelineRuns, AStageKilledAtRandomFailsTheJobWithinSecondsAndRestartsBitwis
     TempDir out("pp-killed");
     Process job(launch(3, tiny(out.path(), 40) + pipeline, {"--max-restarts", "1"}), kOneThread);
     ASSERT_TRUE(job.read_until("step " + std::to_string(step) + "/40", 180)) << job.output();
-    const auto workers = children_of(job.pid());
+    const auto workers = lockstep::testing::children_of(job.pid());
     ASSERT_EQ(workers.size(), 3u) << job.output();
     const pid_t victim = workers[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
     ::kill(victim, SIGKILL);
@@ -222,7 +235,7 @@ TEST(PipelineRuns, WhatAPipelineCannotTakeIsRefusedBeforeTraining) {
       {2, {"--pipeline-parallel", "2", "--n-layer", "1", "--pipeline-schedule", "interleaved", "--virtual-stages", "2"},
        "but the model has only 3 units"},
       {2, {"--pipeline-parallel", "2", "--virtual-stages", "2"}, "needs --pipeline-schedule interleaved"},
-      {2, {"--pipeline-parallel", "2", "--zero-stage", "3"}, "--zero-stage does not combine with --pipeline-parallel 2"},
+      {2, {"--pipeline-parallel", "2", "--zero-stage", "3"}, "--zero-stage 3 does not combine with --pipeline-parallel 2"},
       {2, {"--pipeline-parallel", "2", "--pipeline-split", "1,2"}, "holds 3 units, but the model has 6"},
       {2, {"--pipeline-parallel", "2", "--gradient-checkpointing", "--pipeline-schedule", "zb"},
        "does not combine with --pipeline-schedule zb"},

@@ -1,9 +1,10 @@
 // examples/gpt split for tensor parallelism (--tensor-parallel) in whole runs, as a user runs it
 // under `lockstep run`: the split run trains as the unsplit one (float32, so up to rounding: the
 // split products sum in another order), with data ranks beside the tensor ranks too; a tensor
-// rank killed at a random step fails its partner within seconds, naming it; its checkpoints resume
-// bitwise and load without tensor parallelism; and what tensor parallelism does not take is refused
-// before anything trains. Every worker multiplies on one
+// rank killed at a random step fails its partner within seconds, naming it, and under
+// --max-restarts the job resumes from its checkpoint bitwise; its checkpoints load without tensor
+// parallelism; --fp16 skips steps on every tensor rank together; and what tensor parallelism does
+// not take is refused before anything trains. Every worker multiplies on one
 // thread (OMP_NUM_THREADS=1). Torch-free: it reads what the runs print and write.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -188,8 +189,8 @@ TEST(TensorParallelRuns, CheckpointsHoldWholeTensorsThatAnyLayoutResumes) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ": saved every " + std::to_string(k) + " steps, resumed from step " +
                std::to_string(from));
   TempDir whole_run("tp-ckpt-a"), resumed("tp-ckpt-b"), unsplit("tp-ckpt-c");
-  const Flags saving = {"--save-strategy", "steps", "--save-steps", std::to_string(k), "--eval-strategy", "steps",
-                        "--eval-steps", std::to_string(k), "--tensor-parallel", "2"};
+  const Flags saving = {"--save-strategy", "steps", "--save-steps", std::to_string(k), "--save-total-limit", "0",
+                        "--eval-strategy", "steps", "--eval-steps", std::to_string(k), "--tensor-parallel", "2"};
   run_ok(launch(2, tiny(whole_run.path()) + saving + Flags{"--load-best-model-at-end"}));
   double best = -1;  // --load-best-model-at-end: the final evaluation is the best checkpoint's
   for (int step = k; step <= 20; step += k)
@@ -213,6 +214,32 @@ TEST(TensorParallelRuns, CheckpointsHoldWholeTensorsThatAnyLayoutResumes) {
   const std::string sampled =
       run_ok(Flags{GPT_EXAMPLE, "generate", "--checkpoint", checkpoint, "--max-new-tokens", "8", "--temperature", "0"});
   EXPECT_FALSE(sampled.empty());
+}
+
+// Random kill points (the seed is printed; LOCKSTEP_TEST_SEED replays it): a random tensor rank
+// killed at a random step under `lockstep run --max-restarts 1`; the job resumes from its last
+// checkpoint and ends with step 40's shard files byte for byte the uninterrupted run's.
+TEST(TensorParallelRuns, ATensorRankKilledAtRandomRestartsFromItsCheckpointBitwise) {
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const int step = std::uniform_int_distribution<int>(5, 25)(rng);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": a kill after step " + std::to_string(step));
+  const Flags saving = {"--save-strategy", "steps", "--save-steps", "4", "--tensor-parallel", "2"};
+  TempDir straight("tp-straight"), out("tp-restarted");
+  run_ok(launch(2, tiny(straight.path(), 40) + saving));
+  Process job(Flags{LOCKSTEP_BINARY, "run", "--nproc-per-node", "2", "--max-restarts", "1", GPT_EXAMPLE} +
+                  tiny(out.path(), 40) + saving,
+              kOneThread);
+  ASSERT_TRUE(job.read_until("step " + std::to_string(step) + "/40", 180)) << job.output();
+  const auto workers = lockstep::testing::children_of(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << job.output();
+  ::kill(workers[std::uniform_int_distribution<std::size_t>(0, 1)(rng)], SIGKILL);
+  EXPECT_EQ(job.wait(300), 0) << job.output();
+  EXPECT_NE(job.output().find("resumed from " + out.path() + "/checkpoint-"), std::string::npos) << job.output();
+  for (const char* shard : {"shard-00000-of-00002.bin", "shard-00001-of-00002.bin"})
+    EXPECT_EQ(file_bytes(straight / ("checkpoint-40/" + std::string(shard))),
+              file_bytes(out / ("checkpoint-40/" + std::string(shard))))
+        << shard << " of step 40 differs between the uninterrupted and the restarted run";
 }
 
 TEST(TensorParallelRuns, WhatTensorParallelismCannotTakeIsRefusedBeforeTraining) {

@@ -127,10 +127,11 @@ TEST(Arguments, PipeliningRefusesWhatItDoesNotCombineWithYet) {
   EXPECT_EQ(with({}), "(no error)");
   EXPECT_EQ(with({"--bf16", "--gradient-checkpointing", "--save-format", "sharded"}), "(no error)");
   EXPECT_EQ(with({"--fp16"}), "(no error)");  // the stages agree on each step's overflow
+  EXPECT_EQ(with({"--zero-stage", "1"}), "(no error)");  // the optimizer state over a stage's replicas
   const std::pair<std::vector<std::string>, std::string> refused[] = {
       {{"--sync-every", "4"}, "--sync-every does not combine with --pipeline-parallel 2"},
       {{"--save-format", "consolidated"}, "`lockstep checkpoint consolidate` makes model.pt"},
-      {{"--zero-stage", "1"}, "--zero-stage does not combine with --pipeline-parallel 2"},
+      {{"--zero-stage", "2"}, "--zero-stage 2 does not combine with --pipeline-parallel 2"},
       {{"--gradient-checkpointing", "--pipeline-schedule", "zb"}, "use 1f1b or interleaved"},
       {{"--virtual-stages", "2"}, "needs --pipeline-schedule interleaved"},
   };

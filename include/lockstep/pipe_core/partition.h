@@ -32,4 +32,10 @@ StagePlan balance_stages(const std::vector<double>& unit_costs, int stages);
 // integer, there are not `stages` of them, or they do not add up to `units`.
 StagePlan parse_stage_split(const std::string& text, int units, int stages);
 
+// ZeRO stage 1 over a stage's D replicas: which replica updates (and keeps the optimizer state of)
+// each of the stage's parameters, whole tensors, given their element counts: the largest first,
+// each to the replica holding the fewest elements so far (the lowest on a tie). The same on every
+// replica; the most any replica holds is at most the mean plus the largest tensor.
+std::vector<int> owners_of_tensors(const std::vector<long long>& elements, int replicas);
+
 }  // namespace lockstep::pipe

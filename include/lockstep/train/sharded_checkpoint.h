@@ -44,10 +44,11 @@ struct ShardSnapshot {
 ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                   int rank, int world, bool copy = true);
 // A pipeline rank (pipe/pipeline.h): the `replica`-th of `replicas` cuts of the parameters in
-// `owned` (its stages' own, by name, laid end to end) with the optimizer's state for them; every
-// tensor of `module` (the whole model, which every rank builds) is listed, so that the shards of all
-// pipeline ranks make one checkpoint; `buffers`: this rank writes the buffers too (one rank does).
-ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const torch::nn::Module& owned,
+// `owned` (its stages' own, or under ZeRO-1 its share of them, with replicas 1; laid end to end in
+// the model's order) with the optimizer's state for them; every tensor of `module` (the whole
+// model, which every rank builds) is listed, so that the shards of all pipeline ranks make one
+// checkpoint; `buffers`: this rank writes the buffers too (one rank does).
+ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const std::vector<torch::Tensor>& owned,
                                      torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
                                      bool copy = true);
 // Tensor parallelism: the module's parameters that are shards of whole tensors (the model's
