@@ -52,14 +52,14 @@ void TrainingStep::build_pipeline() {
   const pipe::MicroBatch sample{first.input.to(run_.device), first.target.to(run_.device), 1};
   pipeline_ = std::make_unique<pipe::Pipeline>(model.pipeline_units(), *run_.comm,
                                                pipeline_options(args, run_.autocast_dtype()), sample, run_.loss_fn);
-  optimizer_ = make_optimizer(stage_share());
+  optimizer_ = make_optimizer(updated_share());
   stage_module_ = pipeline_->module();
   if (run_.rank() == 0)
     LOCKSTEP_LOG(info, train) << "pipeline: " << pipeline_->mesh().describe() << ", schedule " << args.pipeline_schedule
                               << (args.virtual_stages > 1 ? " with " + std::to_string(args.virtual_stages) + " stages per rank" : "")
                               << "\n"
                               << pipeline_->describe_plan();
-  if (!stage_owners_.empty() && run_.rank() == 0)
+  if (!owners_.empty() && run_.rank() == 0)
     LOCKSTEP_LOG(info, train) << "--zero-stage 1: each of a stage's " << pipeline_->stage_group().size()
                               << " replicas updates a share of its parameters and keeps their optimizer state alone";
 }
@@ -113,7 +113,7 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
     const double lr = run_.learning_rate_at(run_.state.global_step);
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
-    share_stage_updates();  // --zero-stage 1: each replica's share to the others
+    share_updates();  // --zero-stage 1: each replica's share to the others
     zero_gradients();
     pipeline_->after_optimizer_step();
   }

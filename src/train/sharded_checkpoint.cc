@@ -186,9 +186,14 @@ ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const std:
 }
 
 ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
-                                       torch::optim::Optimizer& optimizer, int rank, int world) {
-  return snapshot_cut(list_tensors(module, &split), [](std::size_t) { return true; }, optimizer, rank, world,
-                      rank == 0, /*copy=*/true, split.group);
+                                       torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
+                                       int rank, int world, bool buffers) {
+  std::set<const void*> mine;
+  for (const auto& p : written) mine.insert(p.unsafeGetTensorImpl());
+  const Listed listed = list_tensors(module, &split);
+  return snapshot_cut(
+      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer, rank,
+      world, buffers, /*copy=*/true, split.group);
 }
 
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy) {

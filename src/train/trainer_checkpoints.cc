@@ -393,6 +393,7 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
     load_optimizer(target, optimizer_path(dir));
   }
   if (step.zero()) step.zero()->load_consolidated(*whole);
+  step.keep_own_optimizer_state();  // ZeRO-1 by tensors: this data rank's share alone
   if (step.outer()) resume_outer(dir);
 }
 

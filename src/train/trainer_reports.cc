@@ -147,14 +147,18 @@ metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) con
     begin.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
   begin.gradient_checkpointing = args.gradient_checkpointing;
-  begin.zero_stage = zero ? run_.zero_plan.stage : 0;
+  const bool by_tensor = run_.step.pipeline() || run_.tensor_comm;  // ZeRO-1 by whole tensors
+  begin.zero_stage = zero || by_tensor ? run_.zero_plan.stage : 0;
   begin.zero_shared_parameters = zero && run_.zero_plan.shared_parameters;
   const ZeroMemory held = zero ? zero->memory() : ZeroMemory{};
   begin.worker_parameter_bytes = zero ? held.parameters : begin.parameter_bytes;
   begin.worker_gradient_bytes = zero ? held.gradients : begin.parameter_bytes;
   begin.worker_gradient_slot_bytes = held.gradient_slots;
+  std::int64_t updated = 0;  // what this worker's optimizer updates: every parameter, or its share
+  if (!zero)
+    for (const auto& p : run_.step.updated_parameters()) updated += static_cast<std::int64_t>(p.nbytes());
   begin.worker_optimizer_state_bytes =
-      zero ? held.optimizer_state : begin.parameter_bytes * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
+      zero ? held.optimizer_state : updated * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
   begin.max_steps = state.max_steps;
   begin.start_step = state.global_step;
   begin.blas = blas.config;
@@ -178,13 +182,9 @@ metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) con
     begin.pipeline_plan = pipeline->describe_plan();
     // This worker's share: its stages' parameters and their gradients, and the optimizer state of
     // those it updates (under --zero-stage 1, its share of them).
-    std::int64_t own = 0, updated = 0;
+    std::int64_t own = 0;
     for (const auto& p : pipeline->parameters()) own += static_cast<std::int64_t>(p.nbytes());
-    for (const auto& group : run_.step.optimizer()->param_groups())
-      for (const auto& p : group.params()) updated += static_cast<std::int64_t>(p.nbytes());
     begin.worker_parameter_bytes = begin.worker_gradient_bytes = own;
-    begin.worker_optimizer_state_bytes = updated * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
-    begin.zero_stage = run_.zero_plan.stage;
   }
   return begin;
 }

@@ -138,7 +138,8 @@ void TrainingStep::apply_update(LogWindow& window) {
     zero_->zero_grad();
   } else {
     optimizer_->step();
-    optimizer_->zero_grad();
+    share_updates();  // ZeRO-1 by tensors: each data rank's share to the others
+    zero_gradients();
   }
 }
 

@@ -136,9 +136,11 @@ class TrainingStep {
   data::EvalTotals pipeline_eval_totals();            // collective: evaluation through the pipeline
   void add_pipeline_fields(metrics::StepLog& entry);  // collective: each pipeline rank's window
   void check_stage_replicas();                        // collective: each stage's replicas agree
-  // --zero-stage 1 under a pipeline (pipeline_zero_one.cc): after a load, this replica keeps the
-  // optimizer state of the parameters it updates and drops the rest.
+  // --zero-stage 1 under a pipeline or tensor parallelism (zero_one_shares.cc): after a load, this
+  // replica keeps the optimizer state of the parameters it updates and drops the rest.
   void keep_own_optimizer_state();
+  // What the optimizer updates here: every parameter this rank trains, or under ZeRO-1 its share.
+  std::vector<torch::Tensor> updated_parameters() const;
   double tensor_parallel_clip(double max_norm);       // collective: the norm over the tensor group
 
  private:
@@ -165,12 +167,16 @@ class TrainingStep {
   std::unique_ptr<pipe::Pipeline> pipeline_;
   std::shared_ptr<torch::nn::Module> stage_module_;
   PipelineWindow pipeline_window_;
-  // --zero-stage 1 under a pipeline: for each of pipeline_->parameters(), the replica of its stage
-  // that updates it (empty without ZeRO or replicas).
-  std::vector<int> stage_owners_;
-  std::vector<torch::Tensor> stage_share();  // makes stage_owners_; the parameters this rank updates
-  void share_stage_updates();                // collective over the stage's replicas: the new values
-  void zero_gradients();                     // the optimizer's, and under ZeRO-1 the others' too
+  // --zero-stage 1 under a pipeline or tensor parallelism (zero_one_shares.cc): ZeRO-1 by whole
+  // tensors over the replicas of what this rank trains; for each of trained_parameters(), the
+  // replica that updates it (empty without ZeRO or replicas).
+  std::vector<int> owners_;
+  bool shares_by_tensor() const;                        // asked for: --zero-stage 1 with PP or TP
+  std::vector<torch::Tensor> trained_parameters() const;  // its stages', or the whole (split) model's
+  comm::Communicator& replica_group() const;            // the stage's replicas, or the data group
+  std::vector<torch::Tensor> updated_share();           // makes owners_; what this rank updates
+  void share_updates();                                 // collective over the replicas: the new values
+  void zero_gradients();                                // the optimizer's, and the others' shares too
   std::unique_ptr<ZeroOptimizer> zero_;  // --zero-stage 1 to 3 on several workers
   // --sync-every above 1 (local SGD): the reducer spans this machine's ranks only, and the
   // machines meet through the outer optimizer.

@@ -94,7 +94,7 @@ void TrainingStep::build_reducer() {
       throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
                         "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
     sharding = zero_bucket_sharding(zero, run_.world(), *model.module, model.parameter_units());
-  } else if (zero.sharded()) {
+  } else if (zero.sharded() && !shares_by_tensor()) {
     sharding = zero_bucket_sharding(zero, run_.world());
   }
   reducer_ = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
@@ -140,6 +140,10 @@ void TrainingStep::build_optimizer(const ZeroOptions& options, bool from_held) {
   zero_.reset();
   optimizer_.reset();
   torch::nn::Module& module = *run_.model.module;
+  if (shares_by_tensor()) {  // ZeRO-1 by whole tensors (zero_one_shares.cc)
+    optimizer_ = make_optimizer(updated_share());
+    return;
+  }
   if (!options.sharded() || !reducer_) {
     optimizer_ = whole ? std::move(whole) : make_optimizer(module.parameters());
     return;
@@ -157,17 +161,15 @@ torch::optim::Optimizer& TrainingStep::whole_optimizer(std::unique_ptr<torch::op
 
 ShardSnapshot TrainingStep::snapshot(bool copy) {
   const torch::nn::Module& module = *run_.model.module;
-  if (pipeline_) {  // its cut of its stages' parameters, or under ZeRO-1 the share it updates, whole
-    std::vector<torch::Tensor> updated;
-    for (const auto& group : optimizer_->param_groups())
-      updated.insert(updated.end(), group.params().begin(), group.params().end());
-    const bool whole_share = !stage_owners_.empty();
-    return snapshot_pipeline_rank(module, updated, *optimizer_, whole_share ? 0 : run_.data_rank(),
+  const bool whole_share = !owners_.empty();  // ZeRO-1 by tensors: each replica writes its share
+  if (pipeline_)  // its cut of its stages' parameters, or under ZeRO-1 the share it updates, whole
+    return snapshot_pipeline_rank(module, updated_parameters(), *optimizer_, whole_share ? 0 : run_.data_rank(),
                                   whole_share ? 1 : run_.data_world(), run_.rank() == 0, copy);
-  }
   if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy);
-  if (const auto split = run_.tensor_split())
-    return snapshot_tensor_parallel(module, *split, *optimizer_, run_.rank(), run_.world());
+  if (const auto split = run_.tensor_split())  // under ZeRO-1 a tensor group writes its data rank's share
+    return snapshot_tensor_parallel(module, *split, *optimizer_, updated_parameters(),
+                                    whole_share ? run_.tensor_comm->rank() : run_.rank(),
+                                    whole_share ? run_.tensor_comm->size() : run_.world(), run_.rank() == 0);
   return snapshot_replicated(module, *optimizer_, run_.rank(), run_.world(), copy);
 }
 

@@ -215,7 +215,12 @@ void TrainingArguments::validate_tensor_parallel() const {
   const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
   if (pipeline_parallel > 1)
     bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
-  if (zero_stage > 0) bad("zero-stage", "does not combine with " + with + " yet: use one or the other");
+  if (zero_stage > 1)
+    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with +
+                          " yet (the split model's gradients are reduced whole): use --zero-stage 1, which shards the "
+                          "optimizer state over the data ranks");
+  if (zero_shared_parameters)
+    bad("zero-shared-parameters", "does not combine with " + with + " (each rank holds its own shards)");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +

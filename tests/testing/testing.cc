@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -224,6 +225,15 @@ int Process::wait(double timeout_seconds) {
   waitpid(pid_, &status, 0);
   exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return exit_code_;
+}
+
+double train_begin_field(const std::string& metrics_path, const std::string& key) {
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("event", "") == "train_begin") return j.contains(key) ? j[key].get<double>() : -1;
+  }
+  return -1;
 }
 
 std::vector<pid_t> children_of(pid_t parent) {

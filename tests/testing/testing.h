@@ -92,6 +92,9 @@ class Process {
 
 std::size_t count_of(const std::string& haystack, const std::string& needle);
 
+// The number `key` of the first train_begin record of a metrics.jsonl; -1 when there is none.
+double train_begin_field(const std::string& metrics_path, const std::string& key);
+
 // The processes `parent` started and that still run (a launcher's workers), from /proc.
 std::vector<pid_t> children_of(pid_t parent);
 

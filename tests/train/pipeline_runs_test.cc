@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -101,16 +100,6 @@ TEST(PipelineRuns, Fp16PipelinesSkipTheUnpipelinedRunsStepsAndEndBitwiseOnIt) {
   EXPECT_EQ(lockstep::testing::count_of(two, skipped), lockstep::testing::count_of(one, skipped)) << two;
 }
 
-// The first train_begin record's `key`.
-double begin_field(const TempDir& out, const std::string& key) {
-  std::ifstream in(out / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "train_begin") return j.at(key).get<double>();
-  }
-  return -1;
-}
-
 // --zero-stage 1 over each stage's replicas: a 2-stage pipeline of 2 replicas ends bitwise on DDP
 // over 2 workers (each tensor's update is the one every replica would make); rank 0 (stage 0,
 // replica 0) keeps the optimizer state of about half its stage's parameters; and the checkpoint the
@@ -125,8 +114,8 @@ TEST(PipelineRuns, ZeroOneOverAStagesReplicasEndsBitwiseOnDdpAndItsCheckpointRes
   EXPECT_EQ(fingerprint(z1), expected) << z1;
   EXPECT_NE(z1.find("layout: 4 workers: 2 pipeline x 2 data (ZeRO-1)"), std::string::npos) << z1;
   // AdamW keeps two moments per element: without ZeRO, twice the stage's parameter bytes.
-  EXPECT_LE(begin_field(sharded, "worker_optimizer_state_bytes"),
-            0.6 * 2 * begin_field(sharded, "worker_parameter_bytes"));
+  EXPECT_LE(lockstep::testing::train_begin_field(sharded / "metrics.jsonl", "worker_optimizer_state_bytes"),
+            0.6 * 2 * lockstep::testing::train_begin_field(sharded / "metrics.jsonl", "worker_parameter_bytes"));
   const std::string from = sharded / "checkpoint-6";
   const std::string o = run_ok(launch(2, tiny(resumed.path(), 12, "0") + Flags{"--resume-from-checkpoint", from}));
   EXPECT_NE(o.find("resumed from " + from + " at step 6"), std::string::npos) << o;

@@ -58,12 +58,16 @@ struct TensorSplit {
   tp::ShardedParameters shards;
   comm::Communicator* group = nullptr;
 };
-// Tensor parallelism, with data replicas or not: each split parameter and its optimizer state
-// gathered whole over the tensor group (collective: every rank, every shard, one at a time, so
-// no rank holds more than one whole tensor at once beyond its cut), then the rank-th of `world`
-// cuts of the whole model as snapshot_replicated writes it. Always copies.
+// Tensor parallelism, with data replicas or not: each split parameter of `written` and its
+// optimizer state gathered whole over the tensor group (collective: every rank of the group, every
+// such shard, one at a time, so no rank holds more than one whole tensor at once beyond its cut),
+// then the rank-th of `world` cuts of those laid end to end, as snapshot_replicated writes them.
+// `written`: every parameter, cut over the world; under ZeRO-1 by tensors, this data rank's share,
+// cut over its tensor group (rank and world the tensor group's). `buffers`: this rank writes the
+// buffers too (one rank does). Always copies.
 ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
-                                       torch::optim::Optimizer& optimizer, int rank, int world);
+                                       torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
+                                       int rank, int world, bool buffers);
 // ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true);
 
