@@ -440,6 +440,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
   load_state(dir);
   TrainerState& state = t_.state;
   int saved_world = 0, saved_pipeline = 1, saved_tensor = 1;
+  std::size_t consumed = 0;  // samples of this epoch trained on before the checkpoint
   bool same_layout = false;
   try {
     state.load_position(s);
@@ -450,6 +451,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
     sampler.set_epoch(state.epoch);
     // The data is dealt over the replicas (every rank without a pipeline); the generators are per rank.
     const int saved_data_world = s.value("data_world_size", saved_world);
+    consumed = data::consumed_in_epoch(saved, saved_data_world, t_.train_set->size());
     saved_pipeline = s.value("pipeline_parallel", 1);
     saved_tensor = s.value("tensor_parallel", 1);
     same_layout = saved_world == t_.world() && saved_pipeline == t_.args.pipeline_parallel &&
@@ -459,7 +461,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
       sampler.load_state(saved);
       sampler_offset_ = saved.offset;
     } else {  // the old world took the start of this epoch's permutation; this one deals the rest
-      sampler_offset_ = data::consumed_in_epoch(saved, saved_data_world, t_.train_set->size());
+      sampler_offset_ = consumed;
       sampler.load_state({state.epoch, 0, sampler_offset_});
     }
   } catch (const nlohmann::json::exception& e) {
@@ -471,7 +473,7 @@ void TrainerCheckpoints::resume(const std::string& dir, data::DistributedSampler
       LOCKSTEP_LOG(info, train) << dir << " was written by " << saved_world << " workers"
                                 << (saved_pipeline > 1 ? " (" + std::to_string(saved_pipeline) + " pipeline ranks)" : "")
                                 << (saved_tensor > 1 ? " (" + std::to_string(saved_tensor) + " tensor ranks)" : "")
-                                << ", this run has " << t_.world() << ": the " << sampler_offset_ << " samples of epoch "
+                                << ", this run has " << t_.world() << ": the " << consumed << " samples of epoch "
                                 << state.epoch << " already trained on stay done, the rest are dealt over "
                                 << t_.data_world() << "; each rank's RNG stream starts afresh";
     torch::manual_seed(t_.args.seed + static_cast<std::uint64_t>(t_.data_rank()));

@@ -206,6 +206,10 @@ TEST(TensorParallelRuns, CheckpointsHoldWholeTensorsThatAnyLayoutResumes) {
         << shard << " of step 20 differs between the uninterrupted and the resumed run";
   const std::string one = run_ok(launch(1, tiny(unsplit.path(), from) + Flags{"--resume-from-checkpoint", checkpoint}));
   EXPECT_NE(one.find("(2 tensor ranks)"), std::string::npos) << one;
+  EXPECT_NE(one.find("the " + std::to_string(4 * from) + " samples of epoch 0 already trained on stay done"),
+            std::string::npos)
+      << "one data rank before and after: the sampler goes on where it was\n"
+      << one;
   const double split_eval = eval_loss_at(whole_run, from);
   ASSERT_GT(split_eval, 0) << "no evaluation at step " << from << " in " << whole_run.path();
   EXPECT_LE(std::abs(eval_loss(unsplit) - split_eval) / split_eval, 1e-4)
