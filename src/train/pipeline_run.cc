@@ -36,6 +36,15 @@ pipe::PipelineOptions pipeline_options(const TrainingArguments& args, std::optio
   return o;
 }
 
+// The step's spans: waiting for data, the pipeline's schedule, the optimizer (ending now).
+void trace_step(TraceWriter& trace, Clock::time_point begin, Clock::time_point loaded, Clock::time_point optimizer_begin,
+                int micro_batches, const pipe::PipelineStepStats& st) {
+  trace.span("data wait", 1, begin, loaded);
+  trace.span("pipeline step", 1, loaded, optimizer_begin,
+             {{"micro_batches", micro_batches}, {"wait_seconds", st.wait_seconds}, {"compute_seconds", st.compute_seconds}});
+  trace.span("optimizer", 1, optimizer_begin, Clock::now());
+}
+
 }  // namespace
 
 // Everything that does not combine with pipelining is refused here, before anything trains.
@@ -119,12 +128,7 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   }
   t.optimizer = seconds_between(optimizer_begin, Clock::now());
   t.total = seconds_between(begin, Clock::now());
-  if (TraceWriter* trace = run_.trace()) {
-    trace->span("data wait", 1, begin, loaded);
-    trace->span("pipeline step", 1, loaded, optimizer_begin,
-                {{"micro_batches", m}, {"wait_seconds", st.wait_seconds}, {"compute_seconds", st.compute_seconds}});
-    trace->span("optimizer", 1, optimizer_begin, Clock::now());
-  }
+  if (TraceWriter* trace = run_.trace()) trace_step(*trace, begin, loaded, optimizer_begin, m, st);
   window.add_step(t, plan.all_ranks_samples, 0, 0);
   window.add_step_tensor_bytes(static_cast<double>(peak_tensor_bytes() - tensors_at_start));
   return t;

@@ -123,6 +123,32 @@ void TrainerReports::announce() {
   outputs_->record(train_begin_record(blas).to_json());
 }
 
+namespace {
+
+void describe_blas(const BlasInfo& blas, metrics::TrainBegin& begin) {
+  begin.blas = blas.config;
+  begin.blas_core = blas.core;
+  begin.blas_best_core = blas.best_core;
+  begin.blas_own_core = blas.own_core;
+  begin.blas_forced = blas.forced;
+  begin.blas_by_launcher = blas.chosen_by_launcher;
+}
+
+// A pipeline rank's settings and its share: its stages' parameters and their gradients (the
+// optimizer state, of what it updates, is counted as every worker's is).
+void describe_pipeline(const TrainingArguments& args, const pipe::Pipeline& pipeline, metrics::TrainBegin& begin) {
+  begin.pipeline_parallel = args.pipeline_parallel;
+  begin.pipeline_schedule = args.pipeline_schedule;
+  begin.virtual_stages = args.virtual_stages;
+  begin.num_microbatches = args.num_microbatches > 0 ? args.num_microbatches : args.gradient_accumulation_steps;
+  begin.pipeline_plan = pipeline.describe_plan();
+  std::int64_t own = 0;
+  for (const auto& p : pipeline.parameters()) own += static_cast<std::int64_t>(p.nbytes());
+  begin.worker_parameter_bytes = begin.worker_gradient_bytes = own;
+}
+
+}  // namespace
+
 // What the doctor and report read of this start: the configuration, the memory each worker
 // holds, the BLAS kernels and the model's FLOPs.
 metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) const {
@@ -161,12 +187,7 @@ metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) con
       zero ? held.optimizer_state : updated * (args.optim == "sgd" ? args.sgd_momentum > 0 : 2);
   begin.max_steps = state.max_steps;
   begin.start_step = state.global_step;
-  begin.blas = blas.config;
-  begin.blas_core = blas.core;
-  begin.blas_best_core = blas.best_core;
-  begin.blas_own_core = blas.own_core;
-  begin.blas_forced = blas.forced;
-  begin.blas_by_launcher = blas.chosen_by_launcher;
+  describe_blas(blas, begin);
   begin.bf16 = args.bf16;
   begin.fp16 = args.fp16;
   begin.model_flops_per_sample = flops_.per_sample;
@@ -174,18 +195,7 @@ metrics::TrainBegin TrainerReports::train_begin_record(const BlasInfo& blas) con
     begin.matmul_fp32_flops_per_second = flops_.fp32_rate;
     begin.matmul_bf16_flops_per_second = flops_.bf16_rate;
   }
-  if (const pipe::Pipeline* pipeline = run_.step.pipeline()) {
-    begin.pipeline_parallel = args.pipeline_parallel;
-    begin.pipeline_schedule = args.pipeline_schedule;
-    begin.virtual_stages = args.virtual_stages;
-    begin.num_microbatches = args.num_microbatches > 0 ? args.num_microbatches : args.gradient_accumulation_steps;
-    begin.pipeline_plan = pipeline->describe_plan();
-    // This worker's share: its stages' parameters and their gradients, and the optimizer state of
-    // those it updates (under --zero-stage 1, its share of them).
-    std::int64_t own = 0;
-    for (const auto& p : pipeline->parameters()) own += static_cast<std::int64_t>(p.nbytes());
-    begin.worker_parameter_bytes = begin.worker_gradient_bytes = own;
-  }
+  if (const pipe::Pipeline* pipeline = run_.step.pipeline()) describe_pipeline(args, *pipeline, begin);
   return begin;
 }
 

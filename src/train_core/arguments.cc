@@ -178,6 +178,21 @@ void TrainingArguments::validate() const {
     bad("early-stopping-patience", "needs evaluations: set --eval-strategy steps or epoch");
 }
 
+namespace {
+
+// Under a pipeline or tensor parallelism ZeRO is stage 1 by whole tensors over `replicas`
+// (train/zero_one_shares.cc): gradients are reduced whole, and nothing is shared per machine.
+void refuse_zero_beyond_one(int zero_stage, bool shared_parameters, const std::string& with,
+                            const std::string& gradients, const std::string& replicas) {
+  if (zero_stage > 1)
+    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with + " yet (" + gradients +
+                          " are reduced whole): use --zero-stage 1, which shards the optimizer state over " + replicas);
+  if (shared_parameters)
+    bad("zero-shared-parameters", "does not combine with " + with + " (each rank holds its own part of the model)");
+}
+
+}  // namespace
+
 // What pipelining (--pipeline-parallel above 1) does not combine with yet, and the flags that
 // mean nothing without it.
 void TrainingArguments::validate_pipeline() const {
@@ -191,12 +206,7 @@ void TrainingArguments::validate_pipeline() const {
     bad("virtual-stages", "needs --pipeline-schedule interleaved (the " + pipeline_schedule +
                               " schedule runs one stage per pipeline rank)");
   const std::string with = "--pipeline-parallel " + std::to_string(pipeline_parallel);
-  if (zero_stage > 1)
-    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with +
-                          " yet (a stage's gradients are reduced whole): use --zero-stage 1, which shards the optimizer "
-                          "state over each stage's replicas");
-  if (zero_shared_parameters)
-    bad("zero-shared-parameters", "does not combine with " + with + " (each stage's parameters are on its own ranks)");
+  refuse_zero_beyond_one(zero_stage, zero_shared_parameters, with, "a stage's gradients", "each stage's replicas");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
@@ -215,12 +225,7 @@ void TrainingArguments::validate_tensor_parallel() const {
   const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
   if (pipeline_parallel > 1)
     bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
-  if (zero_stage > 1)
-    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with +
-                          " yet (the split model's gradients are reduced whole): use --zero-stage 1, which shards the "
-                          "optimizer state over the data ranks");
-  if (zero_shared_parameters)
-    bad("zero-shared-parameters", "does not combine with " + with + " (each rank holds its own shards)");
+  refuse_zero_beyond_one(zero_stage, zero_shared_parameters, with, "the split model's gradients", "the data ranks");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
