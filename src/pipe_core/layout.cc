@@ -57,6 +57,7 @@ const char* dim_name(ParallelDim dim) {
     case ParallelDim::data: return "data";
     case ParallelDim::tensor: return "tensor";
     case ParallelDim::model: return "model";
+    case ParallelDim::mesh: return "mesh";
   }
   return "?";
 }
@@ -114,6 +115,9 @@ std::vector<int> Layout::group_of(ParallelDim dim, int rank) const {
     case ParallelDim::model:
       along(pipeline_ * tensor_, [&](Coordinates& c, int i) { c.pipeline = i / tensor_, c.tensor = i % tensor_; });
       break;
+    case ParallelDim::mesh:
+      along(pipeline_ * data_, [&](Coordinates& c, int i) { c.pipeline = i / data_, c.data = i % data_; });
+      break;
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -139,6 +143,7 @@ std::string Layout::group_name(ParallelDim dim, int rank) const {
     case ParallelDim::data: return "data/" + p + "-" + t;
     case ParallelDim::pipeline: return "pipeline/" + d + "-" + t;
     case ParallelDim::model: return "model/" + d;
+    case ParallelDim::mesh: return "mesh/" + t;
   }
   return "?";
 }
@@ -152,9 +157,6 @@ bool Layout::data_groups_within_machines() const {
 }
 
 pipe::PipelineMesh Layout::pipeline_mesh() const {
-  if (tensor_ != 1)
-    throw ConfigError("the pipeline runtime takes a P x D layout; this one has a tensor dimension of " +
-                      std::to_string(tensor_));
   return pipe::PipelineMesh{pipeline_, data_};
 }
 

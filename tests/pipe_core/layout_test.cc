@@ -56,6 +56,7 @@ void expect_consistent(const Layout& l) {
   expect_partition(l, ParallelDim::data, l.data());
   expect_partition(l, ParallelDim::pipeline, l.pipeline());
   expect_partition(l, ParallelDim::model, l.pipeline() * l.tensor());
+  expect_partition(l, ParallelDim::mesh, l.pipeline() * l.data());
   std::set<std::string> names;
   for (int r = 0; r < l.world(); ++r) {
     const auto c = l.coordinates_of(r);
@@ -63,12 +64,14 @@ void expect_consistent(const Layout& l) {
     EXPECT_EQ(r, (c.pipeline * l.data() + c.data) * l.tensor() + c.tensor);  // the documented numbering
     const auto tensor = l.group_of(ParallelDim::tensor, r);
     EXPECT_EQ(tensor.back() - tensor.front(), l.tensor() - 1) << "a tensor group is neighbours";
-    for (const auto dim : {ParallelDim::tensor, ParallelDim::data, ParallelDim::pipeline, ParallelDim::model})
+    for (const auto dim :
+         {ParallelDim::tensor, ParallelDim::data, ParallelDim::pipeline, ParallelDim::model, ParallelDim::mesh})
       names.insert(l.group_name(dim, r));
   }
-  // Names differ between groups: one name per group, over all four dimensions.
+  // Names differ between groups: one name per group, over all five.
   EXPECT_EQ(names.size(), l.groups(ParallelDim::tensor).size() + l.groups(ParallelDim::data).size() +
-                              l.groups(ParallelDim::pipeline).size() + l.groups(ParallelDim::model).size());
+                              l.groups(ParallelDim::pipeline).size() + l.groups(ParallelDim::model).size() +
+                              l.groups(ParallelDim::mesh).size());
 }
 
 TEST(Layout, RandomLayoutsPartitionTheWorldAlongEveryDimension) {
@@ -93,7 +96,29 @@ TEST(Layout, WithoutATensorDimensionItIsThePipelineMesh) {
     EXPECT_EQ(l.group_of(ParallelDim::pipeline, r), mesh.pipeline_group(mesh.replica_of(r)));
     EXPECT_EQ(l.data_rank_of(r), mesh.replica_of(r));
   }
-  EXPECT_NE(config_error_of([] { Layout::build(request(4, 2, 2)).pipeline_mesh(); }), "");
+}
+
+// Each tensor rank's mesh group is a P x D pipeline mesh: its rank p * D + d is the world rank at
+// (p, d, t), so the mesh's stage and pipeline groups are the layout's data and pipeline groups.
+TEST(Layout, EachTensorRanksMeshIsThePipelineMeshOfItsRanks) {
+  const Layout l = Layout::build(request(12, 2, 2));  // 2 pipeline x 3 data x 2 tensor
+  const pipe::PipelineMesh mesh = l.pipeline_mesh();
+  EXPECT_EQ(mesh.pipeline, 2);
+  EXPECT_EQ(mesh.replicas, 3);
+  for (int r = 0; r < l.world(); ++r) {
+    const auto group = l.group_of(ParallelDim::mesh, r);
+    ASSERT_EQ(static_cast<int>(group.size()), 6);
+    const auto c = l.coordinates_of(r);
+    const int in_mesh = static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin());
+    EXPECT_EQ(in_mesh, c.pipeline * l.data() + c.data);
+    auto to_world = [&](const std::vector<int>& ranks) {
+      std::vector<int> out;
+      for (const int m : ranks) out.push_back(group[static_cast<std::size_t>(m)]);
+      return out;
+    };
+    EXPECT_EQ(to_world(mesh.stage_group(mesh.pipeline_rank_of(in_mesh))), l.group_of(ParallelDim::data, r));
+    EXPECT_EQ(to_world(mesh.pipeline_group(mesh.replica_of(in_mesh))), l.group_of(ParallelDim::pipeline, r));
+  }
 }
 
 TEST(Layout, SaysWhatItIs) {

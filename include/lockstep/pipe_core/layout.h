@@ -17,6 +17,8 @@
 //   pipeline  the P ranks with the same (data, tensor) rank, first stage first
 //   model     the P x T ranks with the same data rank: one whole replica of the model, over which the
 //             global gradient norm and the step's loss are summed
+//   mesh      the P x D ranks with the same tensor rank: the pipeline runtime's P x D mesh (one per
+//             tensor rank, each running the same schedule over its shards), numbered p * D + d
 //
 // Immutable once built; safe to share between threads.
 #pragma once
@@ -39,7 +41,7 @@ struct LayoutRequest {
   std::vector<int> machine_of;     // rank -> machine (0, 0, 1, 1, ...); empty when unknown
 };
 
-enum class ParallelDim { pipeline, data, tensor, model };
+enum class ParallelDim { pipeline, data, tensor, model, mesh };
 
 class Layout {
  public:
@@ -77,7 +79,8 @@ class Layout {
   // Whether every data group sits inside one machine: ZeRO's one copy per machine then holds a
   // whole replica's parameters in that machine's memory (unknown machines: false).
   bool data_groups_within_machines() const;
-  // The pipeline's 2-D view (P x D) when T = 1, the case the pipeline runtime takes today.
+  // The pipeline's 2-D view (P x D): of the whole world when T = 1, else of each tensor rank's
+  // mesh group (ParallelDim::mesh), whose rank p * D + d is the world's rank_at({p, d, t}).
   pipe::PipelineMesh pipeline_mesh() const;
 
   // "8 workers on 2 machines: 2 pipeline x 2 data (ZeRO-1) x 2 tensor (sequence parallel)";
