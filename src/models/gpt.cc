@@ -285,20 +285,28 @@ torch::Tensor GptLmHeadModelImpl::forward(const torch::Tensor& tokens) {
   return forward_seeded(tokens, is_training() ? draw_cpu_seed() : 0);
 }
 
-torch::Tensor GptLmHeadModelImpl::forward_seeded(const torch::Tensor& tokens, std::uint64_t seed) {
-  // The head shares the token embedding's weights (weight tying); split, its rows of them.
-  const auto hidden = transformer->forward_seeded(tokens, seed);
-  comm::Communicator* group = transformer->tensor_group();
-  if (!group) return fast_linear(hidden, transformer->wte->weight);
-  // Split: this rank's vocabulary columns, for every token (sequence parallel: gathered first).
-  const auto in = transformer->sequence_parallel() ? tp::gather_from_sequence_region(hidden, *group, 1)
-                                                   : tp::copy_to_tensor_region(hidden, *group);
-  return fast_linear(in, transformer->wte->weight);
+namespace {
+
+// The logits of the final norm's output `hidden`: the head shares the token embedding's weights
+// (weight tying); split, this rank's rows of them give its vocabulary columns, for every token
+// (sequence parallel: gathered first).
+torch::Tensor tied_head(GptModelImpl& body, const torch::Tensor& hidden) {
+  comm::Communicator* group = body.tensor_group();
+  if (!group) return fast_linear(hidden, body.wte->weight);
+  const auto in = body.sequence_parallel() ? tp::gather_from_sequence_region(hidden, *group, 1)
+                                           : tp::copy_to_tensor_region(hidden, *group);
+  return fast_linear(in, body.wte->weight);
 }
 
+}  // namespace
+
+torch::Tensor GptLmHeadModelImpl::forward_seeded(const torch::Tensor& tokens, std::uint64_t seed) {
+  return tied_head(*transformer, transformer->forward_seeded(tokens, seed));
+}
+
+// Split for tensor parallelism, the units are the split ones: each rank's pipeline runs its shards,
+// and the units' collectives meet those of its tensor group's pipelines (pipe::PipelineOptions).
 std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {
-  if (transformer->tensor_group())
-    throw ConfigError("a GPT split for tensor parallelism cannot be cut into pipeline stages yet");
   auto named = [](const torch::nn::Module& m, const std::string& prefix) {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
@@ -315,7 +323,7 @@ std::vector<pipe::PipelineUnit> GptLmHeadModelImpl::pipeline_units() {
   auto head = named(*body->ln_f, "transformer.ln_f.");
   head.emplace_back("transformer.wte.weight", body->wte->weight);
   units.push_back({"head", head, [body](const torch::Tensor& x, std::uint64_t) {
-                     return fast_linear(normed(body->ln_f, x), body->wte->weight);
+                     return tied_head(*body, normed(body->ln_f, x));
                    }});
   return units;
 }

@@ -68,6 +68,8 @@ void Pipeline::Impl::make_plan(const MicroBatch& sample) {
     unit_costs.assign(std::size_t(n), 0);
     if (world.rank() == 0) unit_costs = measure_unit_costs(units, sample, loss, options.autocast);
     world.broadcast(unit_costs.data(), unit_costs.size(), comm::DType::f64, 0)->wait();
+    if (options.tensor_group)  // one tensor rank's mesh measured them for all
+      options.tensor_group->broadcast(unit_costs.data(), unit_costs.size(), comm::DType::f64, 0)->wait();
     for (double& c : unit_costs) c *= 1e3;
     cost_unit = "ms";
     plan = balance_stages(unit_costs, stages());

@@ -59,8 +59,11 @@ void TrainingStep::build_pipeline() {
     throw ConfigError("--virtual-stages needs --pipeline-schedule interleaved");
   const Batch first = run_.train_set->get({0});
   const pipe::MicroBatch sample{first.input.to(run_.device), first.target.to(run_.device), 1};
-  pipeline_ = std::make_unique<pipe::Pipeline>(model.pipeline_units(), *run_.comm,
-                                               pipeline_options(args, run_.autocast_dtype()), sample, run_.loss_fn);
+  // Under tensor parallelism each tensor rank runs its own mesh's pipeline over its shards, in step.
+  pipe::PipelineOptions options = pipeline_options(args, run_.autocast_dtype());
+  options.tensor_group = run_.tensor_comm.get();
+  pipeline_ = std::make_unique<pipe::Pipeline>(model.pipeline_units(), run_.mesh_comm ? *run_.mesh_comm : *run_.comm,
+                                               options, sample, run_.loss_fn);
   optimizer_ = make_optimizer(updated_share());
   stage_module_ = pipeline_->module();
   if (run_.rank() == 0)
@@ -105,7 +108,8 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   const pipe::PipelineStepStats st = pipeline_->train_step(batches);
   if (st.loss_targets > 0) {
     window.add_loss(st.loss_sum / st.loss_targets, st.loss_targets);
-    if (target.dim() >= 2) window.add_tokens(st.loss_targets);
+    const bool counts_tokens = !run_.tensor_comm || run_.tensor_comm->rank() == 0;  // a tensor group's, once
+    if (target.dim() >= 2 && counts_tokens) window.add_tokens(st.loss_targets);
   }
   t.forward = st.forward_seconds;
   t.backward = st.compute_seconds - st.forward_seconds;
@@ -117,7 +121,7 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps;
   if (!args.fp16 || !skip_overflowed_step()) {  // every stage skips alike (unscale_gradients)
     const double max_norm = args.max_grad_norm;
-    const double norm = pipeline_->clip_grad_norm(max_norm);
+    const double norm = run_.tensor_comm ? tensor_parallel_clip(max_norm) : pipeline_->clip_grad_norm(max_norm);
     if (max_norm > 0) window.set_grad_norm(norm);
     const double lr = run_.learning_rate_at(run_.state.global_step);
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -135,12 +139,15 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
 }
 
 // Evaluation through the pipeline: each replica's share of the eval set, in passes of a few
-// micro-batches (one per eval batch); the last stage counts loss and accuracy, the others
-// contribute zeros to the sum over the world.
+// micro-batches (one per eval batch); the last stage counts loss and accuracy (split for tensor
+// parallelism, its tensor rank 0: every rank of the group computes them), the others contribute
+// zeros to the sum over the world.
 data::EvalTotals TrainingStep::pipeline_eval_totals() {
   const TrainingArguments& args = run_.args;
   const Model& model = run_.model;
   const LossFn& loss_fn = run_.loss_fn;
+  const auto& predict = run_.predict_fn;
+  const bool counts = !run_.tensor_comm || run_.tensor_comm->rank() == 0;
   data::DistributedSampler sampler(run_.eval_set->size(), run_.data_rank(), run_.data_world(), /*shuffle=*/false);
   std::shared_ptr<const Dataset> ds(run_.eval_set.get(), [](const Dataset*) {});
   auto loader = make_loader(ds, sampler.indices(), args.per_device_eval_batch_size, args.dataloader_num_workers);
@@ -151,8 +158,11 @@ data::EvalTotals TrainingStep::pipeline_eval_totals() {
   auto run_pass = [&] {
     pipeline_->forward_only(pass, [&](int k, const torch::Tensor& output) {
       const torch::Tensor out = output.to(torch::kFloat), y = pass[std::size_t(k)].target.to(out.device());
-      local.loss_sum += loss_fn(out, y).item<double>() * double(y.numel());
-      local.correct += out.argmax(-1).eq(y).sum().item<std::int64_t>();
+      const double loss = loss_fn(out, y).item<double>();
+      const std::int64_t correct = (predict ? predict(out) : out.argmax(-1)).eq(y).sum().item<std::int64_t>();
+      if (!counts) return;
+      local.loss_sum += loss * double(y.numel());
+      local.correct += correct;
       local.count += y.numel();
       local.samples += y.size(0);
     });
@@ -181,7 +191,8 @@ data::EvalTotals TrainingStep::pipeline_eval_totals() {
 void TrainingStep::add_pipeline_fields(metrics::StepLog& entry) {
   const int p = run_.args.pipeline_parallel, prank = pipeline_->pipeline_rank();
   PipelineWindow& w = pipeline_window_;
-  const double steps = double(std::max<std::int64_t>(1, w.steps)), replicas = double(run_.data_world());
+  // Each pipeline rank's D x T ranks (its replicas, and under tensor parallelism their shards).
+  const double steps = double(std::max<std::int64_t>(1, w.steps)), replicas = double(run_.world() / p);
   std::vector<double> rows(std::size_t(p) * 5, 0);
   const double mine[5] = {w.compute, w.wait, w.send, w.reduce, w.span};
   for (int i = 0; i < 5; ++i) rows[std::size_t(prank) * 5 + std::size_t(i)] = mine[i] / steps / replicas;

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
@@ -24,9 +26,10 @@ void Trainer::Impl::split_model() {
     throw ConfigError("--tensor-parallel " + std::to_string(l.tensor()) +
                       ": this model cannot be split (give it split_for_tensor_parallel() and tensor_shards(), as "
                       "models/gpt.h's GptLmHeadModel does; lockstep/tp/layers.h has the split layers)");
-  // Every rank makes its tensor group, then its data group: the same order everywhere.
+  // Every rank makes its tensor group, then its data group or its mesh: the same order everywhere.
   tensor_comm = comm->group(l.group_of(ParallelDim::tensor, rank()), l.group_name(ParallelDim::tensor, rank()));
-  data_comm = comm->group(l.group_of(ParallelDim::data, rank()), l.group_name(ParallelDim::data, rank()));
+  const ParallelDim second = l.pipelined() ? ParallelDim::mesh : ParallelDim::data;
+  (l.pipelined() ? mesh_comm : data_comm) = comm->group(l.group_of(second, rank()), l.group_name(second, rank()));
   model.split_for_tensor_parallel(*tensor_comm, args.sequence_parallel);
   comm::Communicator* group = tensor_comm.get();
   loss_fn = [group](const torch::Tensor& out, const torch::Tensor& target) {
@@ -37,12 +40,50 @@ void Trainer::Impl::split_model() {
   };
 }
 
+namespace {
+
+bool is_shard(const tp::ShardedParameters& shards, const torch::Tensor& p) {
+  return std::any_of(shards.begin(), shards.end(), [&](const auto& s) { return s.first.is_same(p); });
+}
+
+// Collective over the tensor and pipeline groups: the unsplit model's gradient norm under a
+// pipeline of split stages, and the gradients this rank's stages own clipped by it. Each
+// parameter's squares (a shard's summed over the tensor group) sit at its place in the model's
+// order; the pipeline group adds those places (one stage holds each, so the sums are exact) and
+// every rank adds them up in that order: the norm does not depend on where the stages cut the
+// model, which a restarted run measures afresh.
+double staged_clip(pipe::Pipeline& pipeline, comm::Communicator& tensor_group, const tp::ShardedParameters& shards,
+                   double max_norm) {
+  const auto& order = pipeline.owners();  // every parameter of the model, in its order
+  std::map<std::string, std::size_t> place;
+  for (std::size_t i = 0; i < order.size(); ++i) place.emplace(order[i].first, i);
+  std::vector<double> split(order.size(), 0), whole(order.size(), 0);
+  std::vector<torch::Tensor> grads;
+  for (const auto& [name, p] : pipeline.named_parameters()) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    (is_shard(shards, p) ? split : whole)[place.at(name)] = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  tensor_group.allreduce(split.data(), split.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  for (std::size_t i = 0; i < split.size(); ++i) split[i] += whole[i];
+  pipeline.pipeline_group().allreduce(split.data(), split.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  double squares = 0;
+  for (const double s : split) squares += s;
+  const double norm = std::sqrt(squares), coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1) {
+    torch::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(coefficient);
+  }
+  return norm;
+}
+
+}  // namespace
+
 double TrainingStep::tensor_parallel_clip(double max_norm) {
+  const tp::ShardedParameters& shards = run_.model.tensor_shards();
+  if (pipeline_) return staged_clip(*pipeline_, *run_.tensor_comm, shards, max_norm);
   std::vector<torch::Tensor> split, whole;
-  for (const auto& [parameter, shard] : run_.model.tensor_shards()) split.push_back(parameter);
-  for (const auto& p : run_.model.module->parameters())
-    if (std::none_of(split.begin(), split.end(), [&](const torch::Tensor& s) { return s.is_same(p); }))
-      whole.push_back(p);
+  for (const auto& p : trained_parameters()) (is_shard(shards, p) ? split : whole).push_back(p);
   return tp::clip_grad_norm(split, whole, max_norm, *run_.tensor_comm);
 }
 
@@ -68,7 +109,8 @@ bool same_everywhere(comm::Communicator& group, comm::Communicator& all, const s
 // tensor group the same whole (unsplit) parameters: they take the same gradients and skip the same
 // steps (--fp16). Different shards differ.
 void Trainer::Impl::check_tensor_replicas() {
-  const bool replicas = same_everywhere(*data_comm, *comm, parameters_fingerprint(*model.module, nullptr));
+  comm::Communicator& data = step.pipeline() ? step.pipeline()->stage_group() : *data_comm;
+  const bool replicas = same_everywhere(data, *comm, parameters_fingerprint(*model.module, nullptr));
   std::vector<std::uint64_t> whole;
   const auto shards = model.tensor_shards();
   for (const auto& p : model.module->parameters())
@@ -76,9 +118,14 @@ void Trainer::Impl::check_tensor_replicas() {
       whole.push_back(parameter_hash(p));
   const bool tensor_ranks = same_everywhere(*tensor_comm, *comm, combined_fingerprint(whole));
   if (rank() != 0) return;
+  const Layout& l = layout();
+  const std::string held = l.pipelined() ? std::to_string(l.pipeline() * l.tensor()) + " shards (" +
+                                               std::to_string(l.pipeline()) + " stages x " + std::to_string(l.tensor()) +
+                                               " tensor)"
+                                         : std::to_string(l.tensor()) + " tensor shards";
   if (replicas)
-    LOCKSTEP_LOG(info, train) << "the " << layout().data() << " replicas of each of the " << layout().tensor()
-                              << " tensor shards hold the same parameters";
+    LOCKSTEP_LOG(info, train) << "the " << layout().data() << " replicas of each of the " << held
+                              << " hold the same parameters";
   else
     LOCKSTEP_LOG(warn, train) << "the replicas of a tensor shard diverged (a non-deterministic op, or a rank that "
                                  "skipped a step); evaluate with care";

@@ -235,8 +235,8 @@ WholeParameters::~WholeParameters() noexcept(false) {
 }
 
 void Trainer::Impl::check_replicas() {
-  if (step.pipeline()) return step.check_stage_replicas();
   if (tensor_comm) return check_tensor_replicas();
+  if (step.pipeline()) return step.check_stage_replicas();
   ZeroOptimizer* sliced = step.stage3() ? step.zero() : nullptr;
   if (world() == 1) {  // nothing to compare; the fingerprint says what a run with more workers should match
     LOCKSTEP_LOG(info, train) << "one worker holds the parameters (fingerprint "

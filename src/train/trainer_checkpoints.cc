@@ -305,6 +305,12 @@ void add_rank0_files(Trainer::Impl& t, const nlohmann::json& trainer_state, Chec
   };
 }
 
+[[noreturn]] void refuse_consolidated_into_split(const std::string& dir) {
+  throw ConfigError("--resume-from-checkpoint " + dir + ": a consolidated checkpoint (model.pt) does not load into "
+                    "a model split for --tensor-parallel yet; resume it without --tensor-parallel and save with "
+                    "--save-format sharded, which any layout loads");
+}
+
 }  // namespace
 
 // Every rank snapshots what it holds and hands it to its writer; the step goes on at once unless
@@ -350,12 +356,14 @@ std::string TrainerCheckpoints::resume_target() const {
 void TrainerCheckpoints::load_pipeline_rank(const std::string& dir) {
   Model& model = t_.model;
   TrainingStep& step = t_.step;
+  const std::optional<TensorSplit> split = t_.tensor_split();  // whole tensors: each rank reads its shards
   if (CheckpointDir(dir).sharded()) {
-    load_sharded(dir, *model.module, nullptr);
-    load_sharded(dir, *step.stage_module(), step.optimizer(), /*part=*/true);
+    load_sharded(dir, *model.module, nullptr, /*part=*/false, split ? &*split : nullptr);
+    load_sharded(dir, *step.stage_module(), step.optimizer(), /*part=*/true, split ? &*split : nullptr);
     step.keep_own_optimizer_state();
     return;
   }
+  if (split) refuse_consolidated_into_split(dir);
   load_module(*model.module, CheckpointDir(dir).model());
   auto whole = step.make_optimizer(model.module->parameters());
   load_optimizer(*whole, optimizer_path(dir));
@@ -382,10 +390,7 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
   if (step.zero()) whole = step.make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = step.zero() ? *whole : *step.optimizer();
   const std::optional<TensorSplit> split = t_.tensor_split();
-  if (split && !checkpoint.sharded())
-    throw ConfigError("--resume-from-checkpoint " + dir + ": a consolidated checkpoint (model.pt) does not load into "
-                      "a model split for --tensor-parallel yet; resume it without --tensor-parallel and save with "
-                      "--save-format sharded, which any layout loads");
+  if (split && !checkpoint.sharded()) refuse_consolidated_into_split(dir);
   if (checkpoint.sharded()) {
     load_sharded(dir, *model.module, &target, /*part=*/false, split ? &*split : nullptr);
   } else {

@@ -154,7 +154,9 @@ struct Trainer::Impl {
   int data_world() const { return layout().data(); }
   // --tensor-parallel (tensor_parallel_run.cc): the tensor and data groups the layout derives,
   // made when T > 1; the replicas of a parameter reduce over the data group, else every rank.
-  std::unique_ptr<comm::Communicator> tensor_comm, data_comm;
+  // With a pipeline too, the data group is the pipeline's (its stage group), and mesh_comm (this
+  // tensor rank's P x D ranks) is what the pipeline runs over.
+  std::unique_ptr<comm::Communicator> tensor_comm, data_comm, mesh_comm;
   comm::Communicator& data_communicator() const { return data_comm ? *data_comm : *comm; }
   WindowCounters window_counters() const;
   void split_model();            // collective: the groups made, the model split, its loss set

@@ -223,8 +223,6 @@ void TrainingArguments::validate_tensor_parallel() const {
     bad("sequence-parallel", "splits the activations over a tensor group: add --tensor-parallel 2 or more");
   if (tensor_parallel == 1) return;
   const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
-  if (pipeline_parallel > 1)
-    bad("pipeline-parallel", "does not combine with " + with + " yet: use one or the other");
   refuse_zero_beyond_one(zero_stage, zero_shared_parameters, with, "the split model's gradients", "the data ranks");
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")

@@ -1,6 +1,7 @@
 // examples/gpt split for tensor parallelism (--tensor-parallel) in whole runs, as a user runs it
 // under `lockstep run`: the split run trains as the unsplit one (float32, so up to rounding: the
-// split products sum in another order), with data ranks beside the tensor ranks too; a tensor
+// split products sum in another order), with data ranks beside the tensor ranks too, and in
+// pipelines of split stages (P x T, P x D x T); a tensor
 // rank killed at a random step fails its partner within seconds, naming it, and under
 // --max-restarts the job resumes from its checkpoint bitwise; its checkpoints load without tensor
 // parallelism; --fp16 skips steps on every tensor rank together; and what tensor parallelism does
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -268,6 +270,103 @@ TEST(TensorParallelRuns, ATensorRankKilledAtRandomRestartsFromItsCheckpointBitwi
     EXPECT_EQ(file_bytes(straight / ("checkpoint-40/" + std::string(shard))),
               file_bytes(out / ("checkpoint-40/" + std::string(shard))))
         << shard << " of step 40 differs between the uninterrupted and the restarted run";
+}
+
+// Pipelines of split stages (P x T, P x D x T): each tensor rank runs its own pipeline over its
+// shards, and the units' collectives meet those of its tensor group. Steps of 2 micro-batches of 2
+// sequences, so the pipeline's micro-batches (and their dropout draws) are the unpipelined run's;
+// `save_every` > 0 saves and evaluates every that many steps.
+Flags staged(const std::string& out, int save_every = 0, int steps = 20) {
+  const std::string strategy = save_every > 0 ? "steps" : "no", every = std::to_string(std::max(save_every, 1));
+  return {"--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--dropout", "0.1",
+          "--train-limit", "400", "--eval-limit", "50", "--eval-strategy", strategy, "--eval-steps", every,
+          "--save-strategy", strategy, "--save-steps", every, "--save-total-limit", "0",
+          "--per-device-train-batch-size", "2", "--gradient-accumulation-steps", "2", "--disable-tqdm",
+          "--logging-steps", "1", "--max-steps", std::to_string(steps), "--output-dir", out};
+}
+
+const Flags kStaged = {"--pipeline-parallel", "2", "--tensor-parallel", "2"};
+
+// Cuts of the tiny GPT's 4 units (embedding, 2 blocks, head) over 2 stages.
+const char* const kCuts[] = {"1,3", "2,2", "3,1"};
+
+// Drawn at random (the seed is printed): the schedule, whether the sequence is split too, and a
+// cut of the stages. The split pipelines train as the unsplit model does (up to the order of sums),
+// and with data ranks and ZeRO-1 beside them as DDP does; their loss and accuracy are evaluated
+// through the pipeline. Neither the schedule nor the cut changes a bit (the global norm is added
+// up in the model's order, whatever stage holds each parameter).
+TEST(TensorParallelRuns, PipelinesOfSplitStagesTrainAsTheUnsplitModel) {
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
+  const std::string schedule = schedules[std::uniform_int_distribution<int>(0, 3)(rng)];
+  const bool sequence = std::uniform_int_distribution<int>(0, 1)(rng) == 1;
+  const std::string cut = kCuts[std::uniform_int_distribution<int>(0, 2)(rng)];
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": schedule " + schedule + (sequence ? ", sequence parallel" : "") +
+               ", stages cut " + cut);
+  Flags split = kStaged + Flags{"--pipeline-schedule", schedule};
+  if (schedule == "interleaved") split = split + Flags{"--virtual-stages", "2"};
+  if (sequence) split = split + Flags{"--sequence-parallel"};
+  TempDir one("pt-one"), staged_run("pt-2x2"), recut("pt-recut"), ddp("pt-ddp"), all("pt-2x2x2");
+  run_ok(launch(1, staged(one.path())));
+  const std::string o = run_ok(launch(4, staged(staged_run.path()) + split));
+  EXPECT_NE(o.find("layout: 4 workers: 2 pipeline x 2 tensor"), std::string::npos) << o;
+  EXPECT_NE(o.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos) << o;
+  expect_same_training(eval_loss(staged_run), eval_loss(one), "2 pipeline x 2 tensor ranks against one worker");
+  EXPECT_NEAR(tokens_per_sample(staged_run), 16, 1e-6) << "a tensor group's tokens count once";
+  run_ok(launch(4, staged(recut.path()) + kStaged + Flags{"--pipeline-split", cut} +
+                       (sequence ? Flags{"--sequence-parallel"} : Flags{})));
+  EXPECT_EQ(eval_loss(recut), eval_loss(staged_run)) << "1f1b with the stages cut " << cut;
+  run_ok(launch(2, staged(ddp.path())));
+  const std::string o3 = run_ok(launch(8, staged(all.path()) + split + Flags{"--zero-stage", "1"}));
+  EXPECT_NE(o3.find("layout: 8 workers: 2 pipeline x 2 data (ZeRO-1) x 2 tensor"), std::string::npos) << o3;
+  EXPECT_NE(o3.find("the 2 replicas of each of the 4 shards (2 stages x 2 tensor) hold the same parameters"),
+            std::string::npos)
+      << o3;
+  expect_same_training(eval_loss(all), eval_loss(ddp), "2 pipeline x 2 data (ZeRO-1) x 2 tensor against DDP on 2");
+}
+
+// A checkpoint of split stages holds whole tensors: a random rank of 2 pipeline x 2 tensor killed
+// at a random step under `lockstep run --max-restarts 1` resumes from the last one and ends with
+// the uninterrupted run's step-20 shard files byte for byte; one worker, with neither pipeline nor
+// tensor parallelism, evaluates a checkpoint drawn at random as the split run did; `gpt generate`
+// samples from it.
+TEST(TensorParallelRuns, SplitStagesKilledAtRandomRestartBitwiseAndTheirCheckpointsLoadUnsplit) {
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const int step = std::uniform_int_distribution<int>(6, 17)(rng);  // after the first checkpoint
+  const int from = 5 * std::uniform_int_distribution<int>(1, 3)(rng);
+  // A shard file holds its stage's parameters: the cut is fixed, so that the files compare.
+  const std::string cut = kCuts[std::uniform_int_distribution<int>(0, 2)(rng)];
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": stages cut " + cut + ", a kill after step " +
+               std::to_string(step) + ", one worker loads checkpoint-" + std::to_string(from));
+  TempDir straight("pt-straight"), out("pt-restarted"), unsplit("pt-unsplit");
+  const Flags split = kStaged + Flags{"--pipeline-split", cut};
+  run_ok(launch(4, staged(straight.path(), 5) + split));
+  Process job(Flags{LOCKSTEP_BINARY, "run", "--nproc-per-node", "4", "--max-restarts", "1", GPT_EXAMPLE} +
+                  staged(out.path(), 5) + split,
+              kOneThread);
+  ASSERT_TRUE(job.read_until("step " + std::to_string(step) + "/20", 180)) << job.output();
+  const auto workers = lockstep::testing::children_of(job.pid());
+  ASSERT_EQ(workers.size(), 4u) << job.output();
+  ::kill(workers[std::uniform_int_distribution<std::size_t>(0, 3)(rng)], SIGKILL);
+  EXPECT_EQ(job.wait(300), 0) << job.output();
+  EXPECT_NE(job.output().find("resumed from " + out.path() + "/checkpoint-"), std::string::npos) << job.output();
+  for (int r = 0; r < 4; ++r) {
+    const std::string shard = "checkpoint-20/shard-0000" + std::to_string(r) + "-of-00004.bin";
+    EXPECT_TRUE(file_bytes(straight / shard) == file_bytes(out / shard))
+        << shard << " differs between the uninterrupted and the restarted run";
+  }
+  const std::string checkpoint = straight / ("checkpoint-" + std::to_string(from));
+  run_ok(launch(1, staged(unsplit.path(), 0, from) + Flags{"--resume-from-checkpoint", checkpoint}));
+  const double split_eval = eval_loss_at(straight, from);
+  ASSERT_GT(split_eval, 0) << "no evaluation at step " << from << " in " << straight.path();
+  EXPECT_LE(std::abs(eval_loss(unsplit) - split_eval) / split_eval, 1e-4)
+      << "one worker evaluates the split stages' checkpoint at " << eval_loss(unsplit) << ", they did at "
+      << split_eval;
+  const std::string sampled =
+      run_ok(Flags{GPT_EXAMPLE, "generate", "--checkpoint", checkpoint, "--max-new-tokens", "8", "--temperature", "0"});
+  EXPECT_FALSE(sampled.empty());
 }
 
 TEST(TensorParallelRuns, WhatTensorParallelismCannotTakeIsRefusedBeforeTraining) {

@@ -74,6 +74,11 @@ struct PipelineOptions {
   enum class TiedGradient { micro_batch, step };
   TiedGradient tied_gradient = TiedGradient::micro_batch;
   DdpOptions ddp;  // how each pipeline rank's replicas reduce its gradients
+  // Under tensor parallelism the pipeline runs over one tensor rank's mesh (Layout's ParallelDim::mesh),
+  // each tensor rank its own, in step: a unit's collectives over the tensor group meet because every
+  // mesh runs the same plan and schedule. `tensor_group` makes the plan the same: the unit costs its
+  // rank 0 measured are every member's.
+  comm::Communicator* tensor_group = nullptr;
 };
 
 // ConfigError naming the problem: P or v below 1, v above 1 without the interleaved schedule.
