@@ -1,11 +1,15 @@
 // Pipelines across machines (network namespaces, tests/testing/cluster.h): a GPT cut into stages
 // whose activations cross a 1 Gbit/s link ends bitwise where the same job ends on one machine and
-// where one process ends. What is checked is correctness: every machine shares this host's two
+// where one process ends; with each stage split over its machine's workers (pipeline x tensor), it
+// trains as one process does. What is checked is correctness: every machine shares this host's two
 // cores, so the timings here prove nothing (bench/compare_pipeline.py measures, and says so).
 // Every worker multiplies on one thread so that all runs round alike. Torch-free: it reads the
 // fingerprint of the final parameters the Trainer prints.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "cluster.h"
@@ -76,6 +80,35 @@ TEST(PipelineCluster, StagesOnTwoMachinesEndWhereOneMachineAndOneProcessEnd) {
   const std::string four = across(cluster, 2, gpt(d.path(), {"--pipeline-parallel", "4", "--pipeline-schedule", "interleaved",
                                                              "--virtual-stages", "2"}));
   EXPECT_EQ(fingerprint(four), one) << four;
+}
+
+// The validation loss examples/gpt writes at the end.
+double eval_loss(const TempDir& out) {
+  std::ifstream in(out / "eval_results.json");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const auto at = text.find("\"eval_loss\":");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + 12));
+}
+
+// Three dimensions on 2 machines of 2 workers: the pipeline's 2 stages across the link, each
+// stage's layers split over the 2 workers of its machine (the tensor groups stay inside one
+// machine, as the layout demands). It trains as one process does, up to the order of the split
+// layers' sums (float32).
+TEST(PipelineCluster, PipelinesOfSplitStagesAcrossTwoMachinesTrainAsOneProcess) {
+  REQUIRE_CLUSTER();
+  TempDir a("pipe3d-one"), b("pipe3d-two-machines");
+  const std::vector<std::string> evaluated = {"--eval-limit", "50"};
+  on_one_machine(1, gpt(a.path(), evaluated));
+  VirtualCluster cluster({2, "1gbit"});
+  std::vector<std::string> split = evaluated;
+  for (const char* f : {"--pipeline-parallel", "2", "--tensor-parallel", "2", "--sequence-parallel"}) split.push_back(f);
+  const std::string three = across(cluster, 2, gpt(b.path(), split));
+  EXPECT_NE(three.find("layout: 4 workers on 2 machines: 2 pipeline x 2 tensor (sequence parallel)"), std::string::npos)
+      << three;
+  EXPECT_NE(three.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos) << three;
+  ASSERT_GT(eval_loss(a), 0);
+  EXPECT_LE(std::abs(eval_loss(b) - eval_loss(a)) / eval_loss(a), 1e-3)
+      << "across machines " << eval_loss(b) << ", one process " << eval_loss(a);
 }
 
 }  // namespace
