@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -306,8 +308,27 @@ PipelineStepStats Pipeline::train_step(const std::vector<MicroBatch>& micro_batc
   return impl_->run(micro_batches);
 }
 
+namespace {
+
+// Under tensor parallelism: each split parameter's norm (its place in `norms`) made its whole
+// tensor's, from its shards' squares summed over the tensor group.
+void whole_norms_of_shards(const Pipeline::Impl& s, const std::map<std::string, std::size_t>& index,
+                           std::vector<double>& norms) {
+  std::set<const void*> split;
+  for (const auto& shard : s.options.split_parameters) split.insert(shard.unsafeGetTensorImpl());
+  std::vector<double> squares(s.owners.size(), 0);
+  for (const auto& [name, p] : s.owned)
+    if (split.count(p.unsafeGetTensorImpl()) && p.grad().defined()) squares[index.at(name)] = std::pow(norms[index.at(name)], 2);
+  s.options.tensor_group->allreduce(squares.data(), squares.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  for (std::size_t i = 0; i < squares.size(); ++i)
+    if (squares[i] > 0) norms[i] = std::sqrt(squares[i]);
+}
+
+}  // namespace
+
 // libtorch's clip_grad_norm_ over every stage: the same per-parameter norms, stacked in the
-// model's order (each rank fills in its own; a sum with zeros elsewhere moves them exactly).
+// model's order (each rank fills in its own; a sum with zeros elsewhere moves them exactly), in
+// the gradients' dtype.
 double Pipeline::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
   const std::size_t n = s.owners.size();
@@ -321,10 +342,12 @@ double Pipeline::clip_grad_norm(double max_norm) {
     norms[index.at(name)] = p.grad().norm(2.0).item<double>();
     norms[n + index.at(name)] = 1;
   }
+  if (s.options.tensor_group && s.options.tensor_group->size() > 1) whole_norms_of_shards(s, index, norms);
   s.pipeline_comm->allreduce(norms.data(), norms.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
+  const auto dtype = with_grad.empty() ? torch::kFloat : with_grad.front().grad().scalar_type();
   std::vector<torch::Tensor> stacked;
   for (std::size_t i = 0; i < n; ++i)
-    if (norms[n + i] > 0) stacked.push_back(torch::tensor(static_cast<float>(norms[i])));
+    if (norms[n + i] > 0) stacked.push_back(torch::tensor(norms[i], torch::TensorOptions().dtype(dtype)));
   if (stacked.empty()) return 0;
   const torch::Tensor total = stacked.size() == 1 ? stacked[0] : torch::stack(stacked).norm(2.0);
   if (max_norm > 0) {

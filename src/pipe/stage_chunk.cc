@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "lockstep/ddp/autocast.h"
+
 namespace lockstep::pipe {
 
 StageChunk::StageChunk(int stage, bool first, bool last, std::vector<PipelineUnit> units)
@@ -36,8 +38,9 @@ torch::Tensor StageChunk::forward(int k, const torch::Tensor& input, std::uint64
 torch::Tensor StageChunk::forward_loss(int k, const torch::Tensor& input, std::uint64_t seed, const MicroBatch& batch,
                                        const LossFn& loss) {
   const torch::Tensor x = first_ ? input : input.detach().requires_grad_(input.is_floating_point());
-  // As the Trainer's unpipelined step: the loss in float32, then its weight in the step's mean.
-  const torch::Tensor value = loss(run_units(x, seed).to(torch::kFloat), batch.target.to(x.device()));
+  // As the Trainer's unpipelined step: the loss in float32 (float64 for a float64 model), then its
+  // weight in the step's mean.
+  const torch::Tensor value = loss(loss_input(run_units(x, seed)), batch.target.to(x.device()));
   Saved& s = saved_[k];
   s.input = x;
   s.output = value * batch.loss_weight;

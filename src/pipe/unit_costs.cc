@@ -28,7 +28,7 @@ std::vector<double> measure_unit_costs(const std::vector<PipelineUnit>& units, c
       {
         Autocast cast(autocast, device.type());
         out = units[u].forward(in, 0);
-        root = u + 1 == units.size() ? loss(out.to(torch::kFloat), sample.target.to(device)) : out;
+        root = u + 1 == units.size() ? loss(loss_input(out), sample.target.to(device)) : out;
       }
       if (root.requires_grad()) {
         if (root.dim() == 0)

@@ -67,7 +67,7 @@ data::EvalTotals evaluate_totals(
       Autocast autocast(setup.autocast, setup.device.type());
       out = model.forward(x);
     }
-    out = out.to(torch::kFloat);
+    out = loss_input(out);
     // Every target counts once: a sample's label, or each of its tokens.
     local.loss_sum += loss(out, y).item<double>() * static_cast<double>(y.numel());
     local.correct += (setup.predict ? setup.predict(out) : out.argmax(-1)).eq(y).sum().item<std::int64_t>();

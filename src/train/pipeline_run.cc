@@ -12,6 +12,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/elastic.h"
+#include "lockstep/ddp/autocast.h"
 #include "lockstep/error.h"
 #include "lockstep/train/tensor_memory.h"
 #include "trainer_impl.h"
@@ -62,6 +63,8 @@ void TrainingStep::build_pipeline() {
   // Under tensor parallelism each tensor rank runs its own mesh's pipeline over its shards, in step.
   pipe::PipelineOptions options = pipeline_options(args, run_.autocast_dtype());
   options.tensor_group = run_.tensor_comm.get();
+  if (run_.tensor_comm)
+    for (const auto& [parameter, shard] : model.tensor_shards()) options.split_parameters.push_back(parameter);
   pipeline_ = std::make_unique<pipe::Pipeline>(model.pipeline_units(), run_.mesh_comm ? *run_.mesh_comm : *run_.comm,
                                                options, sample, run_.loss_fn);
   optimizer_ = make_optimizer(updated_share());
@@ -121,7 +124,7 @@ StepTimes TrainingStep::pipeline_step(data::DataLoader<Batch>& loader, const Ste
   w.reduce += st.reduce_seconds, w.span += seconds_between(loaded, Clock::now()), ++w.steps;
   if (!args.fp16 || !skip_overflowed_step()) {  // every stage skips alike (unscale_gradients)
     const double max_norm = args.max_grad_norm;
-    const double norm = run_.tensor_comm ? tensor_parallel_clip(max_norm) : pipeline_->clip_grad_norm(max_norm);
+    const double norm = pipeline_->clip_grad_norm(max_norm);  // split stages: the unsplit model's
     if (max_norm > 0) window.set_grad_norm(norm);
     const double lr = run_.learning_rate_at(run_.state.global_step);
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -157,7 +160,7 @@ data::EvalTotals TrainingStep::pipeline_eval_totals() {
   std::vector<pipe::MicroBatch> pass;
   auto run_pass = [&] {
     pipeline_->forward_only(pass, [&](int k, const torch::Tensor& output) {
-      const torch::Tensor out = output.to(torch::kFloat), y = pass[std::size_t(k)].target.to(out.device());
+      const torch::Tensor out = loss_input(output), y = pass[std::size_t(k)].target.to(out.device());
       const double loss = loss_fn(out, y).item<double>();
       const std::int64_t correct = (predict ? predict(out) : out.argmax(-1)).eq(y).sum().item<std::int64_t>();
       if (!counts) return;

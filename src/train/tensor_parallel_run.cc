@@ -6,8 +6,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
-#include <map>
 
 #include "lockstep/base/log.h"
 #include "lockstep/comm/collectives.h"
@@ -46,42 +44,10 @@ bool is_shard(const tp::ShardedParameters& shards, const torch::Tensor& p) {
   return std::any_of(shards.begin(), shards.end(), [&](const auto& s) { return s.first.is_same(p); });
 }
 
-// Collective over the tensor and pipeline groups: the unsplit model's gradient norm under a
-// pipeline of split stages, and the gradients this rank's stages own clipped by it. Each
-// parameter's squares (a shard's summed over the tensor group) sit at its place in the model's
-// order; the pipeline group adds those places (one stage holds each, so the sums are exact) and
-// every rank adds them up in that order: the norm does not depend on where the stages cut the
-// model, which a restarted run measures afresh.
-double staged_clip(pipe::Pipeline& pipeline, comm::Communicator& tensor_group, const tp::ShardedParameters& shards,
-                   double max_norm) {
-  const auto& order = pipeline.owners();  // every parameter of the model, in its order
-  std::map<std::string, std::size_t> place;
-  for (std::size_t i = 0; i < order.size(); ++i) place.emplace(order[i].first, i);
-  std::vector<double> split(order.size(), 0), whole(order.size(), 0);
-  std::vector<torch::Tensor> grads;
-  for (const auto& [name, p] : pipeline.named_parameters()) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    (is_shard(shards, p) ? split : whole)[place.at(name)] = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  tensor_group.allreduce(split.data(), split.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  for (std::size_t i = 0; i < split.size(); ++i) split[i] += whole[i];
-  pipeline.pipeline_group().allreduce(split.data(), split.size(), comm::DType::f64, comm::ReduceOp::sum)->wait();
-  double squares = 0;
-  for (const double s : split) squares += s;
-  const double norm = std::sqrt(squares), coefficient = max_norm / (norm + 1e-6);
-  if (coefficient < 1) {
-    torch::NoGradGuard no_grad;
-    for (auto& g : grads) g.mul_(coefficient);
-  }
-  return norm;
-}
-
 }  // namespace
 
 double TrainingStep::tensor_parallel_clip(double max_norm) {
   const tp::ShardedParameters& shards = run_.model.tensor_shards();
-  if (pipeline_) return staged_clip(*pipeline_, *run_.tensor_comm, shards, max_norm);
   std::vector<torch::Tensor> split, whole;
   for (const auto& p : trained_parameters()) (is_shard(shards, p) ? split : whole).push_back(p);
   return tp::clip_grad_norm(split, whole, max_norm, *run_.tensor_comm);

@@ -44,7 +44,7 @@ void TrainingStep::forward_backward(data::DataLoader<Batch>& loader, const Micro
     Autocast autocast(trainer.autocast_dtype(), trainer.device.type());
     torch::Tensor out = trainer.model.forward(batch->input.to(trainer.device));
     if (reducer_) reducer_->after_forward(&out);
-    loss = trainer.loss_fn(out.to(torch::kFloat), batch->target.to(trainer.device));
+    loss = trainer.loss_fn(loss_input(out), batch->target.to(trainer.device));
   }
   if (!micro.placeholder) window.add_loss(loss.item<double>(), targets);
   // The mean over this micro-batch, weighted to make the mean over the whole step once the

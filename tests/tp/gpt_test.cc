@@ -1,17 +1,20 @@
 // The GPT split for tensor parallelism (models/gpt.h's split_for_tensor_parallel) against the
 // unsplit GPT, in float64, ranks as threads: 20 AdamW steps with dropout on the attention
 // probabilities, the embeddings and the residuals, and clipping active every step, under T = 2 and
-// 4, with gradient checkpointing, and T x D with lockstep's DDP over the data groups. Only the
-// order of sums differs, so every parameter must equal the unsplit run's within 1e-12 relative.
+// 4, with gradient checkpointing, T x D with lockstep's DDP over the data groups, and pipelines of
+// split stages (P x T, P x D x T). Only the order of sums differs, so every parameter must equal the
+// unsplit run's within 1e-12 relative.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <mutex>
 #include <random>
 
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/error.h"
 #include "lockstep/models/gpt.h"
+#include "lockstep/pipe/pipeline.h"
 #include "lockstep/pipe_core/layout.h"
 #include "lockstep/tp/cross_entropy.h"
 #include "lockstep/tp/gradients.h"
@@ -188,6 +191,100 @@ TEST(GptTensorParallel, RandomLayoutsTrainAsOneProcess) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     expect_split_gpt_trains_as_the_whole(k);
   }
+}
+
+// The whole model on `micro_batches` micro-batches of kRowsPerRank rows a step, each micro-batch's
+// mean loss weighted 1 / micro_batches, without dropout.
+GptLmHeadModel train_whole_in_micro_batches(const GptConfig& c, int micro_batches) {
+  auto m = seeded_gpt(c);
+  auto opt = adamw(m->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = batch_of(s, kRowsPerRank * micro_batches);
+    opt.zero_grad();
+    for (int k = 0; k < micro_batches; ++k) {
+      const auto logits = m->forward_seeded(b.tokens.narrow(0, k * kRowsPerRank, kRowsPerRank), dropout_seed(s));
+      const auto targets = b.targets.narrow(0, k * kRowsPerRank, kRowsPerRank);
+      (torch::nn::functional::cross_entropy(logits.view({-1, c.vocab_size}), targets.reshape({-1})) / micro_batches)
+          .backward();
+    }
+    EXPECT_GT(torch::nn::utils::clip_grad_norm_(m->parameters(), kMaxNorm), kMaxNorm) << "clipping is active";
+    opt.step();
+  }
+  return m;
+}
+
+struct Staged {
+  int data = 1;
+  bool sequence_parallel = false;
+  pipe::ScheduleKind schedule = pipe::ScheduleKind::one_f_one_b;
+  int virtual_stages = 1;
+};
+
+// 2 stages x 2 tensor ranks (x D data ranks): each tensor rank's mesh runs a pipe::Pipeline of the
+// split GPT's units, 4 micro-batches a replica, the norm clipped over stages and shards. Without
+// dropout: the rank threads draw the pipeline's dropout seeds from one shared generator.
+void expect_split_stages_train_as_the_whole(const Staged& k) {
+  SCOPED_TRACE("P 2 T 2 D " + std::to_string(k.data) + ", " + pipe::schedule_name(k.schedule) +
+               (k.sequence_parallel ? ", sequence parallel" : ""));
+  constexpr int kMicroBatches = 4;
+  const GptConfig config = small(0.0);
+  auto whole = train_whole_in_micro_batches(config, kMicroBatches * k.data);
+  LayoutRequest request;
+  request.world = 4 * k.data;
+  request.pipeline_parallel = 2;
+  request.tensor_parallel = 2;
+  const Layout layout = Layout::build(request);
+  comm::CommOptions options;
+  options.backend = "shm";
+  options.timeout = comm::Seconds(60);
+  testing::run_ranks_as_threads(layout.world(), options, [&](comm::Communicator& world) {
+    const int r = world.rank();
+    auto tensor = world.group(layout.group_of(ParallelDim::tensor, r), layout.group_name(ParallelDim::tensor, r));
+    auto mesh = world.group(layout.group_of(ParallelDim::mesh, r), layout.group_name(ParallelDim::mesh, r));
+    auto model = seeded_gpt(config);
+    model->split_for_tensor_parallel(*tensor, k.sequence_parallel);
+    pipe::PipelineOptions o;
+    o.pipeline_parallel = 2;
+    o.schedule = k.schedule;
+    o.virtual_stages = k.virtual_stages;
+    o.balance = pipe::PipelineOptions::Balance::parameters;
+    o.tensor_group = tensor.get();
+    o.split_parameters = model->split_parameters();
+    const Batch first = batch_of(0, kRowsPerRank);
+    auto loss = [&](const torch::Tensor& out, const torch::Tensor& target) {
+      return vocab_parallel_cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}), *tensor).mean();
+    };
+    pipe::Pipeline pipeline(model->pipeline_units(), *mesh, o, {first.tokens, first.targets, 1}, loss);
+    auto opt = adamw(pipeline.parameters());
+    const int replica = layout.coordinates_of(r).data;
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch b = batch_of(s, kRowsPerRank * kMicroBatches * k.data);
+      std::vector<pipe::MicroBatch> micro;
+      for (int m = 0; m < kMicroBatches; ++m) {
+        const std::int64_t row = (replica * kMicroBatches + m) * kRowsPerRank;
+        micro.push_back({b.tokens.narrow(0, row, kRowsPerRank), b.targets.narrow(0, row, kRowsPerRank),
+                         1.0 / kMicroBatches});
+      }
+      opt.zero_grad();
+      pipeline.train_step(micro);
+      EXPECT_GT(pipeline.clip_grad_norm(kMaxNorm), kMaxNorm) << "clipping is active";
+      opt.step();
+      pipeline.after_optimizer_step();
+    }
+    const auto want = split_copy_of(config, whole, *tensor);
+    std::map<std::string, torch::Tensor> expected(want.begin(), want.end());
+    for (const auto& [name, got] : pipeline.named_parameters()) {
+      const auto& w = expected.at(name);
+      ASSERT_TRUE(got.sizes().equals(w.sizes())) << name;
+      EXPECT_LE((got.detach() - w).abs().max().item<double>() / w.abs().max().item<double>(), 1e-12) << name;
+    }
+  });
+}
+
+TEST(GptTensorParallel, PipelinesOfSplitStagesTrainAsOneProcess) {
+  expect_split_stages_train_as_the_whole({1, false, pipe::ScheduleKind::one_f_one_b});
+  expect_split_stages_train_as_the_whole({1, true, pipe::ScheduleKind::zero_bubble});
+  expect_split_stages_train_as_the_whole({2, false, pipe::ScheduleKind::interleaved, 2});
 }
 
 TEST(GptTensorParallel, ADegreeThatDoesNotDivideTheHeadsOrTheVocabularyIsRefused) {

@@ -324,6 +324,9 @@ TEST(TensorParallelRuns, PipelinesOfSplitStagesTrainAsTheUnsplitModel) {
             std::string::npos)
       << o3;
   expect_same_training(eval_loss(all), eval_loss(ddp), "2 pipeline x 2 data (ZeRO-1) x 2 tensor against DDP on 2");
+  // Each dimension's communication: the tensor groups', the stages' replicas', the transfers.
+  for (const char* key : {"tensor_comm_seconds", "data_comm_seconds", "pipeline_comm_seconds"})
+    EXPECT_GT(last_logged(all, key), 0) << key;
 }
 
 // A checkpoint of split stages holds whole tensors: a random rank of 2 pipeline x 2 tensor killed

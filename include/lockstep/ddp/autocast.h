@@ -11,6 +11,13 @@
 
 namespace lockstep {
 
+// What a loss is computed from: a model's output in float32 (an autocast output, bfloat16 or
+// float16, cast up; float32 as it is), or in float64 when the model computes in float64. The
+// Trainer's step and evaluation and a pipeline's last stage all take the loss of this.
+inline at::Tensor loss_input(const at::Tensor& output) {
+  return output.scalar_type() == at::kDouble ? output : output.to(at::kFloat);
+}
+
 // Autocast to `dtype` on `device` for the scope, as torch.autocast(device, dtype) does; none:
 // nothing.
 class Autocast {

@@ -77,8 +77,10 @@ struct PipelineOptions {
   // Under tensor parallelism the pipeline runs over one tensor rank's mesh (Layout's ParallelDim::mesh),
   // each tensor rank its own, in step: a unit's collectives over the tensor group meet because every
   // mesh runs the same plan and schedule. `tensor_group` makes the plan the same: the unit costs its
-  // rank 0 measured are every member's.
+  // rank 0 measured are every member's. `split_parameters`: the units' parameters that are shards
+  // of split tensors (the others are whole on every tensor rank), for the norm of clip_grad_norm.
   comm::Communicator* tensor_group = nullptr;
+  std::vector<torch::Tensor> split_parameters;
 };
 
 // ConfigError naming the problem: P or v below 1, v above 1 without the interleaved schedule.
@@ -151,7 +153,10 @@ class Pipeline {
 
   // Collective over the pipeline group: the 2-norm of every owned gradient of every stage (one
   // process's clip_grad_norm_ to the bit: per-parameter norms in the model's order), and the
-  // gradients scaled by min(1, max_norm / (norm + 1e-6)) when max_norm > 0.
+  // gradients scaled by min(1, max_norm / (norm + 1e-6)) when max_norm > 0. Under tensor
+  // parallelism (options' tensor_group) also over the tensor group: a split parameter's norm is
+  // its whole tensor's (its shards' squares summed over the group), a whole one's counted once;
+  // the norm is the unsplit model's, and no cut of the stages changes a bit of it.
   double clip_grad_norm(double max_norm);
   // Collective over the pipeline group (at a log step): each pipeline rank's bubble as the schedule
   // has it, averaged over the steps since the last call: each step's table simulated with the time
