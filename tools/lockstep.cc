@@ -7,6 +7,7 @@
 //   lockstep bench allreduce                    the nccl-tests style sweep for one backend
 //   lockstep doctor [-- PROGRAM ARGS...]         why N workers are or are not N times faster
 //   lockstep report RUN_DIR                      one self-contained HTML page for a run
+//   lockstep plan --from-run DIR --nnodes N ...  the layouts of a job ranked before running it
 //   lockstep env [--markdown]                    every environment variable lockstep reads
 //   lockstep metrics-format                      the keys of metrics.jsonl (docs/metrics.md)
 //
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +32,7 @@
 #include "lockstep/comm/rendezvous.h"
 #include "lockstep/doctor/bench_allreduce.h"
 #include "lockstep/doctor/doctor.h"
+#include "lockstep/doctor/plan.h"
 #include "lockstep/doctor/report.h"
 #include "lockstep/error.h"
 #include "lockstep/launch/launcher.h"
@@ -300,6 +303,54 @@ struct ReportCommand : Command {
   }
 };
 
+struct PlanCommand : Command {
+  doctor::PlanModel model;
+  doctor::PlanMachines machines;
+  doctor::PlanStep step;
+  std::string from_run, link = "1gbit", machine_link = "2GB/s";
+  double memory_gb = 0;
+  int top = 12;
+
+  explicit PlanCommand(CLI::App& parent) {
+    app = parent.add_subcommand("plan", "Rank the layouts of a GPT job (pipeline x data x tensor, ZeRO) before running it");
+    app->add_option("--from-run", from_run, "a one-worker run of the model (its --output-dir): the measured step");
+    app->add_option("--seconds-per-sequence", step.seconds_per_sequence, "or the step's seconds per sequence, given");
+    app->add_option("--micro-batch", step.micro_batch, "sequences per micro-batch (default: the run's)");
+    app->add_option("--micro-batches", step.micro_batches, "micro-batches per step and replica (default: the run's)");
+    app->add_option("--nnodes", machines.nodes, "machines")->capture_default_str();
+    app->add_option("--nproc-per-node", machines.nproc_per_node, "workers per machine")->capture_default_str();
+    machines.cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    app->add_option("--cores", machines.cores, "cores per machine")->capture_default_str();
+    app->add_option("--link", link, "the link between machines, each way (100mbit, 1gbit, 2GB/s)")->capture_default_str();
+    app->add_option("--machine-link", machine_link,
+                    "an all-reduce's bus bandwidth inside a machine (lockstep bench allreduce measures it)")
+        ->capture_default_str();
+    app->add_option("--memory-gb", memory_gb, "memory per machine (default: this machine's)");
+    app->add_option("--n-layer", model.n_layer, "the GPT's blocks")->capture_default_str();
+    app->add_option("--n-head", model.n_head, "attention heads per block")->capture_default_str();
+    app->add_option("--n-embd", model.n_embd, "width")->capture_default_str();
+    app->add_option("--block-size", model.block_size, "tokens of context")->capture_default_str();
+    app->add_option("--vocab-size", model.vocab_size, "vocabulary")->capture_default_str();
+    app->add_option("--top", top, "layouts shown")->capture_default_str();
+  }
+
+  int run() override {
+    if (!from_run.empty()) {
+      const doctor::PlanStep measured = doctor::step_of_run(from_run);
+      if (!app->count("--micro-batch")) step.micro_batch = measured.micro_batch;
+      if (!app->count("--micro-batches")) step.micro_batches = measured.micro_batches;
+      step.seconds_per_sequence = measured.seconds_per_sequence;
+      step.activation_bytes_per_sequence = measured.activation_bytes_per_sequence;
+    }
+    machines.link_bytes_per_second = doctor::parse_rate(link);
+    machines.machine_bytes_per_second = doctor::parse_rate(machine_link);
+    machines.memory_bytes = memory_gb > 0 ? memory_gb * 1e9
+                                          : double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+    std::printf("%s", doctor::describe_plan(doctor::plan_layouts(model, machines, step), machines, top).c_str());
+    return 0;
+  }
+};
+
 struct EnvCommand : Command {
   bool markdown = false;
 
@@ -395,6 +446,7 @@ int lockstep_main(int argc, char** argv) {
   commands.push_back(std::make_unique<BenchCommand>(app, raw));
   commands.push_back(std::make_unique<DoctorCommand>(app));
   commands.push_back(std::make_unique<ReportCommand>(app));
+  commands.push_back(std::make_unique<PlanCommand>(app));
   commands.push_back(std::make_unique<EnvCommand>(app));
   commands.push_back(std::make_unique<MetricsFormatCommand>(app));
   commands.push_back(std::make_unique<CheckpointCommand>(app, raw));
