@@ -290,8 +290,8 @@ const Flags kStaged = {"--pipeline-parallel", "2", "--tensor-parallel", "2"};
 // Cuts of the tiny GPT's 4 units (embedding, 2 blocks, head) over 2 stages.
 const char* const kCuts[] = {"1,3", "2,2", "3,1"};
 
-// Drawn at random (the seed is printed): the schedule, whether the sequence is split too, and a
-// cut of the stages. The split pipelines train as the unsplit model does (up to the order of sums),
+// Drawn at random (the seed is printed): the schedule, whether the sequence is split too, gradient
+// checkpointing (not with zb, which refuses it), and a cut of the stages. The split pipelines train as the unsplit model does (up to the order of sums),
 // and with data ranks and ZeRO-1 beside them as DDP does; their loss and accuracy are evaluated
 // through the pipeline. Neither the schedule nor the cut changes a bit (the global norm is added
 // up in the model's order, whatever stage holds each parameter).
@@ -302,11 +302,13 @@ TEST(TensorParallelRuns, PipelinesOfSplitStagesTrainAsTheUnsplitModel) {
   const std::string schedule = schedules[std::uniform_int_distribution<int>(0, 3)(rng)];
   const bool sequence = std::uniform_int_distribution<int>(0, 1)(rng) == 1;
   const std::string cut = kCuts[std::uniform_int_distribution<int>(0, 2)(rng)];
+  const bool checkpointing = schedule != "zb" && std::uniform_int_distribution<int>(0, 1)(rng) == 1;
   SCOPED_TRACE("seed " + std::to_string(seed) + ": schedule " + schedule + (sequence ? ", sequence parallel" : "") +
-               ", stages cut " + cut);
+               (checkpointing ? ", gradient checkpointing" : "") + ", stages cut " + cut);
   Flags split = kStaged + Flags{"--pipeline-schedule", schedule};
   if (schedule == "interleaved") split = split + Flags{"--virtual-stages", "2"};
   if (sequence) split = split + Flags{"--sequence-parallel"};
+  if (checkpointing) split = split + Flags{"--gradient-checkpointing"};
   TempDir one("pt-one"), staged_run("pt-2x2"), recut("pt-recut"), ddp("pt-ddp"), all("pt-2x2x2");
   run_ok(launch(1, staged(one.path())));
   const std::string o = run_ok(launch(4, staged(staged_run.path()) + split));
@@ -315,7 +317,8 @@ TEST(TensorParallelRuns, PipelinesOfSplitStagesTrainAsTheUnsplitModel) {
   expect_same_training(eval_loss(staged_run), eval_loss(one), "2 pipeline x 2 tensor ranks against one worker");
   EXPECT_NEAR(tokens_per_sample(staged_run), 16, 1e-6) << "a tensor group's tokens count once";
   run_ok(launch(4, staged(recut.path()) + kStaged + Flags{"--pipeline-split", cut} +
-                       (sequence ? Flags{"--sequence-parallel"} : Flags{})));
+                       (sequence ? Flags{"--sequence-parallel"} : Flags{}) +
+                       (checkpointing ? Flags{"--gradient-checkpointing"} : Flags{})));
   EXPECT_EQ(eval_loss(recut), eval_loss(staged_run)) << "1f1b with the stages cut " << cut;
   run_ok(launch(2, staged(ddp.path())));
   const std::string o3 = run_ok(launch(8, staged(all.path()) + split + Flags{"--zero-stage", "1"}));
