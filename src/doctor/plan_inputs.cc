@@ -1,41 +1,37 @@
 // lockstep plan's inputs (doctor/plan.h): a one-worker run's measured step, and link speeds.
+#include <algorithm>
 #include <cctype>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "lockstep/doctor/plan.h"
 #include "lockstep/error.h"
+#include "lockstep/train_core/metrics.h"
 
 namespace lockstep::doctor {
 
+// The last start recorded in the run's metrics.jsonl (train_core/metrics.h reads and checks it).
 PlanStep step_of_run(const std::string& run_dir) {
   const std::string path = run_dir + "/metrics.jsonl";
-  std::ifstream in(path);
-  if (!in) throw ConfigError("lockstep plan: cannot read " + path + ": give the --output-dir of a finished run");
+  if (!std::ifstream(path)) throw ConfigError("lockstep plan: cannot read " + path + ": give the --output-dir of a finished run");
+  const auto segments = train::metrics::read_metrics(path);
+  if (segments.empty() || !segments.back().begin)
+    throw ConfigError("lockstep plan: " + path + " records no start of training (no train_begin line)");
+  const train::metrics::Segment& run = segments.back();
+  if (run.begin->world_size != 1)
+    throw ConfigError("lockstep plan: " + path + " is a run of " + std::to_string(run.begin->world_size) +
+                      " workers; measure the step with one (lockstep run --nproc-per-node 1)");
   PlanStep step;
+  step.micro_batch = std::max(1, run.begin->per_device_train_batch_size);
+  step.micro_batches = std::max(1, run.begin->gradient_accumulation_steps);
   double seconds = 0, tensor_bytes = 0;
-  int windows = 0, seen = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) throw ConfigError("lockstep plan: " + path + " holds a line that is not JSON");
-    const std::string event = j.value("event", "");
-    if (event == "train_begin") {
-      if (j.value("world_size", 1) != 1)
-        throw ConfigError("lockstep plan: " + path + " is a run of " + std::to_string(j.value("world_size", 1)) +
-                          " workers; measure the step with one (lockstep run --nproc-per-node 1)");
-      step.micro_batch = j.value("per_device_train_batch_size", 1);
-      step.micro_batches = j.value("gradient_accumulation_steps", 1);
-    } else if (event == "log" && j.contains("step_seconds") && seen++ > 0) {  // the first window warms up
-      seconds += j["step_seconds"].get<double>();
-      tensor_bytes = std::max(tensor_bytes, j.value("step_tensor_bytes", 0.0));
-      ++windows;
-    }
+  for (std::size_t i = 1; i < run.logs.size(); ++i) {  // the first window warms up
+    seconds += run.logs[i].step_seconds;
+    tensor_bytes = std::max(tensor_bytes, run.logs[i].step_tensor_bytes.value_or(0.0));
   }
-  if (windows == 0)
-    throw ConfigError("lockstep plan: " + path + " has no log window after the first: run more steps than 2 x "
+  if (run.logs.size() < 2 || !(seconds > 0))
+    throw ConfigError("lockstep plan: " + path + " has no timed log window after the first: run more steps than 2 x "
                       "--logging-steps");
-  const double sequences = double(step.micro_batch) * step.micro_batches;
+  const double windows = double(run.logs.size() - 1), sequences = double(step.micro_batch) * step.micro_batches;
   step.seconds_per_sequence = seconds / windows / sequences;
   step.activation_bytes_per_sequence = tensor_bytes / step.micro_batch;  // one micro-batch's at a time
   return step;
