@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <set>
 
 #include "lockstep/error.h"
 #include "lockstep/pipe_core/schedule.h"
@@ -36,7 +35,7 @@ void check_inputs(const PlanModel& model, const PlanMachines& machines, const Pl
   positive(machines.nproc_per_node, "--nproc-per-node");
   positive(machines.cores, "--cores");
   positive(machines.machine_bytes_per_second, "--machine-link");
-  positive(machines.memory_bytes, "--memory");
+  positive(machines.memory_bytes, "--memory-gb");
   if (machines.nodes > 1) positive(machines.link_bytes_per_second, "--link (the machines' link)");
   positive(step.micro_batch, "--micro-batch");
   positive(step.micro_batches, "--micro-batches");
@@ -50,23 +49,27 @@ double machine_allreduce(double bytes, int ranks, const PlanMachines& m) {
   return ranks < 2 ? 0 : 2.0 * (ranks - 1) / ranks * bytes / m.machine_bytes_per_second;
 }
 
-// The gradients' all-reduce (`bytes` per worker) over each data group, every group at once: inside
-// a machine over shared memory, and across machines each machine's link carrying, for each group
-// with ranks on it, the group's share (hier: the machine's ranks reduce inside, then each sends its
-// slice across).
+// The gradients' all-reduce (`bytes` per worker) over every data group at once: inside a machine
+// over shared memory, and for a group that spans machines (hier) each of its machines' links
+// carrying the group's 2 (M - 1) / M share. The slowest machine sets the time: its busiest link,
+// and its largest group part's reduction inside.
 double data_allreduce(double bytes, const Placement& at, const PlanMachines& m) {
   if (at.D < 2) return 0;
-  std::set<int> machines;
-  int local = 0;  // the ranks of one data group (pipeline and tensor rank 0) on its first machine
-  for (int d = 0; d < at.D; ++d) {
-    machines.insert(at.machine(0, d, 0));
-    local += at.machine(0, d, 0) == at.machine(0, 0, 0);
-  }
-  const int spanned = int(machines.size());
-  const double inside = machine_allreduce(bytes, local, m);
-  if (spanned < 2) return inside;
-  const double groups_per_machine = double(m.nproc_per_node) / local;
-  return inside + groups_per_machine * 2.0 * (spanned - 1) / spanned * bytes / m.link_bytes_per_second;
+  std::vector<double> link(std::size_t(m.nodes), 0);
+  double inside = 0;
+  for (int p = 0; p < at.P; ++p)
+    for (int t = 0; t < at.T; ++t) {
+      std::vector<int> ranks_on(std::size_t(m.nodes), 0);
+      for (int d = 0; d < at.D; ++d) ++ranks_on[std::size_t(at.machine(p, d, t))];
+      const int spanned = int(std::count_if(ranks_on.begin(), ranks_on.end(), [](int n) { return n > 0; }));
+      for (std::size_t machine = 0; machine < ranks_on.size(); ++machine) {
+        if (ranks_on[machine] == 0) continue;
+        inside = std::max(inside, machine_allreduce(bytes, ranks_on[machine], m));
+        if (spanned > 1) link[machine] += 2.0 * (spanned - 1) / spanned * bytes;
+      }
+    }
+  const double busiest = *std::max_element(link.begin(), link.end());
+  return inside + (busiest > 0 ? busiest / m.link_bytes_per_second : 0);
 }
 
 // One micro-batch's activations (`bytes` per rank) from each stage to the next: the slowest
@@ -84,14 +87,15 @@ double activation_transfer(double bytes, const Placement& at, const PlanMachines
 }
 
 // The tied embedding's gradient, last stage to first, once per micro-batch: over the link when they
-// sit on different machines.
+// sit on different machines, the busiest machine's link carrying those of all its last-stage ranks.
 double tied_transfer(double bytes, const Placement& at, const PlanMachines& m) {
   if (at.P < 2) return 0;
-  int crossing = 0;
+  std::vector<int> crossing(std::size_t(m.nodes), 0);
   for (int d = 0; d < at.D; ++d)
     for (int t = 0; t < at.T; ++t)
-      crossing += at.machine(0, d, t) != at.machine(at.P - 1, d, t) && at.machine(at.P - 1, d, t) == at.machine(at.P - 1, 0, 0);
-  return crossing > 0 ? crossing * bytes / m.link_bytes_per_second : bytes / m.machine_bytes_per_second;
+      if (at.machine(0, d, t) != at.machine(at.P - 1, d, t)) ++crossing[std::size_t(at.machine(at.P - 1, d, t))];
+  const int busiest = *std::max_element(crossing.begin(), crossing.end());
+  return busiest > 0 ? busiest * bytes / m.link_bytes_per_second : bytes / m.machine_bytes_per_second;
 }
 
 double memory_per_worker(const PlanModel& model, const PlanStep& step, const LayoutEstimate& e) {

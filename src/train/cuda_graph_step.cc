@@ -101,7 +101,7 @@ void CudaGraphStep::Impl::record_step() {
   {
     Autocast autocast(trainer.autocast_dtype(), trainer.device.type());
     torch::Tensor out = trainer.model.forward(input);
-    loss = trainer.loss_fn(out.to(torch::kFloat), target);
+    loss = trainer.loss_fn(loss_input(out), target);
   }
   loss.backward();
   torch::NoGradGuard no_grad;

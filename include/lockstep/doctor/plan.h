@@ -48,7 +48,10 @@ struct PlanStep {  // one worker's step, measured
   int micro_batch = 1;    // b: sequences per micro-batch
   int micro_batches = 1;  // m: micro-batches per step and replica
   double seconds_per_sequence = 0;         // forward, backward and optimizer, per sequence
-  double activation_bytes_per_sequence = 0;  // what one sequence's forward keeps for backward
+  // What one sequence's forward keeps for backward; from a run, its step's tensor growth per
+  // sequence, which also holds the step's temporaries (and the gradients, where zero_grad frees
+  // them): an upper bound, so the memory a layout is said to need errs high.
+  double activation_bytes_per_sequence = 0;
 };
 
 struct LayoutEstimate {
