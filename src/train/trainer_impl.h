@@ -121,6 +121,12 @@ struct Trainer::Impl {
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   comm::Job job;  // when the Trainer joined by itself
   comm::Communicator* comm = nullptr;
+  // --tensor-parallel (tensor_parallel_run.cc): the tensor and data groups the layout derives,
+  // made when T > 1; the replicas of a parameter reduce over the data group, else every rank.
+  // With a pipeline too, the data group is the pipeline's (its stage group), and mesh_comm (this
+  // tensor rank's P x D ranks) is what the pipeline runs over. Declared before the step, whose
+  // reducer and pipeline use them, so that they are destroyed after it.
+  std::unique_ptr<comm::Communicator> tensor_comm, data_comm, mesh_comm;
   LossFn loss_fn;
   // Evaluation's predicted class of each output row (accuracy); empty: argmax over the last dimension.
   std::function<torch::Tensor(const torch::Tensor&)> predict_fn;
@@ -152,11 +158,7 @@ struct Trainer::Impl {
   // replicas (the pipeline ranks of a replica read the same samples), else every rank.
   int data_rank() const { return layout().data_rank_of(rank()); }
   int data_world() const { return layout().data(); }
-  // --tensor-parallel (tensor_parallel_run.cc): the tensor and data groups the layout derives,
-  // made when T > 1; the replicas of a parameter reduce over the data group, else every rank.
-  // With a pipeline too, the data group is the pipeline's (its stage group), and mesh_comm (this
-  // tensor rank's P x D ranks) is what the pipeline runs over.
-  std::unique_ptr<comm::Communicator> tensor_comm, data_comm, mesh_comm;
+  // The groups of --tensor-parallel: see tensor_comm above.
   comm::Communicator& data_communicator() const { return data_comm ? *data_comm : *comm; }
   WindowCounters window_counters() const;
   void split_model();            // collective: the groups made, the model split, its loss set
