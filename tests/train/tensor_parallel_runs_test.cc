@@ -119,7 +119,7 @@ constexpr double kFp16Tolerance = 2e-2;
 // --fp16 under tensor parallelism: each rank's shards may overflow alone, so the tensor group
 // agrees on every skipped step; the split run trains as the unsplit one up to float16's rounding,
 // and its tensor ranks end holding the same whole parameters (one that stepped where another
-// skipped would not).
+// skipped would not); so do pipelines of split stages.
 TEST(TensorParallelRuns, Fp16SplitRunsSkipStepsTogetherAndTrainAsTheUnsplitOne) {
   TempDir one("tp-fp16-one"), two("tp-fp16-two");
   Process whole(launch(1, tiny(one.path()) + Flags{"--fp16"}), kOneThread);
@@ -132,6 +132,14 @@ TEST(TensorParallelRuns, Fp16SplitRunsSkipStepsTogetherAndTrainAsTheUnsplitOne) 
       << split;
   EXPECT_LE(std::abs(eval_loss(two) - eval_loss(one)) / eval_loss(one), kFp16Tolerance)
       << "split " << eval_loss(two) << ", whole " << eval_loss(one);
+  // And in pipelines of split stages: every stage's every shard agrees on each step's overflow.
+  TempDir staged_run("tp-fp16-staged");
+  const std::string staged = run_ok(launch(4, tiny(staged_run.path()) + Flags{"--fp16", "--tensor-parallel", "2",
+                                                                             "--pipeline-parallel", "2"}));
+  EXPECT_NE(staged.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos)
+      << staged;
+  EXPECT_LE(std::abs(eval_loss(staged_run) - eval_loss(one)) / eval_loss(one), kFp16Tolerance)
+      << "2 pipeline x 2 tensor " << eval_loss(staged_run) << ", whole " << eval_loss(one);
 }
 
 TEST(TensorParallelRuns, ATensorRankKilledAtRandomFailsItsPartnerWithinSecondsNamingIt) {
