@@ -53,26 +53,10 @@ LAYOUTS = {
 }
 
 
-def cluster_run(cluster, build, flags):
-    """examples/gpt with 2 workers on each machine of `cluster`; machine 0's log windows after the first."""
-    with tempfile.TemporaryDirectory(prefix="layoutbench-", dir="/tmp") as out:
-        env = dict(os.environ, **compare_pipeline.ONE_THREAD, LOCKSTEP_TOKEN="bench-token")
-        procs = []
-        for machine in range(cluster.n):
-            argv = [f"{build}/tools/lockstep", "run", "--nnodes", str(cluster.n), "--node-rank", str(machine),
-                    "--nproc-per-node", "2", "--master-addr", cluster.address(0), "--master-port",
-                    str(compare_cluster.PORT), f"{build}/examples/gpt"] + flags(out)
-            procs.append(subprocess.Popen(cluster.on(machine, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, env=env))
-        outputs = [p.communicate(timeout=3600)[0] for p in procs]
-        for p, o in zip(procs, outputs):
-            if p.returncode != 0:
-                raise SystemExit(f"failed: {' '.join(flags(out))}\n{o}")
-        path = os.path.join(out, "metrics.jsonl")
-        for begin in compare_pipeline.events(path, "train_begin"):
-            KERNELS.add(f"{begin.get('blas', '?')} ({begin.get('blas_core', '?')} kernels, "
-                        f"{begin.get('intra_op_threads', '?')} thread)")
-        return compare_pipeline.events(path, "log")[compare_pipeline.WARMUP_WINDOWS:]
+def note_kernels(begin):
+    """What a run's train_begin record says its BLAS multiplied with."""
+    KERNELS.add(f"{begin.get('blas', '?')} ({begin.get('blas_core', '?')} kernels, "
+                f"{begin.get('intra_op_threads', '?')} thread)")
 
 
 def machine_link(build):
@@ -132,8 +116,9 @@ def main():
             comm = {name: [] for name in LAYOUTS}
             for _ in range(args.repeat):
                 for name, extra in LAYOUTS.items():
-                    logs = cluster_run(cluster, args.build, lambda out: compare_pipeline.gpt_flags(
-                        out, args.steps, args.micro_batches, args.micro_batch, BIG_GPT + extra))
+                    logs = compare_pipeline.cluster_run(cluster, args.build, lambda out: compare_pipeline.gpt_flags(
+                        out, args.steps, args.micro_batches, args.micro_batch, BIG_GPT + extra), nproc=2,
+                        on_begin=note_kernels)
                     runs[name].append(compare_pipeline.mean_of(logs, "tokens_per_second"))
                     comm[name].append(compare_pipeline.mean_of(logs, "exposed_comm_fraction"))
                     print(rate, name, f"{runs[name][-1]:.0f} tokens/s", flush=True)

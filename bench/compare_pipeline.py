@@ -208,14 +208,15 @@ def part_memory(args):
 BIG_GPT = ["--n-layer", "8", "--n-embd", "512", "--n-head", "8"]
 
 
-def cluster_run(cluster, build, flags):
-    """examples/gpt with one worker on each machine of `cluster`; machine 0's log windows."""
+def cluster_run(cluster, build, flags, nproc=1, on_begin=None):
+    """examples/gpt with `nproc` workers on each machine of `cluster`; machine 0's log windows.
+    on_begin, when given, sees the run's train_begin records."""
     with tempfile.TemporaryDirectory(prefix="pipebench-", dir="/tmp") as out:
         env = dict(os.environ, **ONE_THREAD, LOCKSTEP_TOKEN="bench-token")
         procs = []
         for machine in range(cluster.n):
             argv = [f"{build}/tools/lockstep", "run", "--nnodes", str(cluster.n), "--node-rank", str(machine),
-                    "--nproc-per-node", "1", "--master-addr", cluster.address(0), "--master-port",
+                    "--nproc-per-node", str(nproc), "--master-addr", cluster.address(0), "--master-port",
                     str(compare_cluster.PORT), f"{build}/examples/gpt"] + flags(out)
             procs.append(subprocess.Popen(cluster.on(machine, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, env=env))
@@ -223,6 +224,9 @@ def cluster_run(cluster, build, flags):
         for p, o in zip(procs, outputs):
             if p.returncode != 0:
                 raise SystemExit(f"failed: {' '.join(flags(out))}\n{o}")
+        if on_begin:
+            for begin in events(os.path.join(out, "metrics.jsonl"), "train_begin"):
+                on_begin(begin)
         return events(os.path.join(out, "metrics.jsonl"), "log")[WARMUP_WINDOWS:]
 
 
