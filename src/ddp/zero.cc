@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 #include "lockstep/ddp/comm_dtype.h"
@@ -98,6 +99,9 @@ struct ZeroOptimizer::Impl {
   std::unique_ptr<ddp_detail::ZeroMirrors> mirrors;  // elastic jobs: rank options.mirror_of's slices
   UpdatePhase phase = UpdatePhase::idle;
   std::unique_ptr<ddp_detail::ParameterUnits> units;  // stage 3
+  // Tensor parallelism: per bucket, the ranges of this rank's slice that hold cuts of split
+  // tensors, as (start in the slice, length).
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> split_ranges;
 
   bool mirrored() const { return options.mirror_of >= 0; }
   bool stage3() const { return options.stage == 3; }
@@ -114,6 +118,8 @@ struct ZeroOptimizer::Impl {
   void allocate_flat();
   void move_parameters_in();
   void make_mirrors(const Factory& make);
+  void find_split_ranges();
+  std::pair<double, double> split_and_whole_squares() const;
   void apply_update();
   void gather_parameters();
   ParamState shard_state(std::size_t b) const;
@@ -298,6 +304,33 @@ void ZeroOptimizer::Impl::make_mirrors(const Factory& make) {
   mirrors = std::make_unique<ddp_detail::ZeroMirrors>(options, flat, offsets, lengths, make);
 }
 
+void ZeroOptimizer::Impl::find_split_ranges() {
+  if (!options.tensor_group) return;
+  std::set<const void*> split;
+  for (const auto& p : options.split_parameters) split.insert(p.unsafeGetTensorImpl());
+  split_ranges.resize(buckets.size());
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const std::int64_t lo = my_offset(b), hi = lo + slice_length(b);
+    for (std::size_t k = 0; k < buckets[b].params.size(); ++k) {
+      if (!split.count(buckets[b].params[k].unsafeGetTensorImpl())) continue;
+      const std::int64_t p_lo = buckets[b].offsets[k], p_hi = p_lo + buckets[b].params[k].numel();
+      const std::int64_t from = std::max(lo, p_lo), to = std::min(hi, p_hi);
+      if (from < to) split_ranges[b].emplace_back(from - lo, to - from);
+    }
+  }
+}
+
+// The squares of this rank's slices' gradients: those of cuts of split tensors, and the rest.
+std::pair<double, double> ZeroOptimizer::Impl::split_and_whole_squares() const {
+  double split = 0, all = 0;
+  for (std::size_t b = 0; b < shards.size(); ++b) {
+    const auto g = reducer.gradient_slice(int(b)).to(torch::kDouble);
+    all += g.pow(2).sum().item<double>();
+    for (const auto& [start, length] : split_ranges[b]) split += g.narrow(0, start, length).pow(2).sum().item<double>();
+  }
+  return {split, all - split};
+}
+
 void ZeroOptimizer::Impl::apply_update() {
   optimizer->step();
   if (mirrors) mirrors->step(*optimizer);
@@ -316,6 +349,7 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, Reducer& reducer, comm::
   impl_->kind = kind_of(*impl_->optimizer);
   impl_->make_mirrors(make);
   impl_->make_units();
+  impl_->find_split_ranges();
   // The model's own storage, freed by the cut above, would stay in malloc's heap: lockstep run
   // asks glibc to keep freed memory for reuse (launch/worker_env.h), which is what a training
   // step wants but not what a model cut into slices (stage 3) or moved into buckets wants. Give
@@ -329,15 +363,25 @@ torch::optim::Optimizer& ZeroOptimizer::shard_optimizer() {
   return *impl_->optimizer;
 }
 
+// Under tensor parallelism the whole parameters' squares are summed over the data ranks alone (every
+// tensor rank holds the same), the cuts' over the tensor group too.
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   auto& s = *impl_;
   if (s.mirrors) s.mirrors->take_gradients(s.reducer, s.comm);
   double squares = 0;
-  for (std::size_t b = 0; b < s.shards.size(); ++b) {
-    const auto g = s.reducer.gradient_slice(int(b));
-    squares += g.to(torch::kDouble).pow(2).sum().item<double>();
+  if (s.options.tensor_group) {
+    const auto [split, whole] = s.split_and_whole_squares();
+    double sums[2] = {split, whole};
+    s.comm.allreduce(sums, 2, comm::DType::f64, comm::ReduceOp::sum)->wait();
+    s.options.tensor_group->allreduce(sums, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
+    squares = sums[0] + sums[1];
+  } else {
+    for (std::size_t b = 0; b < s.shards.size(); ++b) {
+      const auto g = s.reducer.gradient_slice(int(b));
+      squares += g.to(torch::kDouble).pow(2).sum().item<double>();
+    }
+    s.comm.allreduce(&squares, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
   }
-  s.comm.allreduce(&squares, 1, comm::DType::f64, comm::ReduceOp::sum)->wait();
   const double norm = std::sqrt(squares);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1) {
@@ -360,6 +404,8 @@ bool ZeroOptimizer::unscale_gradients(double factor) {
   }
   if (s.mirrors) s.mirrors->scale_gradients(factor);  // the owner checks the mirrored values
   s.comm.allreduce(&overflowed, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
+  if (s.options.tensor_group)  // a cut may overflow where the others do not: every rank skips alike
+    s.options.tensor_group->allreduce(&overflowed, 1, comm::DType::i32, comm::ReduceOp::max)->wait();
   return overflowed == 0;
 }
 

@@ -186,7 +186,7 @@ std::vector<LayoutEstimate> plan_layouts(const PlanModel& model, const PlanMachi
     for (const int P : divisors(world / T)) {
       if (P > units) continue;
       const int D = world / (T * P);
-      const int top_zero = D == 1 ? 0 : (P == 1 && T == 1 ? 3 : 1);
+      const int top_zero = D == 1 ? 0 : (P == 1 ? 3 : 1);  // a pipeline takes ZeRO-1 alone
       for (int zero = 0; zero <= top_zero; ++zero) out.push_back(estimate(model, machines, step, P, D, T, zero));
     }
   }

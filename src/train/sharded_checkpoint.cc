@@ -196,25 +196,66 @@ ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const Te
       world, buffers, /*copy=*/true, split.group);
 }
 
-ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy) {
+namespace {
+
+// A run of elements that is contiguous both in a tensor-parallel shard laid flat and in its whole
+// tensor laid flat.
+struct Run {
+  std::int64_t whole = 0, part = 0, count = 0;
+};
+
+// Elements [start, start + count) of shard `s` laid flat, as runs of its whole tensor. A cut of
+// one dimension of the view keeps each of its outer rows (the range times the inner dimensions)
+// contiguous in both: a cut of rows is one run, a cut of columns one run per row.
+std::vector<Run> runs_in_whole(const tp::TensorShard& s, std::int64_t start, std::int64_t count) {
+  std::int64_t inner = 1;
+  for (std::size_t d = std::size_t(s.dim) + 1; d < s.view.size(); ++d) inner *= s.view[d];
+  const std::int64_t row = s.length * inner, whole_row = s.view[std::size_t(s.dim)] * inner;
+  std::vector<Run> out;
+  for (std::int64_t at = start, end = start + count; at < end;) {
+    const std::int64_t outer = at / row, in_row = at % row, n = std::min(end - at, row - in_row);
+    out.push_back({outer * whole_row + s.start * inner + in_row, at, n});
+    at += n;
+  }
+  return out;
+}
+
+// Where each trainable parameter of `listed` starts in the module's own parameters laid end to
+// end (under tensor parallelism its shards', not the whole tensors' as listed.flat_offsets).
+std::vector<std::int64_t> held_offsets(const Listed& listed) {
+  std::vector<std::int64_t> out;
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < listed.parameters; ++i) out.push_back(at), at += listed.live[i].numel();
+  return out;
+}
+
+}  // namespace
+
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy,
+                            const TensorSplit* split) {
   torch::NoGradGuard no_grad;
-  const Listed listed = list_tensors(module);
+  const Listed listed = list_tensors(module, split);
+  const std::vector<std::int64_t> offsets = held_offsets(listed);
+  const bool writes_whole = !split || split->group->rank() == 0;  // the tensor ranks hold the same
   ShardSnapshot s;
   s.copies = copy;
   s.tensors = listed.tensors;
   const auto held = zero.holdings();
   std::vector<std::string> names;
   for (const auto& r : held.front().ranges) {
-    auto at = std::upper_bound(listed.flat_offsets.begin(), listed.flat_offsets.end(), r.begin);
-    const auto i = std::size_t(at - listed.flat_offsets.begin()) - 1;
-    ShardPiece piece{int(i), r.begin - listed.flat_offsets[i], r.values.numel(), {}};
-    piece.arrays["value"] = copy_of(r.values, 0, piece.count, s.owned, copy);
+    auto at = std::upper_bound(offsets.begin(), offsets.end(), r.begin);
+    const auto i = std::size_t(at - offsets.begin()) - 1;
+    const std::int64_t start = r.begin - offsets[i], count = r.values.numel();
     names.clear();
-    for (const auto& [name, t] : r.state) {
-      piece.arrays[name] = copy_of(t, 0, piece.count, s.owned, copy);
-      names.push_back(name);
+    for (const auto& [name, t] : r.state) names.push_back(name);
+    const tp::TensorShard* shard = listed.shards[i];
+    if (!shard && !writes_whole) continue;
+    for (const Run& run : shard ? runs_in_whole(*shard, start, count) : std::vector<Run>{{start, start, count}}) {
+      ShardPiece piece{int(i), run.whole, run.count, {}};
+      piece.arrays["value"] = copy_of(r.values, run.part - start, run.count, s.owned, copy);
+      for (const auto& [name, t] : r.state) piece.arrays[name] = copy_of(t, run.part - start, run.count, s.owned, copy);
+      s.pieces.push_back(std::move(piece));
     }
-    s.pieces.push_back(std::move(piece));
   }
   if (rank == 0) add_buffers(listed, s);
   auto& shard_optimizer = const_cast<ZeroOptimizer&>(zero).shard_optimizer();
@@ -310,10 +351,11 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
 
 
 
-nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero) {
+nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero,
+                                   const TensorSplit* split) {
   torch::NoGradGuard no_grad;
   ShardedCheckpointReader reader(dir);
-  const Listed listed = list_tensors(module);
+  const Listed listed = list_tensors(module, split);
   const std::vector<int> found = matching_tensors(reader, listed, dir);
   for (std::size_t i = listed.parameters; i < listed.tensors.size(); ++i) {  // the buffers, whole
     auto whole = torch::empty(listed.live[i].sizes(), listed.live[i].options().device(torch::kCPU));
@@ -325,7 +367,12 @@ nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& mo
   if (!state.empty()) check_optimizer_kind(record, ddp_detail::kind_of(zero.shard_optimizer()), dir);
   zero.load_slices(
       [&](int parameter, const std::string& array, std::int64_t start, std::int64_t count, void* out) {
-        reader.read(found.at(std::size_t(parameter)), array, start, count, out);
+        const int t = found.at(std::size_t(parameter));
+        const tp::TensorShard* shard = listed.shards.at(std::size_t(parameter));
+        if (!shard) return reader.read(t, array, start, count, out);
+        const std::size_t size = c10::elementSize(scalar_type_of(reader.tensors()[std::size_t(t)].dtype));
+        for (const Run& run : runs_in_whole(*shard, start, count))
+          reader.read(t, array, run.whole, run.count, static_cast<char*>(out) + std::size_t(run.part - start) * size);
       },
       state, record.value("step", std::int64_t{0}));
   return record;

@@ -75,6 +75,7 @@ bool same_everywhere(comm::Communicator& group, comm::Communicator& all, const s
 // tensor group the same whole (unsplit) parameters: they take the same gradients and skip the same
 // steps (--fp16). Different shards differ.
 void Trainer::Impl::check_tensor_replicas() {
+  WholeParameters gathered(*this, false);  // ZeRO-3: each unit put together from its data ranks' slices
   comm::Communicator& data = step.pipeline() ? step.pipeline()->stage_group() : *data_comm;
   const bool replicas = same_everywhere(data, *comm, parameters_fingerprint(*model.module, nullptr));
   std::vector<std::uint64_t> whole;

@@ -381,16 +381,16 @@ void TrainerCheckpoints::load_state(const std::string& dir) {
   TrainingStep& step = t_.step;
   if (step.pipeline()) return load_pipeline_rank(dir);
   const CheckpointDir checkpoint(dir);
+  const std::optional<TensorSplit> split = t_.tensor_split();
+  if (split && !checkpoint.sharded()) refuse_consolidated_into_split(dir);
   if (step.stage3() && checkpoint.sharded()) {  // only this rank's slices are read
-    load_sharded_slices(dir, *model.module, *step.zero());
+    load_sharded_slices(dir, *model.module, *step.zero(), split ? &*split : nullptr);
     return;
   }
   WholeParameters parameters(t_, true);  // stage 3 from consolidated files: loaded whole, then cut
   std::unique_ptr<torch::optim::Optimizer> whole;
   if (step.zero()) whole = step.make_optimizer(model.module->parameters());
   torch::optim::Optimizer& target = step.zero() ? *whole : *step.optimizer();
-  const std::optional<TensorSplit> split = t_.tensor_split();
-  if (split && !checkpoint.sharded()) refuse_consolidated_into_split(dir);
   if (checkpoint.sharded()) {
     load_sharded(dir, *model.module, &target, /*part=*/false, split ? &*split : nullptr);
   } else {

@@ -93,9 +93,9 @@ void TrainingStep::build_reducer() {
     if (!model.parameter_units)
       throw ConfigError("--zero-stage 3: the model names no parameter units (give it parameter_units() and "
                         "set_unit_runner(), as models/gpt.h's do: see lockstep/ddp/parameter_units.h)");
-    sharding = zero_bucket_sharding(zero, run_.world(), *model.module, model.parameter_units());
+    sharding = zero_bucket_sharding(zero, over->size(), *model.module, model.parameter_units());
   } else if (zero.sharded() && !shares_by_tensor()) {
-    sharding = zero_bucket_sharding(zero, run_.world());
+    sharding = zero_bucket_sharding(zero, over->size());
   }
   reducer_ = std::make_unique<Reducer>(model.module, *over, ddp, sharding);
 }
@@ -148,7 +148,12 @@ void TrainingStep::build_optimizer(const ZeroOptions& options, bool from_held) {
     optimizer_ = whole ? std::move(whole) : make_optimizer(module.parameters());
     return;
   }
-  zero_ = std::make_unique<ZeroOptimizer>(module, *reducer_, *run_.comm, options,
+  ZeroOptions sharded = options;
+  if (run_.tensor_comm) {  // each tensor rank's data ranks shard its cut of the model
+    sharded.tensor_group = run_.tensor_comm.get();
+    for (const auto& shard : run_.model.tensor_shards()) sharded.split_parameters.push_back(shard.first);
+  }
+  zero_ = std::make_unique<ZeroOptimizer>(module, *reducer_, run_.data_communicator(), sharded,
                                           [this](std::vector<torch::Tensor> p) { return make_optimizer(p); });
   if (whole) zero_->load_consolidated(*whole);
 }
@@ -172,7 +177,7 @@ ShardSnapshot TrainingStep::snapshot(bool copy) {
   if (pipeline_)  // its cut of its stages' parameters, or under ZeRO-1 the share it updates, whole
     return snapshot_pipeline_rank(module, updated_parameters(), *optimizer_, whole_share ? 0 : run_.data_rank(),
                                   whole_share ? 1 : run_.data_world(), run_.rank() == 0, copy);
-  if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy);
+  if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy, split ? &*split : nullptr);
   if (split)  // under ZeRO-1 a tensor group writes its data rank's share
     return snapshot_tensor_parallel(module, *split, *optimizer_, updated_parameters(),
                                     whole_share ? run_.tensor_comm->rank() : run_.rank(),

@@ -180,13 +180,17 @@ void TrainingArguments::validate() const {
 
 namespace {
 
-// Under a pipeline or tensor parallelism ZeRO is stage 1 by whole tensors over `replicas`
-// (train/zero_one_shares.cc): gradients are reduced whole, and nothing is shared per machine.
-void refuse_zero_beyond_one(int zero_stage, bool shared_parameters, const std::string& with,
-                            const std::string& gradients, const std::string& replicas) {
+// Under a pipeline ZeRO is stage 1 by whole tensors over each stage's replicas
+// (train/zero_one_shares.cc): a stage's gradients are reduced whole.
+void refuse_zero_beyond_one(int zero_stage, const std::string& with) {
   if (zero_stage > 1)
-    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with + " yet (" + gradients +
-                          " are reduced whole): use --zero-stage 1, which shards the optimizer state over " + replicas);
+    bad("zero-stage", std::to_string(zero_stage) + " does not combine with " + with +
+                          " yet (a stage's gradients are reduced whole): use --zero-stage 1, which shards the "
+                          "optimizer state over each stage's replicas");
+}
+
+// Under a pipeline or tensor parallelism nothing is shared per machine.
+void refuse_shared_parameters(bool shared_parameters, const std::string& with) {
   if (shared_parameters)
     bad("zero-shared-parameters", "does not combine with " + with + " (each rank holds its own part of the model)");
 }
@@ -206,7 +210,8 @@ void TrainingArguments::validate_pipeline() const {
     bad("virtual-stages", "needs --pipeline-schedule interleaved (the " + pipeline_schedule +
                               " schedule runs one stage per pipeline rank)");
   const std::string with = "--pipeline-parallel " + std::to_string(pipeline_parallel);
-  refuse_zero_beyond_one(zero_stage, zero_shared_parameters, with, "a stage's gradients", "each stage's replicas");
+  refuse_zero_beyond_one(zero_stage, with);
+  refuse_shared_parameters(zero_shared_parameters, with);
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +
@@ -217,13 +222,13 @@ void TrainingArguments::validate_pipeline() const {
 }
 
 // What --tensor-parallel (above 1) does not combine with yet. The model must be one that splits
-// (the GPT; the Trainer says so otherwise).
+// (the GPT; the Trainer says so otherwise). ZeRO 1-3 shard over each tensor rank's data ranks.
 void TrainingArguments::validate_tensor_parallel() const {
   if (sequence_parallel && tensor_parallel == 1)
     bad("sequence-parallel", "splits the activations over a tensor group: add --tensor-parallel 2 or more");
   if (tensor_parallel == 1) return;
   const std::string with = "--tensor-parallel " + std::to_string(tensor_parallel);
-  refuse_zero_beyond_one(zero_stage, zero_shared_parameters, with, "the split model's gradients", "the data ranks");
+  refuse_shared_parameters(zero_shared_parameters, with);
   if (sync_every > 1) bad("sync-every", "does not combine with " + with + " (local SGD keeps a whole model per machine)");
   if (save_format == "consolidated")
     bad("save-format", "consolidated needs one worker holding the whole model; under " + with +

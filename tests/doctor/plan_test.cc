@@ -72,6 +72,7 @@ TEST(Plan, EveryLayoutFillsTheWorldKeepsTensorGroupsInsideAMachineAndIsRankedFas
       EXPECT_EQ(model.n_head % e.tensor, 0) << e.name();
       EXPECT_LE(e.pipeline, model.n_layer + 2) << e.name();
       EXPECT_TRUE(e.zero == 0 || e.data > 1) << e.name();
+      EXPECT_TRUE(e.zero <= 1 || e.pipeline == 1) << e.name() << ": a pipeline refuses ZeRO-2 and 3";
       EXPECT_TRUE(names.insert(e.name()).second) << e.name() << " listed twice";
       EXPECT_GT(e.tokens_per_second, 0) << e.name();
       if (i == 0) continue;

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "lockstep/ddp/ddp.h"
+#include "lockstep/ddp/zero.h"
 #include "lockstep/error.h"
 #include "lockstep/models/gpt.h"
 #include "lockstep/pipe/pipeline.h"
@@ -102,11 +103,84 @@ struct Split {
   double dropout = 0.1;
   bool checkpointing = false;
   bool sequence_parallel = false;
+  int zero_stage = 0;  // 2 or 3: ZeRO over each tensor rank's data ranks
+};
+
+// What the data ranks of one tensor rank run over the split model: lockstep's DDP and AdamW, the
+// norm clipped by tp::clip_grad_norm; or ZeRO (stage 2 or 3), its norm counting the cuts over
+// the tensor group.
+class DataRanks {
+ public:
+  DataRanks(GptLmHeadModel& model, comm::Communicator& data, comm::Communicator& tensor, int zero_stage)
+      : model_(model), tensor_(tensor), split_(model->split_parameters()), stage_(zero_stage) {
+    ZeroOptions zo{zero_stage, false};
+    zo.tensor_group = &tensor;
+    zo.split_parameters = split_;
+    DdpOptions ddp;
+    std::optional<BucketSharding> sharding;
+    if (zero_stage == 2) {
+      ddp.bucket_cap_mb = 0.002;  // several buckets, so slices cut through tensors
+      ddp.first_bucket_cap_mb = 0.001;
+      sharding = zero_bucket_sharding(zo, data.size());
+    }
+    if (zero_stage == 3) sharding = zero_bucket_sharding(zo, data.size(), *model, model->parameter_units());
+    reducer_ = std::make_unique<Reducer>(model.ptr(), data, ddp, sharding);
+    auto make = [](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(adamw(p)); };
+    if (zero_stage == 0) {
+      optimizer_ = make(model->parameters());
+      return;
+    }
+    zero_ = std::make_unique<ZeroOptimizer>(*model, *reducer_, data, zo, make);
+    if (zero_stage == 3) model->set_unit_runner(zero_->unit_runner());
+  }
+
+  // Seeded forwards, as DDP's own forward would run them.
+  void before_forward() {
+    reducer_->before_forward();
+    if (zero_) zero_->before_forward();
+  }
+  void after_forward(const torch::Tensor& out) { reducer_->after_forward(&out); }
+
+  void clip_and_step() {
+    if (zero_) {
+      zero_->clip_grad_norm(kMaxNorm);
+      zero_->step();
+      zero_->zero_grad();
+      return;
+    }
+    std::vector<torch::Tensor> kept;
+    for (const auto& p : model_->parameters())
+      if (std::none_of(split_.begin(), split_.end(), [&](const torch::Tensor& s) { return s.is_same(p); }))
+        kept.push_back(p);
+    clip_grad_norm(split_, kept, kMaxNorm, tensor_);
+    optimizer_->step();
+    optimizer_->zero_grad();
+  }
+
+  // By name, copied (under stage 3 gathered from the data ranks' slices first).
+  std::map<std::string, torch::Tensor> parameters() {
+    const bool sliced = stage_ == 3;
+    if (sliced) zero_->gather_all();
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& p : model_->named_parameters()) out[p.key()] = p.value().detach().clone();
+    if (sliced) zero_->release_all(false);
+    return out;
+  }
+
+ private:
+  GptLmHeadModel& model_;
+  comm::Communicator& tensor_;
+  std::vector<torch::Tensor> split_;
+  int stage_;
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<ZeroOptimizer> zero_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
 void expect_split_gpt_trains_as_the_whole(const Split& k) {
   SCOPED_TRACE("T " + std::to_string(k.tensor) + " D " + std::to_string(k.data) +
-               (k.checkpointing ? " gradient checkpointing" : "") + (k.sequence_parallel ? " sequence parallel" : ""));
+               (k.checkpointing ? " gradient checkpointing" : "") + (k.sequence_parallel ? " sequence parallel" : "") +
+               (k.zero_stage ? " ZeRO-" + std::to_string(k.zero_stage) : ""));
   const GptConfig config = small(k.dropout);
   auto whole = train_whole(config, kRowsPerRank * k.data, k.checkpointing);
   LayoutRequest request;
@@ -124,27 +198,19 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
     auto model = seeded_gpt(config);
     model->set_gradient_checkpointing(k.checkpointing);
     model->split_for_tensor_parallel(*tensor, k.sequence_parallel);
-    const auto split = model->split_parameters();
-    std::vector<torch::Tensor> kept;
-    for (const auto& p : model->parameters())
-      if (std::none_of(split.begin(), split.end(), [&](const torch::Tensor& s) { return s.is_same(p); }))
-        kept.push_back(p);
-    DistributedDataParallel ddp(model.ptr(), *data);
-    auto opt = adamw(model->parameters());
+    DataRanks ranks(model, *data, *tensor, k.zero_stage);
     for (int s = 0; s < kSteps; ++s) {
       const Batch b = batch_of(s, kRowsPerRank * k.data);
       const auto rows = [&](const torch::Tensor& t) { return t.narrow(0, at.data * kRowsPerRank, kRowsPerRank); };
-      opt.zero_grad();
-      ddp.reducer().before_forward();  // the seeded forward, as DDP's own forward would run it
+      ranks.before_forward();
       const auto logits = model->forward_seeded(rows(b.tokens), dropout_seed(s));
-      ddp.reducer().after_forward(&logits);
+      ranks.after_forward(logits);
       EXPECT_EQ(logits.size(-1), config.vocab_size / k.tensor) << "the logits stay split";
       vocab_parallel_cross_entropy(logits, rows(b.targets), *tensor).mean().backward();
-      clip_grad_norm(split, kept, kMaxNorm, *tensor);
-      opt.step();
+      ranks.clip_and_step();
     }
     const auto want = split_copy_of(config, whole, *tensor);
-    const auto got = model->named_parameters();
+    auto got = ranks.parameters();
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [name, w] : want) {
       const auto g = got[name].detach();
@@ -177,8 +243,16 @@ TEST(GptTensorParallel, TensorTimesDataRanksTrainAsOneProcessOnTheWholeBatch) {
   expect_split_gpt_trains_as_the_whole({2, 2, 0.0, false});
 }
 
+// ZeRO over each tensor rank's data ranks (torchtitan's FSDP x TP): the parameters, gradients and
+// optimizer state of each cut sharded again over its data ranks, the norm over cuts and slices.
+TEST(GptTensorParallel, ZeroOverEachTensorRanksDataRanksTrainsAsOneProcess) {
+  expect_split_gpt_trains_as_the_whole({2, 2, 0.0, false, false, 2});
+  expect_split_gpt_trains_as_the_whole({2, 2, 0.0, true, true, 3});
+}
+
 // Layouts drawn at random (the seed printed: LOCKSTEP_TEST_SEED replays it): T of 2 or 4, D of 1
-// or 2, sequence parallelism and gradient checkpointing on or off, dropout where D is 1.
+// or 2 (with ZeRO stage 0, 2 or 3 over it), sequence parallelism and gradient checkpointing on or
+// off, dropout where D is 1.
 TEST(GptTensorParallel, RandomLayoutsTrainAsOneProcess) {
   std::mt19937_64 rng(testing::test_seed());
   for (int trial = 0; trial < 3; ++trial) {
@@ -188,6 +262,8 @@ TEST(GptTensorParallel, RandomLayoutsTrainAsOneProcess) {
     k.dropout = k.data == 1 ? 0.1 : 0.0;
     k.checkpointing = rng() % 2;
     k.sequence_parallel = rng() % 2;
+    constexpr int kZeroStages[] = {0, 2, 3};
+    k.zero_stage = k.data == 2 ? kZeroStages[rng() % 3] : 0;
     SCOPED_TRACE("trial " + std::to_string(trial));
     expect_split_gpt_trains_as_the_whole(k);
   }

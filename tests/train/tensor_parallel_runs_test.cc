@@ -4,8 +4,8 @@
 // pipelines of split stages (P x T, P x D x T); a tensor
 // rank killed at a random step fails its partner within seconds, naming it, and under
 // --max-restarts the job resumes from its checkpoint bitwise; its checkpoints load without tensor
-// parallelism; --fp16 skips steps on every tensor rank together; and what tensor parallelism does
-// not take is refused before anything trains. Every worker multiplies on one
+// parallelism; ZeRO 1-3 shard each cut over its data ranks; --fp16 skips steps on every tensor rank
+// together; and what tensor parallelism does not take is refused before anything trains. Every worker multiplies on one
 // thread (OMP_NUM_THREADS=1). Torch-free: it reads what the runs print and write.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -254,6 +254,54 @@ TEST(TensorParallelRuns, ZeroOneOverTheDataRanksTrainsToTheBitAndItsCheckpointRe
   EXPECT_EQ(eval_loss(resumed), eval_loss(plain));
 }
 
+// --zero-stage 2 or 3 (drawn at random, with sequence parallelism or not: the seed is printed)
+// under tensor parallelism: each tensor rank's cut of the model sharded again over its data ranks
+// by ddp/zero.h's flat slices (FSDP x TP). It trains as the run without ZeRO, keeping about half
+// the optimizer state (and under stage 3 half the parameters) between steps; its checkpoints hold
+// whole tensors, each slice written where it sits in its whole tensor: resumed from one drawn at
+// random, the run ends with the uninterrupted run's step-20 shard files byte for byte, and one
+// worker without tensor parallelism or ZeRO evaluates it as the split run did.
+TEST(TensorParallelRuns, ZeroTwoAndThreeShardEachCutOverItsDataRanksAndCheckpointWhole) {
+  const std::uint64_t seed = lockstep::testing::test_seed();
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const int stage = std::uniform_int_distribution<int>(2, 3)(rng);
+  const bool sequence = std::uniform_int_distribution<int>(0, 1)(rng) == 1;
+  const int from = 5 * std::uniform_int_distribution<int>(1, 3)(rng);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": --zero-stage " + std::to_string(stage) +
+               (sequence ? ", sequence parallel" : "") + ", resumed from step " + std::to_string(from));
+  TempDir plain("tp-z-plain"), sharded("tp-z"), resumed("tp-z-resumed"), unsplit("tp-z-unsplit");
+  const Flags saving = Flags{"--save-strategy", "steps", "--save-steps", "5", "--save-total-limit", "0",
+                             "--eval-strategy", "steps", "--eval-steps", "5", "--tensor-parallel", "2"} +
+                       (sequence ? Flags{"--sequence-parallel"} : Flags{});
+  const Flags zero = {"--zero-stage", std::to_string(stage)};
+  run_ok(launch(4, tiny(plain.path()) + saving));
+  const std::string z = run_ok(launch(4, tiny(sharded.path()) + saving + zero));
+  EXPECT_NE(z.find("layout: 4 workers: 2 data (ZeRO-" + std::to_string(stage) + ") x 2 tensor"), std::string::npos)
+      << z;
+  EXPECT_NE(z.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos) << z;
+  expect_same_training(eval_loss(sharded), eval_loss(plain), "ZeRO over the data ranks against none");
+  using lockstep::testing::train_begin_field;
+  const std::string with = sharded / "metrics.jsonl", without = plain / "metrics.jsonl";
+  EXPECT_LE(train_begin_field(with, "worker_optimizer_state_bytes"),
+            0.6 * train_begin_field(without, "worker_optimizer_state_bytes"));
+  if (stage == 3)
+    EXPECT_LE(train_begin_field(with, "worker_parameter_bytes"), 0.6 * train_begin_field(without, "worker_parameter_bytes"));
+  const std::string checkpoint = sharded / ("checkpoint-" + std::to_string(from));
+  const std::string again =
+      run_ok(launch(4, tiny(resumed.path()) + saving + zero + Flags{"--resume-from-checkpoint", checkpoint}));
+  EXPECT_NE(again.find("resumed from " + checkpoint), std::string::npos) << again;
+  for (int r = 0; r < 4; ++r) {
+    const std::string shard = "checkpoint-20/shard-0000" + std::to_string(r) + "-of-00004.bin";
+    EXPECT_TRUE(file_bytes(sharded / shard) == file_bytes(resumed / shard))
+        << shard << " differs between the uninterrupted and the resumed run";
+  }
+  run_ok(launch(1, tiny(unsplit.path(), from) + Flags{"--resume-from-checkpoint", checkpoint}));
+  const double split_eval = eval_loss_at(sharded, from);
+  ASSERT_GT(split_eval, 0) << "no evaluation at step " << from << " in " << sharded.path();
+  EXPECT_LE(std::abs(eval_loss(unsplit) - split_eval) / split_eval, 1e-4)
+      << "one worker evaluates the checkpoint at " << eval_loss(unsplit) << ", the split run at " << split_eval;
+}
+
 // Random kill points (the seed is printed; LOCKSTEP_TEST_SEED replays it): a random tensor rank
 // killed at a random step under `lockstep run --max-restarts 1`; the job resumes from its last
 // checkpoint and ends with step 40's shard files byte for byte the uninterrupted run's.
@@ -391,7 +439,8 @@ TEST(TensorParallelRuns, WhatTensorParallelismCannotTakeIsRefusedBeforeTraining)
     std::string program, says;
   };
   const Refusal refusals[] = {
-      {2, {"--zero-stage", "3"}, GPT_EXAMPLE, "--zero-stage 3 does not combine with --tensor-parallel 2"},
+      {2, {"--zero-stage", "2", "--zero-shared-parameters"}, GPT_EXAMPLE,
+       "--zero-shared-parameters does not combine with --tensor-parallel 2"},
       {3, {}, GPT_EXAMPLE, "does not divide the 3 workers"},
       {2, {"--save-format", "consolidated"}, GPT_EXAMPLE, "--save-format consolidated needs one worker"},
       {2, {}, FASHION_MNIST_EXAMPLE, "this model cannot be split"},

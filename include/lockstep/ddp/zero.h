@@ -102,6 +102,13 @@ struct ZeroOptions {
   // Tests (fault injection): told when a mirrored update reaches `ready` (before the all-reduce that
   // lets it start) and `applied` (before the all-gather).
   std::function<void(UpdatePhase)> on_phase;
+  // Tensor parallelism (lockstep/tp): the module is one rank's split of a model over
+  // `tensor_group`, and `split_parameters` are its cuts of whole tensors (the rest it holds whole,
+  // as every rank of the group does). ZeRO then shards over the communicator it is given (the data
+  // ranks of one tensor rank); the global norm counts the cuts' elements over the tensor group and
+  // the whole parameters once, and --fp16's overflow check spans the tensor group too.
+  comm::Communicator* tensor_group = nullptr;
+  std::vector<torch::Tensor> split_parameters;
 
   bool sharded() const { return stage > 0; }
   bool shards_parameters() const { return stage == 3; }
@@ -165,8 +172,9 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // Collective: the global gradient norm over all slices (one all-reduce); scales the gradients
-  // down to max_norm when it is larger, as torch::nn::utils::clip_grad_norm_. Returns the norm.
+  // Collective: the global gradient norm over all slices (one all-reduce; with a tensor group, one
+  // more over it); scales the gradients down to max_norm when it is larger, as
+  // torch::nn::utils::clip_grad_norm_. Returns the norm.
   double clip_grad_norm(double max_norm);
   // Collective (--fp16's loss scaling): multiplies every slice's gradient by `factor` and returns
   // whether all are finite on every rank (one all-reduce), so that every rank decides alike.

@@ -68,8 +68,12 @@ struct TensorSplit {
 ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
                                        torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
                                        int rank, int world, bool buffers);
-// ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers.
-ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true);
+// ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers. `split`: the
+// module is split for tensor parallelism (ZeRO over each tensor rank's data ranks): a slice of a
+// shard is written where it sits in the whole tensor (a run of elements per row of the shard that
+// its cut leaves contiguous), nothing gathered; the whole parameters by the group's first rank.
+ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy = true,
+                            const TensorSplit* split = nullptr);
 
 // Reads a sharded checkpoint into the module (parameters and buffers, each checked against the
 // model's name, shape and dtype: a ConfigError naming the first that differs) and, when given,
@@ -84,7 +88,10 @@ nlohmann::json load_sharded(const std::string& dir, torch::nn::Module& module,
 
 // Under ZeRO stage 3: the buffers into the module and this rank's slices into `zero`, reading
 // nothing else (a model that barely fits its machines resumes without the whole state anywhere).
-nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero);
+// `split`: the module is split for tensor parallelism; each slice of a shard is read from where it
+// sits in the whole tensor.
+nlohmann::json load_sharded_slices(const std::string& dir, torch::nn::Module& module, ZeroOptimizer& zero,
+                                   const TensorSplit* split = nullptr);
 
 // Every tensor's values, by name (what `lockstep checkpoint consolidate` writes as model.pt).
 std::vector<std::pair<CheckpointTensor, torch::Tensor>> read_sharded_values(const std::string& dir);
