@@ -320,15 +320,28 @@ void ZeroOptimizer::Impl::find_split_ranges() {
   }
 }
 
-// The squares of this rank's slices' gradients: those of cuts of split tensors, and the rest.
+// The squares of this rank's slices' gradients: those of cuts of split tensors, and the rest,
+// each added up from its own ranges (the rest are the same on every tensor rank, and so is
+// their sum: never a difference of two sums that hold cuts).
 std::pair<double, double> ZeroOptimizer::Impl::split_and_whole_squares() const {
-  double split = 0, all = 0;
+  std::vector<torch::Tensor> split, whole;
   for (std::size_t b = 0; b < shards.size(); ++b) {
     const auto g = reducer.gradient_slice(int(b)).to(torch::kDouble);
-    all += g.pow(2).sum().item<double>();
-    for (const auto& [start, length] : split_ranges[b]) split += g.narrow(0, start, length).pow(2).sum().item<double>();
+    std::int64_t at = 0;
+    auto add = [&](std::vector<torch::Tensor>& to, std::int64_t from, std::int64_t length) {
+      if (length > 0) to.push_back(g.narrow(0, from, length).pow(2).sum());
+    };
+    for (const auto& [start, length] : split_ranges[b]) {
+      add(whole, at, start - at);
+      add(split, start, length);
+      at = start + length;
+    }
+    add(whole, at, g.numel() - at);
   }
-  return {split, all - split};
+  auto total = [](const std::vector<torch::Tensor>& sums) {
+    return sums.empty() ? 0.0 : torch::stack(sums).sum().item<double>();
+  };
+  return {total(split), total(whole)};
 }
 
 void ZeroOptimizer::Impl::apply_update() {

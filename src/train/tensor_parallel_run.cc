@@ -75,14 +75,19 @@ bool same_everywhere(comm::Communicator& group, comm::Communicator& all, const s
 // tensor group the same whole (unsplit) parameters: they take the same gradients and skip the same
 // steps (--fp16). Different shards differ.
 void Trainer::Impl::check_tensor_replicas() {
-  WholeParameters gathered(*this, false);  // ZeRO-3: each unit put together from its data ranks' slices
   comm::Communicator& data = step.pipeline() ? step.pipeline()->stage_group() : *data_comm;
-  const bool replicas = same_everywhere(data, *comm, parameters_fingerprint(*model.module, nullptr));
-  std::vector<std::uint64_t> whole;
+  std::vector<std::uint64_t> all, whole;
   const auto shards = model.tensor_shards();
-  for (const auto& p : model.module->parameters())
+  auto hash = [&](const torch::Tensor& p) {
+    all.push_back(parameter_hash(p));
     if (std::none_of(shards.begin(), shards.end(), [&](const auto& s) { return s.first.is_same(p); }))
-      whole.push_back(parameter_hash(p));
+      whole.push_back(all.back());
+  };
+  if (step.stage3())  // ZeRO-3: a unit at a time, put together from its data ranks' slices
+    step.zero()->visit_parameters(hash);
+  else
+    for (const auto& p : model.module->parameters()) hash(p);
+  const bool replicas = same_everywhere(data, *comm, combined_fingerprint(all));
   const bool tensor_ranks = same_everywhere(*tensor_comm, *comm, combined_fingerprint(whole));
   if (rank() != 0) return;
   const Layout& l = layout();

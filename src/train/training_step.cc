@@ -177,7 +177,9 @@ StepTimes TrainingStep::eager_step(data::DataLoader<Batch>& loader, const StepPl
   const auto batch_size = static_cast<std::size_t>(run_.args.per_device_train_batch_size);
   MicroBatch micro;
   micro.count = static_cast<int>((plan.samples + batch_size - 1) / batch_size);
-  micro.mean_over = plan.all_ranks_samples / run_.world();
+  // The step's samples per data rank: a tensor group's ranks share one batch.
+  const int tensor_ranks = run_.tensor_comm ? run_.tensor_comm->size() : 1;
+  micro.mean_over = plan.all_ranks_samples / (run_.world() / tensor_ranks);
   micro.placeholder = plan.placeholder;
   StepTimes t;
   for (micro.index = 0; micro.index < micro.count; ++micro.index)

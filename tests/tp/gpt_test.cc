@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/zero.h"
@@ -113,6 +114,9 @@ class DataRanks {
  public:
   DataRanks(GptLmHeadModel& model, comm::Communicator& data, comm::Communicator& tensor, int zero_stage)
       : model_(model), tensor_(tensor), split_(model->split_parameters()), stage_(zero_stage) {
+    for (const auto& p : model->named_parameters())
+      if (std::any_of(split_.begin(), split_.end(), [&](const torch::Tensor& s) { return s.is_same(p.value()); }))
+        split_names_.insert(p.key());
     ZeroOptions zo{zero_stage, false};
     zo.tensor_group = &tensor;
     zo.split_parameters = split_;
@@ -157,6 +161,18 @@ class DataRanks {
     optimizer_->zero_grad();
   }
 
+  // Collective: whether every rank of the tensor group holds bitwise the same whole (unsplit)
+  // parameters (layer norms, positions, biases): they took the same gradients, norm and steps.
+  bool whole_parameters_agree() {
+    std::vector<torch::Tensor> whole;
+    for (const auto& [name, p] : parameters())
+      if (!split_names_.count(name)) whole.push_back(p.reshape({-1}));
+    const auto mine = torch::cat(whole).contiguous();
+    auto all = torch::empty({tensor_.size(), mine.numel()}, mine.options());
+    tensor_.allgather(mine.data_ptr(), all.data_ptr(), std::size_t(mine.numel()), comm::DType::f64)->wait();
+    return all.eq(mine.unsqueeze(0)).all().item<bool>();
+  }
+
   // By name, copied (under stage 3 gathered from the data ranks' slices first).
   std::map<std::string, torch::Tensor> parameters() {
     const bool sliced = stage_ == 3;
@@ -171,6 +187,7 @@ class DataRanks {
   GptLmHeadModel& model_;
   comm::Communicator& tensor_;
   std::vector<torch::Tensor> split_;
+  std::set<std::string> split_names_;
   int stage_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ZeroOptimizer> zero_;
@@ -209,6 +226,7 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
       vocab_parallel_cross_entropy(logits, rows(b.targets), *tensor).mean().backward();
       ranks.clip_and_step();
     }
+    EXPECT_TRUE(ranks.whole_parameters_agree());
     const auto want = split_copy_of(config, whole, *tensor);
     auto got = ranks.parameters();
     ASSERT_EQ(got.size(), want.size());

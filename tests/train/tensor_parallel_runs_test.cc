@@ -62,6 +62,16 @@ double tokens_per_sample(const TempDir& out) {
   return ratio;
 }
 
+// The first log window's `key`, or -1 when it has none.
+double first_logged(const TempDir& out, const std::string& key) {
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "log") return j.contains(key) ? j[key].get<double>() : -1;
+  }
+  return -1;
+}
+
 // The last log window's `key`, or -1 when it has none.
 double last_logged(const TempDir& out, const std::string& key) {
   std::ifstream in(out / "metrics.jsonl");
@@ -92,6 +102,9 @@ TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
   EXPECT_NE(split.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos)
       << split;
   expect_same_training(eval_loss(two), eval_loss(one), "2 tensor ranks against one worker");
+  // The first step's gradient is the unsplit one's up to the order of sums: a tensor group's ranks
+  // share one batch, whose mean loss each backpropagates once (not T times).
+  EXPECT_LE(std::abs(first_logged(two, "grad_norm") / first_logged(one, "grad_norm") - 1), 1e-4);
   const std::string sp =
       run_ok(launch(2, tiny(sequence.path()) + Flags{"--tensor-parallel", "2", "--sequence-parallel"}));
   EXPECT_NE(sp.find("layout: 2 workers: 2 tensor (sequence parallel)"), std::string::npos) << sp;
@@ -102,6 +115,7 @@ TEST(TensorParallelRuns, SplitRunsTrainAsTheUnsplitOnes) {
   EXPECT_NE(both.find("the 2 replicas of each of the 2 tensor shards hold the same parameters"), std::string::npos)
       << both;
   expect_same_training(eval_loss(four), eval_loss(ddp), "2 data x 2 tensor ranks against DDP on 2");
+  EXPECT_LE(std::abs(first_logged(four, "grad_norm") / first_logged(ddp, "grad_norm") - 1), 1e-4);
   for (const TempDir* run : {&one, &two, &sequence, &four}) EXPECT_NEAR(tokens_per_sample(*run), 16, 1e-6) << run->path();
   // Each dimension's communication: the tensor groups' collectives and the data groups' reduction.
   EXPECT_GT(last_logged(four, "tensor_comm_seconds"), 0);
