@@ -155,12 +155,15 @@ TEST(Arguments, TensorParallelismRefusesWhatItDoesNotCombineWithYet) {
   EXPECT_EQ(with({"--gradient-checkpointing", "--bf16", "--sequence-parallel"}), "(no error)");
   EXPECT_EQ(with({"--fp16"}), "(no error)");  // the tensor group agrees on each step's overflow
   EXPECT_EQ(with({"--zero-stage", "1"}), "(no error)");  // the optimizer state over the data ranks
+  EXPECT_EQ(with({"--zero-stage", "2"}), "(no error)");  // and the gradients, by flat slices
+  EXPECT_EQ(with({"--zero-stage", "3"}), "(no error)");  // and the parameters
   // Each tensor rank runs its own pipeline over its shards (P x D x T).
   EXPECT_EQ(with({"--pipeline-parallel", "2", "--sequence-parallel", "--zero-stage", "1"}), "(no error)");
   // Checkpoints hold whole tensors: saving and resuming are taken, in the sharded format.
   EXPECT_EQ(error_of({"--tensor-parallel", "2", "--resume-from-checkpoint", "latest"}), "(no error)");
   const std::pair<std::vector<std::string>, std::string> refused[] = {
-      {{"--zero-stage", "2"}, "--zero-stage 2 does not combine with --tensor-parallel 2"},
+      {{"--zero-stage", "2", "--zero-shared-parameters"}, "--zero-shared-parameters does not combine with "
+                                                          "--tensor-parallel 2"},
       {{"--sync-every", "4"}, "--sync-every does not combine"},
       {{"--pipeline-parallel", "2", "--zero-stage", "2"}, "--zero-stage 2 does not combine with --pipeline-parallel 2"},
       {{"--save-format", "consolidated"}, "--save-format consolidated needs one worker holding the whole model"},
