@@ -2,8 +2,9 @@
 // unsplit GPT, in float64, ranks as threads: 20 AdamW steps with dropout on the attention
 // probabilities, the embeddings and the residuals, and clipping active every step, under T = 2 and
 // 4, with gradient checkpointing, T x D with lockstep's DDP over the data groups, and pipelines of
-// split stages (P x T, P x D x T). Only the order of sums differs, so every parameter must equal the
-// unsplit run's within 1e-12 relative.
+// split stages (P x T, P x D x T), and ZeRO-2/3 over the data ranks. Only the order of sums differs,
+// so every parameter must equal the unsplit run's within 1e-12 relative; under ZeRO, so must every
+// element its checkpoint writes, each written by one rank.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "lockstep/ddp/ddp.h"
 #include "lockstep/ddp/zero.h"
@@ -20,6 +22,7 @@
 #include "lockstep/pipe_core/layout.h"
 #include "lockstep/tp/cross_entropy.h"
 #include "lockstep/tp/gradients.h"
+#include "lockstep/train/sharded_checkpoint.h"
 #include "testing.h"
 
 namespace lockstep::tp {
@@ -174,6 +177,8 @@ class DataRanks {
   }
 
   // By name, copied (under stage 3 gathered from the data ranks' slices first).
+  ZeroOptimizer& zero() { return *zero_; }
+
   std::map<std::string, torch::Tensor> parameters() {
     const bool sliced = stage_ == 3;
     if (sliced) zero_->gather_all();
@@ -194,6 +199,44 @@ class DataRanks {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
+// A piece of a checkpoint some rank wrote: which elements of which tensor.
+struct Written {
+  std::string name;
+  std::int64_t start = 0, count = 0, numel = 0;
+};
+
+// ZeRO's snapshot of a split model (train/sharded_checkpoint.h): every piece holds the values of
+// the whole model's tensor at the place it claims (`whole`: each tensor's values, laid flat).
+void expect_pieces_hold_the_whole_values(const train::ShardSnapshot& snapshot,
+                                         const std::map<std::string, torch::Tensor>& whole,
+                                         std::vector<Written>& written) {
+  for (const auto& piece : snapshot.pieces) {
+    const train::CheckpointTensor& t = snapshot.tensors.at(std::size_t(piece.tensor));
+    written.push_back({t.name, piece.start, piece.count, t.numel()});
+    const auto it = whole.find(t.name);
+    if (it == whole.end()) continue;  // a buffer
+    const auto value = torch::from_blob(const_cast<void*>(piece.arrays.at("value")), {piece.count}, torch::kDouble);
+    const auto want = it->second.narrow(0, piece.start, piece.count);
+    EXPECT_LE((value - want).abs().max().item<double>() / it->second.abs().max().item<double>(), 1e-12)
+        << t.name << " [" << piece.start << ", " << piece.start + piece.count << ")";
+  }
+}
+
+// The pieces all ranks wrote tile every tensor: each element once, none missing.
+void expect_each_element_written_once(std::vector<Written> written) {
+  std::sort(written.begin(), written.end(),
+            [](const Written& a, const Written& b) { return std::tie(a.name, a.start) < std::tie(b.name, b.start); });
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    const bool first = i == 0 || written[i - 1].name != written[i].name;
+    const std::int64_t expected = first ? 0 : written[i - 1].start + written[i - 1].count;
+    EXPECT_EQ(written[i].start, expected) << written[i].name << (written[i].start < expected ? ": overlap" : ": gap");
+    const bool last = i + 1 == written.size() || written[i + 1].name != written[i].name;
+    if (last) {
+      EXPECT_EQ(written[i].start + written[i].count, written[i].numel) << written[i].name << ": the end missing";
+    }
+  }
+}
+
 void expect_split_gpt_trains_as_the_whole(const Split& k) {
   SCOPED_TRACE("T " + std::to_string(k.tensor) + " D " + std::to_string(k.data) +
                (k.checkpointing ? " gradient checkpointing" : "") + (k.sequence_parallel ? " sequence parallel" : "") +
@@ -207,6 +250,10 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
   comm::CommOptions options;
   options.backend = "shm";
   options.timeout = comm::Seconds(60);
+  std::map<std::string, torch::Tensor> whole_values;  // what a checkpoint of ZeRO's slices must hold
+  for (const auto& p : whole->named_parameters()) whole_values[p.key()] = p.value().detach().reshape({-1});
+  std::mutex written_lock;
+  std::vector<Written> written;
   testing::run_ranks_as_threads(layout.world(), options, [&](comm::Communicator& world) {
     const int r = world.rank();
     const auto at = layout.coordinates_of(r);
@@ -227,6 +274,12 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
       ranks.clip_and_step();
     }
     EXPECT_TRUE(ranks.whole_parameters_agree());
+    if (k.zero_stage > 0) {  // its checkpoint: each slice where it sits in its whole tensor
+      const train::TensorSplit split{model->tensor_shards(), tensor.get()};
+      const auto snapshot = train::snapshot_zero(*model, ranks.zero(), r, true, &split);
+      std::lock_guard<std::mutex> lock(written_lock);
+      expect_pieces_hold_the_whole_values(snapshot, whole_values, written);
+    }
     const auto want = split_copy_of(config, whole, *tensor);
     auto got = ranks.parameters();
     ASSERT_EQ(got.size(), want.size());
@@ -236,6 +289,7 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
       EXPECT_LE((g - w).abs().max().item<double>() / w.abs().max().item<double>(), 1e-12) << name;
     }
   });
+  if (k.zero_stage > 0) expect_each_element_written_once(written);
 }
 
 TEST(GptTensorParallel, TwoAndFourTensorRanksWithDropoutTrainAsOneProcess) {
