@@ -133,7 +133,7 @@ constexpr double kFp16Tolerance = 2e-2;
 // --fp16 under tensor parallelism: each rank's shards may overflow alone, so the tensor group
 // agrees on every skipped step; the split run trains as the unsplit one up to float16's rounding,
 // and its tensor ranks end holding the same whole parameters (one that stepped where another
-// skipped would not); so do pipelines of split stages.
+// skipped would not); so do pipelines of split stages and ZeRO-3 over the data ranks.
 TEST(TensorParallelRuns, Fp16SplitRunsSkipStepsTogetherAndTrainAsTheUnsplitOne) {
   TempDir one("tp-fp16-one"), two("tp-fp16-two");
   Process whole(launch(1, tiny(one.path()) + Flags{"--fp16"}), kOneThread);
@@ -154,6 +154,15 @@ TEST(TensorParallelRuns, Fp16SplitRunsSkipStepsTogetherAndTrainAsTheUnsplitOne) 
       << staged;
   EXPECT_LE(std::abs(eval_loss(staged_run) - eval_loss(one)) / eval_loss(one), kFp16Tolerance)
       << "2 pipeline x 2 tensor " << eval_loss(staged_run) << ", whole " << eval_loss(one);
+  // And under ZeRO-3 over the data ranks, whose slices are checked on every data and tensor rank.
+  TempDir plain_run("tp-fp16-2x2"), sliced_run("tp-fp16-z3");
+  const Flags split_fp16 = {"--fp16", "--tensor-parallel", "2"};
+  run_ok(launch(4, tiny(plain_run.path()) + split_fp16));
+  const std::string sliced = run_ok(launch(4, tiny(sliced_run.path()) + split_fp16 + Flags{"--zero-stage", "3"}));
+  EXPECT_NE(sliced.find("the 2 ranks of each tensor group hold the same whole parameters"), std::string::npos)
+      << sliced;
+  EXPECT_LE(std::abs(eval_loss(sliced_run) - eval_loss(plain_run)) / eval_loss(plain_run), kFp16Tolerance)
+      << "2 data (ZeRO-3) x 2 tensor " << eval_loss(sliced_run) << ", without ZeRO " << eval_loss(plain_run);
 }
 
 TEST(TensorParallelRuns, ATensorRankKilledAtRandomFailsItsPartnerWithinSecondsNamingIt) {
