@@ -46,11 +46,6 @@ struct Listed {
   std::vector<const tp::TensorShard*> shards;  // trainable parameters only: a shard's place, or null
   std::size_t parameters = 0;
 
-  // Parameter i's `t` (its value or an optimizer state array) whole: gathered over the tensor
-  // group when it is a shard (collective: every rank of the group calls it for every shard).
-  torch::Tensor whole(std::size_t i, const torch::Tensor& t, comm::Communicator* group) const {
-    return shards[i] ? shards[i]->gather(t, *group) : t;
-  }
   // Parameter i's part of a whole tensor read from a checkpoint.
   torch::Tensor part(std::size_t i, const torch::Tensor& whole) const {
     return i < shards.size() && shards[i] ? shards[i]->take(whole) : whole;
@@ -128,76 +123,6 @@ std::size_t ShardSnapshot::bytes() const {
 
 namespace {
 
-// The parameters of `listed` that `mine` picks, laid end to end, cut in `world`: cut `rank`'s
-// pieces, with the optimizer's state, and (with `buffers`) the buffers. Under tensor parallelism
-// (`group`) the shards are gathered whole first, by every rank of the group alike.
-ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::size_t)>& mine,
-                           torch::optim::Optimizer& optimizer, int rank, int world, bool buffers, bool copy,
-                           comm::Communicator* group = nullptr) {
-  torch::NoGradGuard no_grad;
-  ShardSnapshot s;
-  s.copies = copy;
-  s.tensors = listed.tensors;
-  const Kind kind = ddp_detail::kind_of(optimizer);
-  std::int64_t total = 0, step = 0;
-  std::vector<std::int64_t> offsets(listed.parameters, -1);
-  for (std::size_t i = 0; i < listed.parameters; ++i)
-    if (mine(i)) offsets[i] = total, total += listed.tensors[i].numel();
-  const std::int64_t lo = total * rank / world, hi = total * (rank + 1) / world;
-  for (std::size_t i = 0; i < listed.parameters; ++i) {
-    if (offsets[i] < 0) continue;
-    const auto p = listed.whole(i, listed.live[i], group);
-    std::map<std::string, torch::Tensor> state;
-    auto it = optimizer.state().find(ddp_detail::key_of(listed.live[i]));
-    if (it != optimizer.state().end()) {
-      const auto st = ddp_detail::read_state(kind, *it->second);
-      step = st.step;
-      for (const auto& [name, t] : st.tensors) state[name] = listed.whole(i, t, group);
-    }
-    const std::int64_t from = std::max(lo, offsets[i]), to = std::min(hi, offsets[i] + p.numel());
-    if (from >= to) continue;
-    ShardPiece piece{int(i), from - offsets[i], to - from, {}};
-    piece.arrays["value"] = copy_of(p, piece.start, piece.count, s.owned, copy || listed.shards[i]);
-    for (const auto& [name, t] : state) piece.arrays[name] = copy_of(t, piece.start, piece.count, s.owned);
-    s.pieces.push_back(std::move(piece));
-  }
-  if (buffers) add_buffers(listed, s);
-  s.optimizer = optimizer_record(kind, optimizer, step);
-  if (optimizer.state().empty()) s.optimizer["state"] = nlohmann::json::array();
-  return s;
-}
-
-}  // namespace
-
-ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                  int rank, int world, bool copy) {
-  return snapshot_cut(list_tensors(module), [](std::size_t) { return true; }, optimizer, rank, world, rank == 0, copy);
-}
-
-ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const std::vector<torch::Tensor>& owned,
-                                     torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
-                                     bool copy) {
-  std::set<const void*> mine;
-  for (const auto& p : owned) mine.insert(p.unsafeGetTensorImpl());
-  const Listed listed = list_tensors(module);
-  return snapshot_cut(
-      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer, replica,
-      replicas, buffers, copy);
-}
-
-ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
-                                       torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
-                                       int rank, int world, bool buffers) {
-  std::set<const void*> mine;
-  for (const auto& p : written) mine.insert(p.unsafeGetTensorImpl());
-  const Listed listed = list_tensors(module, &split);
-  return snapshot_cut(
-      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer, rank,
-      world, buffers, /*copy=*/true, split.group);
-}
-
-namespace {
-
 // A run of elements that is contiguous both in a tensor-parallel shard laid flat and in its whole
 // tensor laid flat.
 struct Run {
@@ -229,7 +154,80 @@ std::vector<std::int64_t> held_offsets(const Listed& listed) {
   return out;
 }
 
+
+// The parameters of `listed` that `mine` picks, laid end to end as this rank holds them, cut in
+// `world`: cut `rank`'s pieces, with the optimizer's state, and (with `buffers`) the buffers. A
+// tensor-parallel shard's elements go where they sit in its whole tensor, nothing gathered; the
+// whole parameters beside them only with `whole` (one rank of a tensor group writes those).
+ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::size_t)>& mine,
+                           torch::optim::Optimizer& optimizer, int rank, int world, bool buffers, bool copy,
+                           bool whole = true) {
+  torch::NoGradGuard no_grad;
+  ShardSnapshot s;
+  s.copies = copy;
+  s.tensors = listed.tensors;
+  const Kind kind = ddp_detail::kind_of(optimizer);
+  std::int64_t total = 0, step = 0;
+  std::vector<std::int64_t> offsets(listed.parameters, -1);
+  for (std::size_t i = 0; i < listed.parameters; ++i)
+    if (mine(i)) offsets[i] = total, total += listed.live[i].numel();
+  const std::int64_t lo = total * rank / world, hi = total * (rank + 1) / world;
+  for (std::size_t i = 0; i < listed.parameters; ++i) {
+    if (offsets[i] < 0) continue;
+    const torch::Tensor& p = listed.live[i];
+    std::map<std::string, torch::Tensor> state;
+    auto it = optimizer.state().find(ddp_detail::key_of(p));
+    if (it != optimizer.state().end()) {
+      const auto st = ddp_detail::read_state(kind, *it->second);
+      step = st.step;
+      state = st.tensors;
+    }
+    const std::int64_t from = std::max(lo, offsets[i]), to = std::min(hi, offsets[i] + p.numel());
+    const tp::TensorShard* shard = listed.shards[i];
+    if (from >= to || (!shard && !whole)) continue;
+    const std::int64_t start = from - offsets[i], count = to - from;
+    for (const Run& run : shard ? runs_in_whole(*shard, start, count) : std::vector<Run>{{start, start, count}}) {
+      ShardPiece piece{int(i), run.whole, run.count, {}};
+      piece.arrays["value"] = copy_of(p, run.part, run.count, s.owned, copy);
+      for (const auto& [name, t] : state) piece.arrays[name] = copy_of(t, run.part, run.count, s.owned);
+      s.pieces.push_back(std::move(piece));
+    }
+  }
+  if (buffers) add_buffers(listed, s);
+  s.optimizer = optimizer_record(kind, optimizer, step);
+  if (optimizer.state().empty()) s.optimizer["state"] = nlohmann::json::array();
+  return s;
+}
+
 }  // namespace
+
+ShardSnapshot snapshot_replicated(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  int rank, int world, bool copy) {
+  return snapshot_cut(list_tensors(module), [](std::size_t) { return true; }, optimizer, rank, world, rank == 0, copy);
+}
+
+ShardSnapshot snapshot_pipeline_rank(const torch::nn::Module& module, const std::vector<torch::Tensor>& owned,
+                                     torch::optim::Optimizer& optimizer, int replica, int replicas, bool buffers,
+                                     bool copy) {
+  std::set<const void*> mine;
+  for (const auto& p : owned) mine.insert(p.unsafeGetTensorImpl());
+  const Listed listed = list_tensors(module);
+  return snapshot_cut(
+      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer, replica,
+      replicas, buffers, copy);
+}
+
+ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
+                                       torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
+                                       int replica, int replicas, bool buffers) {
+  std::set<const void*> mine;
+  for (const auto& p : written) mine.insert(p.unsafeGetTensorImpl());
+  const Listed listed = list_tensors(module, &split);
+  return snapshot_cut(
+      listed, [&](std::size_t i) { return mine.count(listed.live[i].unsafeGetTensorImpl()) > 0; }, optimizer,
+      replica, replicas, buffers, /*copy=*/true, /*whole=*/split.group->rank() == 0);
+}
+
 
 ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer& zero, int rank, bool copy,
                             const TensorSplit* split) {

@@ -168,20 +168,16 @@ ShardSnapshot TrainingStep::snapshot(bool copy) {
   const torch::nn::Module& module = *run_.model.module;
   const bool whole_share = !owners_.empty();  // ZeRO-1 by tensors: each replica writes its share
   const auto split = run_.tensor_split();
-  if (pipeline_ && split) {  // a stage's D x T ranks cut its whole tensors; under ZeRO-1 a share's T ranks
-    const int t = run_.tensor_comm->rank(), T = run_.tensor_comm->size();
+  if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy, split ? &*split : nullptr);
+  // Split: each rank its shards where they sit in the whole tensors, cut over the ranks holding
+  // the same (a stage's or the model's data ranks; under ZeRO-1, each its share whole).
+  if (split)
     return snapshot_tensor_parallel(module, *split, *optimizer_, updated_parameters(),
-                                    whole_share ? t : run_.data_rank() * T + t,
-                                    whole_share ? T : run_.data_world() * T, run_.rank() == 0);
-  }
+                                    whole_share ? 0 : run_.data_rank(), whole_share ? 1 : run_.data_world(),
+                                    run_.rank() == 0);
   if (pipeline_)  // its cut of its stages' parameters, or under ZeRO-1 the share it updates, whole
     return snapshot_pipeline_rank(module, updated_parameters(), *optimizer_, whole_share ? 0 : run_.data_rank(),
                                   whole_share ? 1 : run_.data_world(), run_.rank() == 0, copy);
-  if (zero_) return snapshot_zero(module, *zero_, run_.rank(), copy, split ? &*split : nullptr);
-  if (split)  // under ZeRO-1 a tensor group writes its data rank's share
-    return snapshot_tensor_parallel(module, *split, *optimizer_, updated_parameters(),
-                                    whole_share ? run_.tensor_comm->rank() : run_.rank(),
-                                    whole_share ? run_.tensor_comm->size() : run_.world(), run_.rank() == 0);
   return snapshot_replicated(module, *optimizer_, run_.rank(), run_.world(), copy);
 }
 

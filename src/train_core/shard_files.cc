@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -372,7 +373,14 @@ void ShardedCheckpointReader::read(int tensor, const std::string& array, std::in
   const std::size_t esize = dtype_bytes(t.dtype);
   std::int64_t at = start;
   const std::int64_t end = start + count;
-  for (const auto& p : pieces_.at(std::size_t(tensor))) {
+  // From the first piece that reaches `start` (pieces are sorted by start), not the tensor's
+  // first: a tensor cut by columns has a piece per row, and a resume reads it a range at a time.
+  const auto& pieces = pieces_.at(std::size_t(tensor));
+  auto first = std::lower_bound(pieces.begin(), pieces.end(), start,
+                                [](const Piece& p, std::int64_t value) { return p.start < value; });
+  while (first != pieces.begin() && std::prev(first)->start + std::prev(first)->count > start) --first;
+  for (auto it = first; it != pieces.end(); ++it) {
+    const Piece& p = *it;
     if (p.start + p.count <= at || p.start >= end) continue;
     if (p.start > at) break;  // a gap: nobody wrote element `at`
     auto off = p.offsets.find(array);

@@ -3,8 +3,8 @@
 // probabilities, the embeddings and the residuals, and clipping active every step, under T = 2 and
 // 4, with gradient checkpointing, T x D with lockstep's DDP over the data groups, and pipelines of
 // split stages (P x T, P x D x T), and ZeRO-2/3 over the data ranks. Only the order of sums differs,
-// so every parameter must equal the unsplit run's within 1e-12 relative; under ZeRO, so must every
-// element its checkpoint writes, each written by one rank.
+// so every parameter must equal the unsplit run's within 1e-12 relative, and so must every element
+// the ranks' checkpoint writes (each written by one rank, nothing gathered).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -178,6 +178,7 @@ class DataRanks {
 
   // By name, copied (under stage 3 gathered from the data ranks' slices first).
   ZeroOptimizer& zero() { return *zero_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
   std::map<std::string, torch::Tensor> parameters() {
     const bool sliced = stage_ == 3;
@@ -274,9 +275,12 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
       ranks.clip_and_step();
     }
     EXPECT_TRUE(ranks.whole_parameters_agree());
-    if (k.zero_stage > 0) {  // its checkpoint: each slice where it sits in its whole tensor
+    {  // its checkpoint: each shard (or ZeRO's slice of one) where it sits in its whole tensor
       const train::TensorSplit split{model->tensor_shards(), tensor.get()};
-      const auto snapshot = train::snapshot_zero(*model, ranks.zero(), r, true, &split);
+      const auto snapshot = k.zero_stage > 0 ? train::snapshot_zero(*model, ranks.zero(), r, true, &split)
+                                             : train::snapshot_tensor_parallel(*model, split, ranks.optimizer(),
+                                                                               model->parameters(), at.data, k.data,
+                                                                               r == 0);
       std::lock_guard<std::mutex> lock(written_lock);
       expect_pieces_hold_the_whole_values(snapshot, whole_values, written);
     }
@@ -289,7 +293,7 @@ void expect_split_gpt_trains_as_the_whole(const Split& k) {
       EXPECT_LE((g - w).abs().max().item<double>() / w.abs().max().item<double>(), 1e-12) << name;
     }
   });
-  if (k.zero_stage > 0) expect_each_element_written_once(written);
+  expect_each_element_written_once(written);
 }
 
 TEST(GptTensorParallel, TwoAndFourTensorRanksWithDropoutTrainAsOneProcess) {

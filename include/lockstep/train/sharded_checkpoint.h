@@ -58,16 +58,17 @@ struct TensorSplit {
   tp::ShardedParameters shards;
   comm::Communicator* group = nullptr;
 };
-// Tensor parallelism, with data replicas or not: each split parameter of `written` and its
-// optimizer state gathered whole over the tensor group (collective: every rank of the group, every
-// such shard, one at a time, so no rank holds more than one whole tensor at once beyond its cut),
-// then the rank-th of `world` cuts of those laid end to end, as snapshot_replicated writes them.
-// `written`: every parameter, cut over the world; under ZeRO-1 by tensors, this data rank's share,
-// cut over its tensor group (rank and world the tensor group's). `buffers`: this rank writes the
-// buffers too (one rank does). Always copies.
+// Tensor parallelism, with data replicas or not: the parameters of `written` as this rank holds
+// them (its shards, and the whole ones) laid end to end, the `replica`-th of `replicas` cuts of
+// them with their optimizer state, as snapshot_replicated cuts; each element of a shard written
+// where it sits in its whole tensor (a run per row of a cut of columns), nothing gathered, and the
+// whole parameters by the tensor group's first rank alone. `written`: every parameter, cut over
+// the data ranks (or a stage's replicas) holding the same shards; under ZeRO-1 by tensors this data
+// rank's share, replicas 1. `buffers`: this rank writes the buffers too (one rank does). Always
+// copies.
 ShardSnapshot snapshot_tensor_parallel(const torch::nn::Module& module, const TensorSplit& split,
                                        torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& written,
-                                       int rank, int world, bool buffers);
+                                       int replica, int replicas, bool buffers);
 // ZeRO: this rank's own slices (not the ones it mirrors), and (rank 0) the buffers. `split`: the
 // module is split for tensor parallelism (ZeRO over each tensor rank's data ranks): a slice of a
 // shard is written where it sits in the whole tensor (a run of elements per row of the shard that
