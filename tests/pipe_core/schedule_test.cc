@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "lockstep/error.h"
 #include "lockstep/pipe_core/schedule.h"
@@ -122,6 +123,38 @@ TEST(ScheduleCheck, FindsADeadlockAndNamesItsCycle) {
   const auto recv = std::find(t.actions[0].begin(), t.actions[0].end(), Action{Op::recv_gradient, 0, 0});
   std::iter_swap(send, recv);
   expect_rejected(t, "deadlock: rank 0 waits in recv-grad0.0 for rank 1; rank 1 waits in recv-act1.0 for rank 0 (a cycle)");
+}
+
+// Rank 0's first action of `op` moved to the front of its list.
+void first_to_front(ScheduleTable& t, Op op) {
+  auto& r0 = t.actions[0];
+  const auto it = std::find_if(r0.begin(), r0.end(), [&](const Action& a) { return a.op == op; });
+  ASSERT_NE(it, r0.end());
+  std::rotate(r0.begin(), it, it + 1);
+}
+
+// Through the tied exchange a wait can close over three ranks: rank 0 waiting for the last
+// stage's tied gradient of micro-batch 0 before it sends that micro-batch on, the last stage for
+// stage 1's activation, stage 1 for rank 0's.
+TEST(ScheduleCheck, FindsACycleOverThreeRanks) {
+  auto t = make_schedule(ScheduleKind::zero_bubble, 3, 4);
+  add_tied_exchange(t);
+  ASSERT_TRUE(check_schedule(t).ok());
+  first_to_front(t, Op::recv_tied);
+  expect_rejected(t, "deadlock: rank 0 waits in recv-tied0.0 for rank 2; rank 2 waits in recv-act2.0 for rank 1; "
+                     "rank 1 waits in recv-act1.0 for rank 0 (a cycle)");
+}
+
+// Rank 0 waiting for micro-batch 0's gradient before it has sent its activation, in an
+// interleaved table (v = 2) and a zero-bubble one.
+TEST(ScheduleCheck, FindsDeadlocksInInterleavedAndZeroBubbleTables) {
+  for (const auto& [kind, chunks] : {std::pair{ScheduleKind::interleaved, 2}, std::pair{ScheduleKind::zero_bubble, 1}}) {
+    SCOPED_TRACE(schedule_name(kind));
+    auto t = make_schedule(kind, 2, 4, chunks);
+    ASSERT_TRUE(check_schedule(t).ok());
+    first_to_front(t, Op::recv_gradient);
+    expect_rejected(t, "deadlock: rank 0 waits in recv-grad");
+  }
 }
 
 TEST(ScheduleCheck, FindsMissingDuplicatedAndMisplacedActions) {
