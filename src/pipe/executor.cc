@@ -102,7 +102,7 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
   const ScheduleTable& t = table(m);
   Step step{batches, {}, {}, {}, {}, {}, nullptr};
   step.stats.micro_batches = m;
-  timed(step.stats.wait_seconds, [&] { take_tied_values(); });
+  timed(step.stats.wait_seconds, [&] { tied->take_values(); });
   for (int k = 0; k < m; ++k) step.seeds.push_back(draw_cpu_seed());
   if (recorded.size() == kRecordedSteps) recorded.erase(recorded.begin());  // nobody asked for a report
   step.record = &recorded.emplace_back();
@@ -117,7 +117,7 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
       default: transfer(a, step); break;
     }
   }
-  running_micro_batch = -1;
+  tied->set_running(-1);
   timed(step.stats.send_seconds, [&] { channel->wait_sends(); });
   timed(step.stats.reduce_seconds, [&] {
     for (auto& r : reducers)
@@ -157,27 +157,27 @@ void Pipeline::Impl::backward(const Action& a, const ScheduleTable& t, Step& ste
       reducer->set_sync(true);
       reducer->before_forward();
     }
-  running_micro_batch = k;
+  tied->set_running(k);
   const auto begin = Clock::now();
   if (a.op == Op::backward_weight) {
     chunk.backward_weight(k);
   } else if (a.op == Op::backward) {
-    capture_tied = true;  // the last stage's hooks keep its tied gradients as backward reaches them
+    tied->set_capturing(true);  // the last stage's hooks keep its tied gradients as backward reaches them
     const auto input_grad = chunk.backward(k, chunk.last() ? torch::Tensor() : take(step.output_grads, a));
-    capture_tied = false;
+    tied->set_capturing(false);
     if (s > 0) step.to_send[{s, k}] = input_grad;
   } else {
     // The last stage's tied gradients in the input half, for the first stage waiting on them.
-    const bool eager = chunk.last() && !tied.empty() && !holds(0);
+    const bool eager = chunk.last() && !tied->tensors().empty() && !holds(0);
     std::vector<torch::Tensor> tied_grads;
     const auto input_grad = chunk.backward_input(k, chunk.last() ? torch::Tensor() : take(step.output_grads, a),
-                                                 eager ? tied : std::vector<torch::Tensor>{}, &tied_grads);
+                                                 eager ? tied->tensors() : std::vector<torch::Tensor>{}, &tied_grads);
     if (eager)
-      for (std::size_t i = 0; i < tied_grads.size(); ++i) keep_tied_gradient(k, i, tied_grads[i]);
+      for (std::size_t i = 0; i < tied_grads.size(); ++i) tied->keep(k, i, tied_grads[i]);
     if (s > 0) step.to_send[{s, k}] = input_grad;
   }
   step.note(a, seconds_between(begin, Clock::now()));
-  if (a.op != Op::backward_input) tied_received.erase(k);
+  if (a.op != Op::backward_input) tied->forget(k);
 }
 
 void Pipeline::Impl::transfer(const Action& a, Step& step) {
@@ -191,11 +191,7 @@ void Pipeline::Impl::transfer(const Action& a, Step& step) {
       step.output_grads[{s, k}] = timed(st.wait_seconds, [&] { return receive(s + 1, s, Channel::gradient, s, k); });
       break;
     case Op::recv_tied:
-      timed(st.wait_seconds, [&] {
-        auto& grads = tied_received[k];
-        for (std::size_t i = 0; i < tied.size(); ++i)
-          grads.push_back(receive(last_stage(), 0, Channel::tied_gradient, int(i), k));
-      });
+      timed(st.wait_seconds, [&] { tied->receive_gradients(k); });
       break;
     case Op::send_activation:
       timed(st.send_seconds, [&] { channel->send(take(step.to_send, a), rank_of(s + 1), tag_of(Channel::activation, s + 1, k)); });
@@ -204,24 +200,11 @@ void Pipeline::Impl::transfer(const Action& a, Step& step) {
       timed(st.send_seconds, [&] { channel->send(take(step.to_send, a), rank_of(s - 1), tag_of(Channel::gradient, s - 1, k)); });
       break;
     case Op::send_tied:
-      timed(st.send_seconds, [&] { send_tied_gradients(k); });
+      timed(st.send_seconds, [&] { tied->send_gradients(k); });
       break;
     default:
       throw std::logic_error("pipeline: " + to_string(a) + " is not a transfer");
   }
-}
-
-// The last stage's gradients of the tied parameters for micro-batch k (the step's sum, under
-// TiedGradient::step), to the first stage.
-void Pipeline::Impl::send_tied_gradients(int k) {
-  const int key = options.tied_gradient == PipelineOptions::TiedGradient::step ? kSummed : k;
-  auto& grads = tied_captured[key];
-  if (grads.size() != tied.size())
-    throw std::logic_error("pipeline: the last stage has no gradient of a tied parameter for micro-batch " +
-                           std::to_string(k));
-  for (std::size_t i = 0; i < grads.size(); ++i)
-    channel->send(grads[i], rank_of(0), tag_of(Channel::tied_gradient, int(i), k));
-  tied_captured.erase(key);
 }
 
 void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
@@ -230,7 +213,7 @@ void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
   const int m = int(batches.size());
   if (m == 0) return;
   if (m > kMaxMicroBatches) throw ConfigError("a pipeline pass takes at most " + std::to_string(kMaxMicroBatches) + " micro-batches");
-  s.take_tied_values();
+  s.tied->take_values();
   const ScheduleTable t = make_forward_schedule(s.options.pipeline_parallel, m, s.options.virtual_stages);
   std::map<Key, torch::Tensor> received, to_send;
   torch::NoGradGuard no_grad;

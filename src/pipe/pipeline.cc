@@ -146,48 +146,23 @@ void Pipeline::Impl::make_stages() {
 // The first stage adds the last stage's gradient of each tied parameter, micro-batch by
 // micro-batch, before its own accumulates; the last stage keeps its gradient of it to send.
 void Pipeline::Impl::tie_parameters() {
+  const bool once_a_step = options.tied_gradient == PipelineOptions::TiedGradient::step;
+  tied = std::make_unique<TiedParameters>(
+      *channel, TiedParameters::Ends{rank_of(0), rank_of(last_stage()), last_stage()}, once_a_step,
+      [this](int from_stage, int stage, Channel c, int slot, int k) { return receive(from_stage, stage, c, slot, k); });
   if (stages() < 2) return;
   std::map<std::string, torch::Tensor> first_reads, last_reads;
   for (int u = plan.begin(0); u < plan.end(0); ++u)
     for (const auto& p : units[std::size_t(u)].parameters) first_reads.insert(p);
   for (int u = plan.begin(last_stage()); u < plan.end(last_stage()); ++u)
     for (const auto& p : units[std::size_t(u)].parameters) last_reads.insert(p);
-  std::size_t index = 0;
   for (const auto& [name, pr] : owners) {
     if (!first_reads.count(name) || !last_reads.count(name)) continue;
-    const std::size_t i = index++;
-    if (holds(0)) {
-      torch::Tensor t = first_reads.at(name);
-      tied.push_back(t);
-      tied_hooks.push_back(t.register_hook([this, i, name](const torch::Tensor& grad) {
-        const auto it = tied_received.find(running_micro_batch);
-        if (it == tied_received.end() && options.tied_gradient == PipelineOptions::TiedGradient::step)
-          return grad;  // the step's sum comes with its last micro-batch
-        if (it == tied_received.end() || i >= it->second.size())
-          throw std::logic_error("pipeline: the last stage's gradient of '" + name + "' for micro-batch " +
-                                 std::to_string(running_micro_batch) + " had not arrived");
-        return grad + it->second[i];
-      }));
-    } else if (holds(last_stage())) {
-      torch::Tensor t = last_reads.at(name);
-      tied.push_back(t);
-      tied_hooks.push_back(t.register_hook([this, i](const torch::Tensor& grad) {
-        if (capture_tied) keep_tied_gradient(running_micro_batch, i, grad);  // under zb the input half did
-      }));
-    }
+    if (holds(0))
+      tied->add_on_first(name, first_reads.at(name));
+    else if (holds(last_stage()))
+      tied->add_on_last(last_reads.at(name));
   }
-}
-
-// The last stage's gradient of tied parameter i in micro-batch k: kept to send for k, or under
-// TiedGradient::step added to the step's sum (kept under kSummed).
-void Pipeline::Impl::keep_tied_gradient(int k, std::size_t i, const torch::Tensor& grad) {
-  const bool summed = options.tied_gradient == PipelineOptions::TiedGradient::step;
-  auto& kept = tied_captured[summed ? kSummed : k];
-  if (kept.size() <= i) kept.resize(i + 1);
-  if (summed && kept[i].defined())
-    kept[i].add_(grad);
-  else
-    kept[i] = grad.clone();
 }
 
 void Pipeline::Impl::make_reducers() {
@@ -200,14 +175,6 @@ void Pipeline::Impl::make_reducers() {
     reducers.push_back(std::make_unique<Reducer>(module, *stage_comm, options.ddp));
     reducers.back()->set_caller_finishes(true);
   }
-}
-
-void Pipeline::Impl::take_tied_values() {
-  if (!tied_values_due) return;
-  tied_values_due = false;
-  torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < tied.size(); ++i)
-    tied[i].copy_(receive(0, last_stage(), Channel::tied_value, int(i), 0));
 }
 
 const ScheduleTable& Pipeline::Impl::table(int micro_batches) {
@@ -247,10 +214,6 @@ Pipeline::Pipeline(std::vector<PipelineUnit> units, comm::Communicator& world, P
   s.make_stages();
   s.tie_parameters();
   s.make_reducers();
-}
-
-Pipeline::Impl::~Impl() {
-  for (std::size_t i = 0; i < tied_hooks.size(); ++i) tied[i].remove_hook(tied_hooks[i]);
 }
 
 Pipeline::~Pipeline() = default;
@@ -359,15 +322,7 @@ double Pipeline::clip_grad_norm(double max_norm) {
 }
 
 void Pipeline::after_optimizer_step() {
-  Impl& s = *impl_;
-  if (s.tied.empty()) return;
-  if (s.holds(0)) {
-    for (std::size_t i = 0; i < s.tied.size(); ++i)
-      s.channel->send(s.tied[i].detach(), s.rank_of(s.last_stage()), tag_of(Channel::tied_value, int(i), 0));
-  } else {
-    for (auto& t : s.tied) t.mutable_grad() = torch::Tensor();
-    s.tied_values_due = true;
-  }
+  impl_->tied->after_optimizer_step(impl_->holds(0));
 }
 
 }  // namespace lockstep::pipe

@@ -1,5 +1,6 @@
 // The Pipeline's insides, shared by the files that implement it:
 //   pipeline.cc     set-up: groups, plan, stages, owners, tied parameters, reducers; the norm
+//   tied_parameters the exchange of the parameters the first and the last stage share
 //   executor.cc     one step: a schedule table run action by action
 //   unit_costs.cc   the units' measured costs, for the plan
 // Threading: the training thread only (the tied hooks run inside backward, on that thread).
@@ -17,16 +18,9 @@
 #include "lockstep/pipe_core/schedule_check.h"
 #include "stage_chunk.h"
 #include "tensor_channel.h"
+#include "tied_parameters.h"
 
 namespace lockstep::pipe {
-
-// What crosses between stages, as the tag of its messages on the pipeline group.
-enum class Channel : int { activation = 0, gradient = 1, tied_gradient = 2, tied_value = 3 };
-constexpr int kMaxStages = 256;
-constexpr int kMaxMicroBatches = 65536;
-inline int tag_of(Channel c, int stage, int micro_batch) {
-  return (static_cast<int>(c) * kMaxStages + stage) * kMaxMicroBatches + micro_batch;
-}
 
 // One step's compute actions on this rank, each one's seconds at [(stage x 4 + kind) x m + k]
 // (kind: forward, backward, backward_input, backward_weight; zero for other ranks' stages), kept
@@ -39,7 +33,6 @@ struct StepRecord {
 
 struct Pipeline::Impl {
   Impl(comm::Communicator& w, PipelineOptions o, LossFn l) : world(w), options(std::move(o)), loss(std::move(l)) {}
-  ~Impl();  // takes its hooks off the tied parameters, which outlive it
 
   comm::Communicator& world;
   PipelineOptions options;
@@ -60,17 +53,8 @@ struct Pipeline::Impl {
   std::vector<std::shared_ptr<torch::nn::Module>> chunk_modules;
   torch::Device device = torch::kCPU;
 
-  // Tied parameters (pipeline.h): the first stage's own tensors, and the last stage's copies.
   bool has_tied = false;  // the model has a parameter both the first and the last stage read
-  std::vector<torch::Tensor> tied;
-  std::vector<unsigned> tied_hooks;
-  std::map<int, std::vector<torch::Tensor>> tied_received;  // first stage: micro-batch -> the last's grads
-  std::map<int, std::vector<torch::Tensor>> tied_captured;  // last stage: micro-batch -> its grads
-  static constexpr int kSummed = -1;  // tied_captured's key of the step's sum (TiedGradient::step)
-  void keep_tied_gradient(int micro_batch, std::size_t i, const torch::Tensor& grad);
-  int running_micro_batch = -1;  // whose backward runs now (the tied hooks read it)
-  bool capture_tied = false;     // a whole backward runs: the last stage's hooks keep what they see
-  bool tied_values_due = false;  // last stage: the first stage sent new values after its step
+  std::unique_ptr<TiedParameters> tied;  // this rank's part of their exchange (none: no tensors)
 
   std::map<int, ScheduleTable> tables;  // by micro-batches per step
   std::vector<StepRecord> recorded;     // since the last analytic_bubbles()
@@ -90,7 +74,6 @@ struct Pipeline::Impl {
   void make_stages();
   void tie_parameters();
   void make_reducers();
-  void take_tied_values();
 
   // executor.cc: a step runs this rank's actions in the table's order, each kind by its function.
   struct Step;
@@ -98,7 +81,6 @@ struct Pipeline::Impl {
   void forward(const Action& a, Step& step);
   void backward(const Action& a, const ScheduleTable& table, Step& step);
   void transfer(const Action& a, Step& step);
-  void send_tied_gradients(int micro_batch);
   torch::Tensor receive(int from_stage, int stage, Channel c, int slot, int micro_batch);
 };
 
