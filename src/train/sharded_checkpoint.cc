@@ -145,6 +145,12 @@ std::vector<Run> runs_in_whole(const tp::TensorShard& s, std::int64_t start, std
   return out;
 }
 
+// Elements [start, start + count) of `t` laid flat, on the CPU (a view where it is there already):
+// one transfer for all the runs a shard's range makes, not one per run (a row each, cut by columns).
+torch::Tensor host_range(const torch::Tensor& t, std::int64_t start, std::int64_t count) {
+  return t.detach().reshape({-1}).narrow(0, start, count).to(torch::kCPU);
+}
+
 // Where each trainable parameter of `listed` starts in the module's own parameters laid end to
 // end (under tensor parallelism its shards', not the whole tensors' as listed.flat_offsets).
 std::vector<std::int64_t> held_offsets(const Listed& listed) {
@@ -186,10 +192,13 @@ ShardSnapshot snapshot_cut(const Listed& listed, const std::function<bool(std::s
     const tp::TensorShard* shard = listed.shards[i];
     if (from >= to || (!shard && !whole)) continue;
     const std::int64_t start = from - offsets[i], count = to - from;
+    const torch::Tensor value = host_range(p, start, count);
+    std::map<std::string, torch::Tensor> arrays;
+    for (const auto& [name, t] : state) arrays[name] = host_range(t, start, count);
     for (const Run& run : shard ? runs_in_whole(*shard, start, count) : std::vector<Run>{{start, start, count}}) {
       ShardPiece piece{int(i), run.whole, run.count, {}};
-      piece.arrays["value"] = copy_of(p, run.part, run.count, s.owned, copy);
-      for (const auto& [name, t] : state) piece.arrays[name] = copy_of(t, run.part, run.count, s.owned);
+      piece.arrays["value"] = copy_of(value, run.part - start, run.count, s.owned, copy);
+      for (const auto& [name, t] : arrays) piece.arrays[name] = copy_of(t, run.part - start, run.count, s.owned);
       s.pieces.push_back(std::move(piece));
     }
   }
@@ -248,10 +257,13 @@ ShardSnapshot snapshot_zero(const torch::nn::Module& module, const ZeroOptimizer
     for (const auto& [name, t] : r.state) names.push_back(name);
     const tp::TensorShard* shard = listed.shards[i];
     if (!shard && !writes_whole) continue;
+    const torch::Tensor value = host_range(r.values, 0, count);
+    std::map<std::string, torch::Tensor> arrays;
+    for (const auto& [name, t] : r.state) arrays[name] = host_range(t, 0, count);
     for (const Run& run : shard ? runs_in_whole(*shard, start, count) : std::vector<Run>{{start, start, count}}) {
       ShardPiece piece{int(i), run.whole, run.count, {}};
-      piece.arrays["value"] = copy_of(r.values, run.part - start, run.count, s.owned, copy);
-      for (const auto& [name, t] : r.state) piece.arrays[name] = copy_of(t, run.part - start, run.count, s.owned, copy);
+      piece.arrays["value"] = copy_of(value, run.part - start, run.count, s.owned, copy);
+      for (const auto& [name, t] : arrays) piece.arrays[name] = copy_of(t, run.part - start, run.count, s.owned, copy);
       s.pieces.push_back(std::move(piece));
     }
   }

@@ -371,35 +371,41 @@ void ShardedCheckpointReader::read(int tensor, const std::string& array, std::in
                                    std::int64_t count, void* out) {
   const auto& t = tensors_.at(std::size_t(tensor));
   const std::size_t esize = dtype_bytes(t.dtype);
-  std::int64_t at = start;
   const std::int64_t end = start + count;
-  // From the first piece that reaches `start` (pieces are sorted by start), not the tensor's
-  // first: a tensor cut by columns has a piece per row, and a resume reads it a range at a time.
   const auto& pieces = pieces_.at(std::size_t(tensor));
+  // Copies from the pieces from `first` on (sorted by start) while they continue the range;
+  // returns how far it got.
+  auto copy_from = [&](std::vector<Piece>::const_iterator first) {
+    std::int64_t at = start;
+    for (auto it = first; it != pieces.end() && at < end; ++it) {
+      const Piece& p = *it;
+      if (p.start + p.count <= at || p.start >= end) continue;
+      if (p.start > at) break;  // a gap: nobody wrote element `at`
+      auto off = p.offsets.find(array);
+      if (off == p.offsets.end()) break;
+      const std::int64_t to = std::min(end, p.start + p.count);
+      const Mapped& bytes = bytes_of(p.shard);
+      const std::uint64_t from = off->second + std::uint64_t(at - p.start) * esize;
+      const std::uint64_t n = std::uint64_t(to - at) * esize;
+      if (from + n > bytes.size)
+        throw DataError("shard " + shards_.at(std::size_t(p.shard)).file + " of " + dir_ +
+                        " is shorter than its index says: use another checkpoint");
+      std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data + from, n);
+      at = to;
+    }
+    return at;
+  };
+  // From the first piece that reaches `start`, found by binary search: a tensor cut by columns has
+  // a piece per row, and a resume reads it a range at a time. An index whose pieces overlap (none
+  // that lockstep writes) is read from its first piece, as a scan would.
   auto first = std::lower_bound(pieces.begin(), pieces.end(), start,
                                 [](const Piece& p, std::int64_t value) { return p.start < value; });
   while (first != pieces.begin() && std::prev(first)->start + std::prev(first)->count > start) --first;
-  for (auto it = first; it != pieces.end(); ++it) {
-    const Piece& p = *it;
-    if (p.start + p.count <= at || p.start >= end) continue;
-    if (p.start > at) break;  // a gap: nobody wrote element `at`
-    auto off = p.offsets.find(array);
-    if (off == p.offsets.end()) break;
-    const std::int64_t to = std::min(end, p.start + p.count);
-    const Mapped& bytes = bytes_of(p.shard);
-    const std::uint64_t from = off->second + std::uint64_t(at - p.start) * esize;
-    const std::uint64_t n = std::uint64_t(to - at) * esize;
-    if (from + n > bytes.size)
-      throw DataError("shard " + shards_.at(std::size_t(p.shard)).file + " of " +
-                      dir_ + " is shorter than its index says: use another checkpoint");
-    std::memcpy(static_cast<char*>(out) + std::size_t(at - start) * esize, bytes.data + from, n);
-    at = to;
-    if (at == end) return;
-  }
-  if (count == 0) return;
-  throw DataError("sharded checkpoint " + dir_ + " has no '" + array + "' for elements " +
-                  std::to_string(at) + ".. of '" + t.name +
-                  "': a shard is missing from its index; use another checkpoint");
+  std::int64_t at = copy_from(first);
+  if (at < end && first != pieces.begin()) at = copy_from(pieces.begin());
+  if (at >= end || count == 0) return;
+  throw DataError("sharded checkpoint " + dir_ + " has no '" + array + "' for elements " + std::to_string(at) +
+                  ".. of '" + t.name + "': a shard is missing from its index; use another checkpoint");
 }
 
 }  // namespace lockstep::train

@@ -159,6 +159,7 @@ TEST(PipelineRuns, WhatTheDocsPromiseHoldsBitwiseInRandomTrials) {
     SCOPED_TRACE("seed " + std::to_string(seed) + ", trial " + std::to_string(trial) + ": " + p.describe());
     TempDir flat("pp-promise-flat"), staged("pp-promise-staged");
     const std::string want = fingerprint(run_ok(launch(p.replicas, p.unpipelined(flat.path()))));
+    ASSERT_FALSE(want.empty());
     const std::string got = run_ok(launch(p.stages * p.replicas, p.pipelined(staged.path())));
     const auto expected = eval_losses(flat), evaluated = eval_losses(staged);
     ASSERT_EQ(expected.size(), 4u);
