@@ -80,8 +80,7 @@ void Trainer::Impl::check_tensor_replicas() {
   const auto shards = model.tensor_shards();
   auto hash = [&](const torch::Tensor& p) {
     all.push_back(parameter_hash(p));
-    if (std::none_of(shards.begin(), shards.end(), [&](const auto& s) { return s.first.is_same(p); }))
-      whole.push_back(all.back());
+    if (!is_shard(shards, p)) whole.push_back(all.back());
   };
   if (step.stage3())  // ZeRO-3: a unit at a time, put together from its data ranks' slices
     step.zero()->visit_parameters(hash);
