@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -49,7 +50,7 @@ class GzReader {
  public:
   explicit GzReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
     if (!file_) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
-    gzbuffer(file_.get(), 1 << 20);
+    gzbuffer(file_.get(), buffer_size(path));
   }
   // Up to n bytes (fewer only at the end of the file); corrupt gzip is an error, not a short read.
   std::size_t read(void* out, std::size_t n) {
@@ -68,6 +69,15 @@ class GzReader {
   }
 
  private:
+  // 1 MiB reads for a dataset's tens of MB; no more than the file for a small one (zlib allocates
+  // three times this per open).
+  static unsigned buffer_size(const std::string& path) {
+    std::error_code error;
+    const std::uintmax_t size = std::filesystem::file_size(path, error);
+    constexpr std::uintmax_t kLargest = 1 << 20, kSmallest = 8 << 10;
+    return static_cast<unsigned>(error ? kLargest : std::clamp(size, kSmallest, kLargest));
+  }
+
   std::string path_;
   std::unique_ptr<gzFile_s, GzCloser> file_;
 };
@@ -119,13 +129,14 @@ std::size_t data_bytes(const IdxArray& a, const std::string& path) {
   return n;
 }
 
-// Reads `want` bytes, growing the buffer only as data arrives: a header that claims more than
-// the file holds costs what the file holds, not what it claims.
+// Reads `want` bytes, growing the buffer only as data arrives, in reads that double from 64 KiB
+// to 16 MiB: a header that claims more than the file holds costs about what the file holds, not
+// what it claims.
 std::size_t read_data(GzReader& in, std::vector<std::uint8_t>& out, std::size_t want) {
-  constexpr std::size_t kChunk = std::size_t{16} << 20;
+  constexpr std::size_t kLargestRead = std::size_t{16} << 20;
   std::size_t got = 0;
-  while (got < want) {
-    const std::size_t n = std::min(kChunk, want - got);
+  for (std::size_t chunk = std::size_t{64} << 10; got < want; chunk = std::min(2 * chunk, kLargestRead)) {
+    const std::size_t n = std::min(chunk, want - got);
     out.resize(got + n);
     const std::size_t read = in.read(out.data() + got, n);
     got += read;

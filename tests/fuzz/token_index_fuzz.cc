@@ -39,11 +39,17 @@ std::uint64_t described_bin_bytes(const std::uint8_t* idx, std::size_t size) {
   return std::min(tokens * width, kMostBinBytes);
 }
 
+// The .bin's bytes: a prefix of one pattern made once (filled per input, the loop's coverage
+// tracing took half the target's time).
 std::vector<std::uint8_t> bin_for(const std::uint8_t* idx, std::size_t size, std::int8_t adjust) {
+  static const std::vector<std::uint8_t> pattern = [] {
+    std::vector<std::uint8_t> p(kMostBinBytes + 128);
+    for (std::size_t k = 0; k < p.size(); ++k) p[k] = static_cast<std::uint8_t>(k * 131 + 7);
+    return p;
+  }();
   const auto described = static_cast<std::int64_t>(described_bin_bytes(idx, size));
-  std::vector<std::uint8_t> bin(static_cast<std::size_t>(std::max<std::int64_t>(0, described + adjust)));
-  for (std::size_t k = 0; k < bin.size(); ++k) bin[k] = static_cast<std::uint8_t>(k * 131 + 7);
-  return bin;
+  const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, described + adjust));
+  return std::vector<std::uint8_t>(pattern.begin(), pattern.begin() + static_cast<std::ptrdiff_t>(bytes));
 }
 
 // The invariants of an accepted dataset; abort() reports a breach.
