@@ -120,15 +120,26 @@ torch_description() {
   fi
 }
 
+# LOCKSTEP_TESTS (all, core or torch: CMakeLists.txt) picks the tests a build makes and
+# LOCKSTEP_BUILD_BENCHMARKS (ON or OFF) whether the torch-facing benchmark programs build; both are
+# set when BUILD_DIR is first configured. Later runs keep a build's choice unless it lacks tests
+# they ask for (a build made with every test serves any run).
 configure_and_build() {
   [ "$LOCKSTEP_TORCH" = pip ] && install_pip_torch
+  local tests="${LOCKSTEP_TESTS:-all}"
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     # Optimised as RelWithDebInfo (-O2, the level the benchmarks were measured at) but without
     # debug information, which made each file that includes libtorch a third slower to compile.
     # shellcheck disable=SC2046  # the arguments are words without spaces
     cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" "-DCMAKE_C_FLAGS_RELEASE=-O2 -DNDEBUG" -DLOCKSTEP_WERROR=ON \
-      $(torch_cmake_args)
+      "-DLOCKSTEP_TESTS=$tests" "-DLOCKSTEP_BUILD_BENCHMARKS=${LOCKSTEP_BUILD_BENCHMARKS:-ON}" $(torch_cmake_args)
+  else
+    local built
+    built="$(sed -n 's/^LOCKSTEP_TESTS:STRING=//p' "$BUILD_DIR/CMakeCache.txt")"
+    if [ -n "$built" ] && [ "$built" != all ] && [ "$built" != "$tests" ]; then
+      cmake -S "$LOCKSTEP_ROOT" -B "$BUILD_DIR" "-DLOCKSTEP_TESTS=$tests" >/dev/null
+    fi
   fi
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
