@@ -10,41 +10,16 @@
 // collective's deadline.
 //
 // Cost: one store and one wake per rank; a waiter reads the W generations, each on its own line.
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
+#include "shm/futex.h"
 #include "shm/shm_backend.h"
 
 namespace lockstep::comm::shm {
-namespace {
-
-// Futexes on words in the shared segment (not FUTEX_PRIVATE: the waiters are other processes).
-void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, Clock::duration timeout) {
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<std::uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 void ShmBackend::check_peer(int r, const Collective& c, std::uint64_t needed) {
   RankControl& rc = control(r);
