@@ -282,6 +282,22 @@ WorkPtr Communicator::recv(void* buffer, std::size_t count, DType dtype, int src
   return mailbox_->recv(buffer, count, dtype, src, tag);
 }
 
+WorkPtr Communicator::send_described(const std::string& description, const void* buffer, std::size_t count,
+                                     DType dtype, int dst, int tag) {
+  if (!mailbox_) throw ConfigError("send: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  require_host_memory(buffer, "buffer", "send", "point-to-point (from host memory)", "");
+  return mailbox_->send(buffer, count, dtype, dst, tag, description);
+}
+
+WorkPtr Communicator::recv_described(Place place, int src, int tag) {
+  if (!mailbox_) throw ConfigError("recv: point-to-point is unavailable on this communicator: " + mailbox_error_);
+  return mailbox_->recv_placed(std::move(place), src, tag);
+}
+
+bool Communicator::shares_memory_with(int dst) const {
+  return mailbox_ && mailbox_->shares_memory_with(dst);
+}
+
 std::uint64_t Communicator::issued() const {
   std::lock_guard<std::mutex> lock(queue_->mu);
   return queue_->next_sequence;
@@ -552,6 +568,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<StoreClient> 
   LOCKSTEP_LOG(debug, comm) << "communicator '" << options.name << "' up: rank " << rank << " of " << size
                             << " on " << backend << " (" << where.describe() << ")";
   std::unique_ptr<Communicator> comm(new Communicator(rank, size, std::move(impl), std::move(options), std::move(store)));
+  if (mailbox) mailbox->set_machines(where.machine_of);
   comm->mailbox_ = std::move(mailbox);
   comm->mailbox_error_ = mailbox_error;
   comm->machine_of_ = where.machine_of;

@@ -255,6 +255,11 @@ RendezvousInfo rendezvous_info_from(const Environment& env) {
   info.backend = lookup(env, knobs::kBackend).value_or(knobs::kBackend.default_value);
   info.gloo_ring = lookup(env, knobs::kGlooRing).value_or(knobs::kGlooRing.default_value);
   info.hier_across = lookup(env, knobs::kHierAcross).value_or(knobs::kHierAcross.default_value);
+  if (auto p2p = lookup(env, knobs::kP2pShm)) {
+    if (*p2p != "0" && *p2p != "1")
+      throw ConfigError(std::string(knobs::kP2pShm.name) + "='" + *p2p + "': use 1 (shared memory) or 0 (loopback TCP)");
+    info.p2p_shared_memory = *p2p == "1";
+  }
   return info;
 }
 
@@ -266,6 +271,7 @@ CommOptions with_environment_defaults(CommOptions options, const RendezvousInfo&
   if (options.backend == defaults.backend) options.backend = info.backend;
   if (options.gloo_ring == defaults.gloo_ring) options.gloo_ring = info.gloo_ring;
   if (options.hier_across == defaults.hier_across) options.hier_across = info.hier_across;
+  if (options.p2p_shared_memory == defaults.p2p_shared_memory) options.p2p_shared_memory = info.p2p_shared_memory;
   return options;
 }
 

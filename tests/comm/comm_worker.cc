@@ -9,6 +9,8 @@
 //                                                   every 5 steps, recovers from failures
 //   comm_worker p2p BACKEND                         run the point-to-point table; exit 0 if all match
 //   comm_worker p2p_die BACKEND                     rank 0 waits to receive from rank 1, which is killed
+//   comm_worker p2p_kill BACKEND K recv|send        rank 0 receives (sends) 32 MiB messages from (to) rank 1
+//                                                   and kills it after K of them, mid-transfer
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
@@ -16,6 +18,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -127,6 +130,50 @@ int elastic_member(const CommOptions& options, int steps) {
   return 0;
 }
 
+// Rank 0 and rank 1 stream 32 MiB messages without a gap (message k filled with k % 2, from two
+// buffers filled once), rank 0 receiving (`rank0_sends` false) or sending; after `whole` of them
+// rank 0 kills rank 1, which is then in the middle of the next, and goes on until an operation
+// fails. Exit 3 when that is a PeerError within 10 s of the kill and every message received
+// before it was whole (a part of one would leave the previous one's values); 1 otherwise.
+int kill_mid_transfer(Communicator& comm, int whole, bool rank0_sends) {
+  std::int64_t pid = ::getpid();
+  std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
+  comm.allgather(&pid, pids.data(), 1, DType::i64)->wait();
+  const std::size_t n = std::size_t{8} << 20;
+  const std::vector<float> filled[2] = {std::vector<float>(n, 0.0f), std::vector<float>(n, 1.0f)};
+  std::vector<float> in(n, -1.0f);
+  const int peer = 1 - comm.rank();
+  const bool sending = (comm.rank() == 0) == rank0_sends;
+  const auto transfer = [&](int k) {
+    return sending ? comm.send(filled[k % 2].data(), n, DType::f32, peer, 0) : comm.recv(in.data(), n, DType::f32, peer, 0);
+  };
+  const auto whole_message = [&](int k) { return sending || in == filled[k % 2]; };
+  int k = 0;
+  if (comm.rank() == 1)
+    for (;; ++k) {
+      transfer(k)->wait();  // until killed
+      if (!whole_message(k)) return 1;
+    }
+  for (; k < whole; ++k) transfer(k)->wait();
+  auto next = transfer(k);
+  const auto killed = Clock::now();
+  ::kill(static_cast<pid_t>(pids[1]), SIGKILL);
+  try {
+    for (;;) {
+      next->wait();
+      if (!whole_message(k)) {
+        std::printf("message %d arrived incomplete from a rank killed while sending it\n", k);
+        return 1;
+      }
+      next = transfer(++k);
+    }
+  } catch (const PeerError& e) {
+    const double after = Seconds(Clock::now() - killed).count();
+    std::printf("PeerError %.3f s after the kill, at message %d (%d whole before the kill): %s\n", after, k, whole, e.what());
+    return after < 10 ? 3 : 1;
+  }
+}
+
 // The kernels the OpenBLAS behind libblas.so.3 (libtorch's BLAS on Debian) runs in this process.
 int print_blas_core() {
   void* blas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
@@ -145,7 +192,7 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   CommOptions options;
   options.backend = argv[2];
-  if (argc > 3 && mode != "elastic") options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
+  if (argc > 3 && mode != "elastic" && mode != "p2p_kill") options.shm_slot_bytes = std::strtoull(argv[3], nullptr, 10);
   try {
     if (mode == "blas") return print_blas_core();
     if (mode == "env") return check_env(options, argc > 3 ? std::atoi(argv[3]) : -1);
@@ -165,6 +212,7 @@ int main(int argc, char** argv) {
                   comm.backend_name().c_str());
       return failures.empty() ? 0 : 1;
     }
+    if (mode == "p2p_kill") return kill_mid_transfer(comm, std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "send");
     if (mode == "p2p_die") {
       std::int32_t x = 0;
       WorkPtr pending;

@@ -1,8 +1,8 @@
 // The point-to-point mailbox's handshake, spoken by hand over a real loopback connection: a
 // connection that answers the mailbox's challenge with the MAC over the published token is taken
 // as that rank's (its message arrives), and one that does not prove it (a wrong MAC, a genuine
-// answer replayed on a new connection, or one presented under another rank) is closed without a
-// message reaching anyone.
+// answer replayed on a new connection, one presented under another rank, or one naming a
+// shared-memory lane its MAC does not cover) is closed without a message reaching anyone.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -33,12 +33,13 @@ struct Hello {
   std::int32_t unused;
   char nonce[wire::kNonceBytes];
   unsigned char mac[wire::kMacBytes];
+  char lane[64];
 };
 struct Header {
   std::int64_t tag;
   std::uint64_t count;
   std::uint32_t dtype;
-  std::uint32_t unused;
+  std::uint32_t description_bytes;
 };
 
 struct Published {
@@ -60,11 +61,12 @@ net::Socket dial(const Published& p) {
   return std::move(c.socket);
 }
 
+// A hello from `src` offering no lane; its MAC binds the rank and the (empty) lane.
 Hello answer(const Challenge& c, const std::string& token, int src) {
-  Hello h{c.magic, src, 0, {}, {}};
+  Hello h{c.magic, src, 0, {}, {}, {}};
   std::memset(h.nonce, 7, sizeof h.nonce);
   const wire::Mac mac = wire::handshake_mac(token, "lockstep-p2p-hello-v1", std::string_view(c.nonce, sizeof c.nonce),
-                                            std::string_view(h.nonce, sizeof h.nonce), std::to_string(src));
+                                            std::string_view(h.nonce, sizeof h.nonce), std::to_string(src) + " ");
   std::memcpy(h.mac, mac.data(), sizeof h.mac);
   return h;
 }
@@ -114,6 +116,9 @@ TEST(MailboxHandshake, OnlyAProofOfTheTokenOnAFreshChallengeGetsIn) {
   const float value = 42.5f;
   const Header header{7, 1, static_cast<std::uint32_t>(DType::f32), 0};
   ASSERT_EQ(net::send_all(genuine.fd(), &hello, sizeof hello), net::Io::done);
+  char lane_mapped = -1;  // the mailbox's answer: no lane was offered, so none is mapped
+  ASSERT_EQ(net::recv_all(genuine.fd(), &lane_mapped, 1), net::Io::done);
+  EXPECT_EQ(lane_mapped, 0);
   ASSERT_EQ(net::send_all(genuine.fd(), &header, sizeof header), net::Io::done);
   ASSERT_EQ(net::send_all(genuine.fd(), &value, sizeof value), net::Io::done);
   float got = 0;
@@ -132,6 +137,11 @@ TEST(MailboxHandshake, OnlyAProofOfTheTokenOnAFreshChallengeGetsIn) {
     as_zero.src = 0;
     return as_zero;
   })) << "a proof made for rank 1 was taken as rank 0's";
+  EXPECT_TRUE(refused(where, [&](const Challenge& c) {
+    Hello with_lane = answer(c, where.token, 1);
+    std::strcpy(with_lane.lane, "/lockstep-1-p2p-0123456789abcdef");
+    return with_lane;
+  })) << "a lane the MAC does not cover was taken";
 
   // Nothing of theirs arrived: a recv from rank 1 still waits (and times out).
   EXPECT_THROW(target.recv(&got, 1, DType::f32, 1, 7)->wait(Seconds(0.3)), TimeoutError);

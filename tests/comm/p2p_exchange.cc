@@ -40,6 +40,70 @@ void tags_keep_their_order(Communicator& comm, Check& check) {
                                               std::to_string(r7->source_rank()));
 }
 
+// Once connected, messages to a rank on the same machine go through shared memory (unless the
+// communicator was asked for TCP), and to a rank on another machine over TCP.
+void same_machine_pairs_share_memory(Communicator& comm, bool lanes_wanted, Check& check) {
+  const int next = (comm.rank() + 1) % comm.size();
+  if (next == comm.rank()) return;
+  const auto& machine = comm.machine_of();
+  const bool one_machine = !machine.empty() && machine[static_cast<std::size_t>(next)] == machine[static_cast<std::size_t>(comm.rank())];
+  check.expect(comm.shares_memory_with(next) == (lanes_wanted && one_machine),
+               std::string("messages to rank ") + std::to_string(next) + (one_machine ? " (same machine)" : " (another machine)") +
+                   (comm.shares_memory_with(next) ? " go through shared memory" : " go over TCP") +
+                   (lanes_wanted ? "" : " with shared memory turned off"));
+}
+
+// Described messages: each rank sends the next a message whose description gives its length
+// (random-looking, up to 300 KiB, so that a lane wraps), twice: once to a recv posted before it
+// and once to one posted after it arrived (a barrier between). A place that throws fails only its
+// recv: the message after it still arrives. A plain recv does not take a described message.
+void described_messages_land_where_placed(Communicator& comm, Check& check) {
+  const int w = comm.size(), next = (comm.rank() + 1) % w, prev = (comm.rank() + w - 1) % w;
+  const auto length = [](int rank, int k) { return static_cast<std::size_t>((rank * 7919 + k * 104729) % 76800 + 1); };
+  const auto make = [](int rank, int k, std::size_t n) {
+    std::vector<std::int32_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = rank * 1000003 + k * 7 + static_cast<std::int32_t>(i);
+    return v;
+  };
+  std::vector<std::vector<std::int32_t>> out, in(4);
+  for (int k = 0; k < 4; ++k) out.push_back(make(comm.rank(), k, length(comm.rank(), k)));
+  const auto place_into = [&in](int k) {
+    return [&in, k](const std::string& description, std::size_t count, DType dtype) -> void* {
+      if (dtype != DType::i32 || description != "n=" + std::to_string(count)) throw DataError("unexpected description");
+      in[static_cast<std::size_t>(k)].resize(count);
+      return in[static_cast<std::size_t>(k)].data();
+    };
+  };
+  auto early = comm.recv_described(place_into(0), prev, 31);
+  std::vector<comm::WorkPtr> sends;
+  for (int k = 0; k < 4; ++k)
+    sends.push_back(comm.send_described("n=" + std::to_string(out[k].size()), out[k].data(), out[k].size(), DType::i32, next, 31));
+  for (auto& s : sends) s->wait();
+  early->wait();
+  comm.barrier()->wait();  // the other three were sent: most likely they arrive before their recvs
+  auto refused = comm.recv_described([](const std::string&, std::size_t, DType) -> void* { throw DataError("no room"); },
+                                     prev, 31);
+  bool refused_failed = false;
+  try {
+    refused->wait();
+  } catch (const DataError&) {
+    refused_failed = true;
+  }
+  check.expect(refused_failed, "a recv_described whose place threw did not fail");
+  comm.recv_described(place_into(2), prev, 31)->wait();
+  std::int32_t plain[4];
+  bool mismatch = false;
+  try {
+    comm.recv(plain, 4, DType::i32, prev, 31)->wait();
+  } catch (const MismatchError&) {
+    mismatch = true;
+  }
+  check.expect(mismatch, "a plain recv took a described message");
+  for (int k : {0, 2})
+    check.expect(in[static_cast<std::size_t>(k)] == make(prev, k, length(prev, k)),
+                 "described message " + std::to_string(k) + " from rank " + std::to_string(prev) + " arrived wrong");
+}
+
 // Rank 0 takes one message from each other rank, from any source, and learns whose it was.
 void any_source_names_the_sender(Communicator& comm, Check& check) {
   const std::size_t n = 1000;
@@ -128,9 +192,11 @@ void size_mismatch_is_named(Communicator& comm, Check& check) {
 
 }  // namespace
 
-std::vector<std::string> run_p2p_exchange(comm::Communicator& comm) {
+std::vector<std::string> run_p2p_exchange(comm::Communicator& comm, bool lanes_wanted) {
   Check check{{}, comm.rank()};
   tags_keep_their_order(comm, check);
+  same_machine_pairs_share_memory(comm, lanes_wanted, check);
+  described_messages_land_where_placed(comm, check);
   if (comm.size() > 1) any_source_names_the_sender(comm, check);
   large_messages_cross(comm, check);
   to_itself_and_empty(comm, check);

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
+#include <random>
 
 #include "lockstep/error.h"
 #include "p2p_exchange.h"
@@ -22,12 +24,14 @@ struct Case {
   std::string backend;
   int world;
   std::vector<int> machines{};  // hier: which machine each rank is on
+  bool lanes = true;            // CommOptions::p2p_shared_memory
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string layout;
   for (int m : info.param.machines) layout += std::to_string(m);
-  return info.param.backend + "_world" + std::to_string(info.param.world) + (layout.empty() ? "" : "_machines" + layout);
+  return info.param.backend + "_world" + std::to_string(info.param.world) + (layout.empty() ? "" : "_machines" + layout) +
+         (info.param.lanes ? "" : "_tcp");
 }
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -42,10 +46,11 @@ TEST_P(PointToPoint, ExchangeTableHolds) {
   options.backend = c.backend;
   options.timeout = comm::Seconds(60);
   options.machine_of = c.machines;
+  options.p2p_shared_memory = c.lanes;
   std::mutex mu;
   std::vector<std::string> failures;
   run_ranks_as_threads(c.world, options, [&](Communicator& comm) {
-    auto f = run_p2p_exchange(comm);
+    auto f = run_p2p_exchange(comm, c.lanes);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), f.begin(), f.end());
   });
@@ -53,7 +58,9 @@ TEST_P(PointToPoint, ExchangeTableHolds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shm, PointToPoint,
-                         ::testing::Values(Case{"shm", 1}, Case{"shm", 2}, Case{"shm", 3}, Case{"shm", 4}), case_name);
+                         ::testing::Values(Case{"shm", 1}, Case{"shm", 2}, Case{"shm", 3}, Case{"shm", 4},
+                                           Case{"shm", 3, {}, false}),
+                         case_name);
 #ifdef LOCKSTEP_HAVE_GLOO
 INSTANTIATE_TEST_SUITE_P(Gloo, PointToPoint, ::testing::Values(Case{"gloo", 2}, Case{"gloo", 3}), case_name);
 INSTANTIATE_TEST_SUITE_P(Hier, PointToPoint, ::testing::Values(Case{"hier", 4, {0, 0, 1, 1}}), case_name);
@@ -82,6 +89,30 @@ TEST(PointToPointFaults, ARecvFromAPeerThatDiesIsAPeerError) {
   EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
   EXPECT_NE(read_file(children[0].stdout_path).find("rank 1"), std::string::npos) << read_file(children[0].stdout_path);
   EXPECT_EQ(wait_child(children[1], 60), 128 + 9);
+}
+
+// A peer killed in the middle of a 32 MiB message, after a random number of whole ones, both
+// ways (rank 0 receiving from it, or sending to it) and both paths (the shared-memory lane and
+// loopback TCP): rank 0's transfer fails with a PeerError within seconds (the worker exits 3 only
+// when it came within 10 s of the kill and no message arrived incomplete); the communicator's
+// timeout is 300 s.
+TEST(PointToPointFaults, APeerKilledMidTransferIsAPeerErrorWithinSeconds) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 draw(seed);
+  for (const char* direction : {"recv", "send"})
+    for (const char* lanes : {"1", "0"}) {
+      const int whole = static_cast<int>(draw() % 4);
+      SCOPED_TRACE(std::string("seed ") + std::to_string(seed) + ": rank 0 " + direction + "s, " +
+                   std::to_string(whole) + " whole messages first, LOCKSTEP_P2P_SHM=" + lanes);
+      LocalStore store;
+      auto children = spawn_ranks(2, {helper_path("comm_worker"), "p2p_kill", "shm", std::to_string(whole), direction},
+                                  store, {{"LOCKSTEP_P2P_SHM", lanes}, {"LOCKSTEP_TIMEOUT", "300"}});
+      EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
+      const std::string said = read_file(children[0].stdout_path);
+      std::printf("LOCKSTEP_P2P_SHM=%s, rank 0 %ss: %s", lanes, direction, said.c_str());
+      EXPECT_NE(said.find("rank 1"), std::string::npos) << said;
+      EXPECT_EQ(wait_child(children[1], 60), 128 + 9) << read_file(children[1].stdout_path);
+    }
 }
 
 // A recv nobody sends to fails after CommOptions::timeout, naming its source and tag; rank 1

@@ -82,16 +82,29 @@ class Communicator {
 
   // Point-to-point, outside the collective order: a send and a recv are matched by (source,
   // tag), in the order each source sent them (MPI's rule), whatever collectives run meanwhile.
-  // They travel over TCP between every pair of ranks, connected on first use (loopback on one
-  // machine), on every backend alike. A send is done once its bytes are handed to the kernel
-  // (the receiver may not have posted its recv yet); the buffer is then free. A recv names its
-  // source, or kAnySource to take the first message with its tag from any rank
-  // (Work::source_rank says whose). count and dtype must match the send's, else MismatchError.
-  // A peer that exits or dies fails the recvs waiting for it with PeerError; a recv that gets
-  // nothing within options.timeout is a TimeoutError naming the source and tag.
+  // They travel over TCP between every pair of ranks, connected on first use, on every backend
+  // alike; between two ranks on one machine through a ring in shared memory instead (the TCP
+  // connection then only shows when the peer ends; CommOptions::p2p_shared_memory). A send is
+  // done once its bytes are handed over (to the kernel, or into the ring; the receiver may not
+  // have posted its recv yet); the buffer is then free. A recv names its source, or kAnySource to
+  // take the first message with its tag from any rank (Work::source_rank says whose). count and
+  // dtype must match the send's, else MismatchError. A peer that exits or dies fails the recvs
+  // waiting for it with PeerError (after what it sent before); a recv that gets nothing within
+  // options.timeout is a TimeoutError naming the source and tag.
   static constexpr int kAnySource = comm::kAnySource;
   WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag = 0);
   WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag = 0);
+  // A message that says what it holds: `description` (at most kMaxDescriptionBytes: a tensor's
+  // type and shape, say) travels in front of the elements, and the receiver's `place` reads it
+  // before they arrive and returns the memory for them (count elements of dtype, as sent). So a
+  // message of a size the receiver did not know lands in its final buffer with no staging copy.
+  // `place` runs on the transport's thread, or on the caller's when the message came first; what
+  // it throws fails the recv. Only recv_described takes a described message (else MismatchError).
+  WorkPtr send_described(const std::string& description, const void* buffer, std::size_t count, DType dtype, int dst,
+                         int tag = 0);
+  WorkPtr recv_described(Place place, int src, int tag = 0);
+  // Whether messages to `dst` go through shared memory (known once a send to it connected).
+  bool shares_memory_with(int dst) const;
 
   // Collective: memory that every rank's backend can read and write directly, or nullptr on
   // every rank when there is none (gloo, mpi, a single rank, or /dev/shm too small on any

@@ -35,6 +35,8 @@ struct CommOptions {
   // gloo: all-reduces above 512 KiB gathered go around a ring over lockstep's own connections
   // ("mailbox") or Gloo's ("gloo"); every rank must ask for the same, else Gloo's is used.
   std::string gloo_ring = knobs::kGlooRing.default_value;
+  // Point-to-point between ranks on one machine through shared memory (else loopback TCP).
+  bool p2p_shared_memory = true;
   // hier: the engine between machines, "gloo" or "mpi" (under mpirun, built with MPI).
   std::string hier_across = knobs::kHierAcross.default_value;
 };

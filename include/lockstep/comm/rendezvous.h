@@ -43,12 +43,14 @@ struct RendezvousInfo {
   std::string backend = "auto";  // LOCKSTEP_BACKEND
   std::string gloo_ring = knobs::kGlooRing.default_value;      // LOCKSTEP_GLOO_RING
   std::string hier_across = knobs::kHierAcross.default_value;  // LOCKSTEP_HIER_ACROSS
+  bool p2p_shared_memory = true;  // LOCKSTEP_P2P_SHM
   bool from_mpirun = false;      // rank variables came from OMPI_COMM_WORLD_*
   std::string scheduler;         // "slurm" or "sagemaker" when their variables were used
 };
 
 // `options` with each setting the program left at its default taken from the environment's
-// (timeout, peer check, collective checks, backend, gloo ring, hier's engine): what a program sets
+// (timeout, peer check, collective checks, backend, gloo ring, hier's engine, point-to-point's
+// shared memory): what a program sets
 // wins over a variable.
 CommOptions with_environment_defaults(CommOptions options, const RendezvousInfo& info);
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "lockstep/base/clock.h"
@@ -72,6 +73,13 @@ void divide_elements(DType dtype, void* buffer, std::size_t count, int by);
 
 // A recv's source that matches a message from any rank (Communicator::kAnySource).
 inline constexpr int kAnySource = -1;
+
+// Where a described message's elements go (Communicator::recv_described): given the description
+// the sender put in front of them and their count and type, the memory for them. What it throws
+// fails the recv.
+using Place = std::function<void*(const std::string& description, std::size_t count, DType dtype)>;
+// The longest description a message may carry.
+inline constexpr std::size_t kMaxDescriptionBytes = 4096;
 
 // A collective's GPU buffers that kernels still queued on a CUDA stream write: an event (a
 // CUevent, the same as a cudaEvent_t) recorded on that stream after those kernels. A backend

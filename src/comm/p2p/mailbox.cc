@@ -1,4 +1,4 @@
-// Point-to-point mailbox: listener, reader (matching), sender. See mailbox.h.
+// Point-to-point mailbox: listener, reader (matching), sender, shared-memory lanes. See mailbox.h.
 #include "mailbox.h"
 
 #include <fcntl.h>
@@ -17,21 +17,24 @@
 #include "../net/socket.h"
 #include "../store/wire.h"
 #include "../work_queue.h"
+#include "shm_lane.h"
 #include "lockstep/base/log.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
 namespace {
 
-constexpr std::uint64_t kHelloMagic = 0x4c53503250303032ull;  // "LSP2P002"
+constexpr std::uint64_t kHelloMagic = 0x4c53503250303033ull;  // "LSP2P003"
 // The store's handshake construction (store/wire.h) under the mailbox's own label: a rank proves
 // it holds the token the target published, bound to the target's fresh nonce and to its rank.
 constexpr std::string_view kHelloLabel = "lockstep-p2p-hello-v1";
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 40;
 constexpr std::size_t kCallerSendBytes = 64 << 10;
+constexpr std::size_t kLaneBytes = 2 << 20;  // each lane's ring
 
 // In host byte order: every rank of a job runs on the same architecture. The acceptor sends a
-// Challenge, the connecting rank answers with a Hello; the token itself never crosses the wire.
+// Challenge, the connecting rank answers with a Hello (naming the lane it offers, or none), the
+// acceptor answers with one byte: 1 when it mapped the lane. The token itself never crosses the wire.
 struct Challenge {
   std::uint64_t magic;
   char nonce[wire::kNonceBytes];
@@ -42,20 +45,27 @@ struct Hello {
   std::int32_t unused;
   char nonce[wire::kNonceBytes];
   unsigned char mac[wire::kMacBytes];
+  char lane[64];  // the shared-memory lane's name, NUL-terminated; empty: TCP
 };
-static_assert(sizeof(Challenge) == 8 + wire::kNonceBytes && sizeof(Hello) == 16 + wire::kNonceBytes + wire::kMacBytes,
+static_assert(sizeof(Challenge) == 8 + wire::kNonceBytes &&
+                  sizeof(Hello) == 16 + wire::kNonceBytes + wire::kMacBytes + sizeof(Hello::lane),
               "the handshake's messages have no padding: every byte on the wire is a field");
 
-// The MAC a Hello from rank `src` carries, for the target whose token is `token`.
+std::string lane_of(const Hello& h) {
+  return std::string(h.lane, strnlen(h.lane, sizeof h.lane));
+}
+
+// The MAC a Hello from rank `src` carries, for the target whose token is `token`: it binds the
+// lane too, so that nobody but the rank can make the target map an object.
 wire::Mac hello_mac(const std::string& token, const Challenge& c, const Hello& h, int src) {
   return wire::handshake_mac(token, kHelloLabel, std::string_view(c.nonce, sizeof c.nonce),
-                             std::string_view(h.nonce, sizeof h.nonce), std::to_string(src));
+                             std::string_view(h.nonce, sizeof h.nonce), std::to_string(src) + " " + lane_of(h));
 }
 struct Header {
   std::int64_t tag;
   std::uint64_t count;
   std::uint32_t dtype;
-  std::uint32_t unused;
+  std::uint32_t description_bytes;  // in front of the elements
 };
 
 std::string what_of(const char* dtype, std::size_t count) {
@@ -64,12 +74,13 @@ std::string what_of(const char* dtype, std::size_t count) {
 
 struct PostedRecv {
   std::shared_ptr<WorkState> work;
-  void* buffer;
+  void* buffer;  // null for a placed recv
   std::size_t count;
   DType dtype;
   int src;  // or kAnySource
   int tag;
   Clock::time_point deadline;
+  Place place;  // a recv_placed: takes any message, and says where its elements go
   bool takes(int from, int t) const { return tag == t && (src == kAnySource || src == from); }
 };
 
@@ -78,6 +89,7 @@ struct Message {
   int tag;
   DType dtype;
   std::size_t count;
+  std::string description;
   std::vector<std::uint8_t> bytes;
 };
 
@@ -88,11 +100,24 @@ struct SendJob {
   DType dtype;
   int dst;
   int tag;
+  std::string description;
+};
+
+// The reading end of a lane from one peer, and the thread that reads it.
+struct LaneReader {
+  std::unique_ptr<ShmLane> lane;
+  int src;
+  std::atomic<bool> stop{false};         // the mailbox is closing
+  std::atomic<bool> peer_left{false};    // its connection ended: drain the lane, then say why
+  std::atomic<bool> finished{false};     // the thread returned
+  std::string why;                       // set before peer_left
+  std::thread thread;
 };
 
 struct Inbound {
   int fd;
-  int src;  // -1 until its hello was read
+  int src;             // -1 until its hello was read
+  LaneReader* lane;    // the peer's messages come through this lane; the connection only ends
 };
 
 }  // namespace
@@ -118,8 +143,11 @@ struct Mailbox::State {
   std::vector<int> outbound;             // per peer, -1 until connected; closed only at the end
   std::vector<std::string> send_error;   // per peer: why sends to it fail ("" while they work)
   std::vector<bool> connecting;          // a connect job is queued for the peer
+  std::vector<int> machine_of;           // empty: unknown (then every pair keeps to TCP)
+  std::vector<std::unique_ptr<ShmLane>> out_lane;  // per peer: the lane its messages take (the sender's own)
 
   std::vector<Inbound> inbound;  // the reader's own
+  std::list<std::unique_ptr<LaneReader>> lanes;  // started by the reader, joined at the end
   std::thread reader, sender;
 
   // --- completion (sync.mu held) ---
@@ -141,16 +169,32 @@ struct Mailbox::State {
   }
 
   // --- matching ---
-  std::string mismatch(const PostedRecv& p, int from, DType dtype, std::size_t count) const {
-    return "rank " + std::to_string(from) + " sent " + what_of(dtype_name(dtype), count) + " with tag " +
-           std::to_string(p.tag) + " but rank " + std::to_string(rank) + "'s " + p.work->label + " expects " +
+  std::string mismatch(const PostedRecv& p, int from, DType dtype, std::size_t count, bool described) const {
+    return "rank " + std::to_string(from) + " sent " + what_of(dtype_name(dtype), count) +
+           (described ? " (a described message, for recv_described)" : "") + " with tag " + std::to_string(p.tag) +
+           " but rank " + std::to_string(rank) + "'s " + p.work->label + " expects " +
            what_of(dtype_name(p.dtype), p.count) + ": post a recv of the same size and dtype";
   }
+  // Whether recv `p` takes a message of this kind as it is ("") or why not.
+  std::string refusal(const PostedRecv& p, int from, DType dtype, std::size_t count, const std::string& description) const {
+    if (p.place || (p.dtype == dtype && p.count == count && description.empty())) return "";
+    return mismatch(p, from, dtype, count, !description.empty());
+  }
+  // Completes recv `p` with message `m` that arrived before it (sync.mu held).
+  void take_kept(const PostedRecv& p, Message& m);
   // Hands one arriving message to the first recv that takes it, or keeps it. `fill` copies the
   // payload into the memory it is given and returns false when the payload could not be read.
-  bool deliver(int from, const Header& h, const std::function<bool(void*)>& fill);
+  bool deliver(int from, const Header& h, const std::string& description, const std::function<bool(void*)>& fill);
   void lost_peer(int peer, const std::string& why);
   void expire(Clock::time_point now);
+  // Takes a kept message for `p`, or posts it (and opens the connection that shows its source's death).
+  WorkPtr post(PostedRecv p, const std::string& what);
+
+  // --- one message off a stream (a connection or a lane) ---
+  // false with `why` set when the stream broke inside a message or was malformed, or with `why`
+  // empty when it ended (or failed) before one began.
+  bool receive(int src, const std::function<bool(void*, std::size_t)>& read, std::string& why);
+  void read_lane(LaneReader& reader);
 
   // --- reader ---
   void read_loop();
@@ -158,36 +202,68 @@ struct Mailbox::State {
   void accept_waiting();  // every connection already waiting on the listener
   bool inbound_from(int peer) const;
   bool read_message(Inbound& in);
+  void start_lane(std::unique_ptr<ShmLane> lane, int src);
   int poll_timeout_ms();
 
   // --- sender ---
   void send_loop();
   int connection(int dst);  // the fd, or -1 with send_error[dst] set
-  int connect_to(int dst, std::string& error);
+  int connect_to(int dst, std::unique_ptr<ShmLane>& lane, std::string& error);
+  std::unique_ptr<ShmLane> offer_lane(int dst);
   std::optional<Hello> handshake(const net::Socket& peer) const;
-  bool answer(int fd, const Challenge& challenge, const std::string& target_token) const;
+  bool answer(int fd, const Challenge& challenge, const std::string& target_token, const std::string& lane) const;
   void send_one(const SendJob& job);
+  bool write_tcp(int fd, const SendJob& job, const Header& h);
+  bool write_lane(ShmLane& lane, const SendJob& job, const Header& h);
 };
 
-bool Mailbox::State::deliver(int from, const Header& h, const std::function<bool(void*)>& fill) {
+void Mailbox::State::take_kept(const PostedRecv& p, Message& m) {
+  const std::string problem = refusal(p, m.src, m.dtype, m.count, m.description);
+  if (!problem.empty()) return fail<MismatchError>(*p.work, problem);
+  void* into = p.buffer;
+  if (p.place) {
+    try {
+      into = p.place(m.description, m.count, m.dtype);
+    } catch (...) {
+      return complete(*p.work, std::current_exception(), m.src);
+    }
+  }
+  if (!m.bytes.empty()) std::memcpy(into, m.bytes.data(), m.bytes.size());
+  complete(*p.work, nullptr, m.src);
+}
+
+bool Mailbox::State::deliver(int from, const Header& h, const std::string& description,
+                             const std::function<bool(void*)>& fill) {
   const DType dtype = static_cast<DType>(h.dtype);
   const std::size_t count = static_cast<std::size_t>(h.count);
   std::unique_lock<std::mutex> lock(sync.mu);
   auto it = std::find_if(posted.begin(), posted.end(), [&](const PostedRecv& p) { return p.takes(from, static_cast<int>(h.tag)); });
-  if (it != posted.end() && it->dtype == dtype && it->count == count) {
+  if (it != posted.end() && refusal(*it, from, dtype, count, description).empty()) {
     PostedRecv p = *it;
     posted.erase(it);
     lock.unlock();
-    const bool ok = fill(p.buffer);
+    void* into = p.buffer;
+    std::exception_ptr placing;
+    std::vector<std::uint8_t> discard;
+    if (p.place) {
+      try {
+        into = p.place(description, count, dtype);
+      } catch (...) {
+        placing = std::current_exception();
+        discard.resize(count * dtype_size(dtype));  // the elements still leave the stream
+        into = discard.data();
+      }
+    }
+    const bool ok = fill(into);
     lock.lock();
     if (ok)
-      complete(*p.work, nullptr, from);
+      complete(*p.work, placing, from);
     else
       fail<PeerError>(*p.work, "rank " + std::to_string(from) + " broke off while sending the message of " +
                                    p.work->label + ": it exited or died");
     return ok;
   }
-  Message m{from, static_cast<int>(h.tag), dtype, count, std::vector<std::uint8_t>(count * dtype_size(dtype))};
+  Message m{from, static_cast<int>(h.tag), dtype, count, description, std::vector<std::uint8_t>(count * dtype_size(dtype))};
   lock.unlock();
   if (!fill(m.bytes.data())) return false;
   lock.lock();
@@ -196,12 +272,7 @@ bool Mailbox::State::deliver(int from, const Header& h, const std::function<bool
     unexpected.push_back(std::move(m));
     return true;
   }
-  if (it->dtype == dtype && it->count == count) {
-    if (!m.bytes.empty()) std::memcpy(it->buffer, m.bytes.data(), m.bytes.size());
-    complete(*it->work, nullptr, from);
-  } else {
-    fail<MismatchError>(*it->work, mismatch(*it, from, dtype, count));
-  }
+  take_kept(*it, m);
   posted.erase(it);
   return true;
 }
@@ -304,8 +375,10 @@ void Mailbox::State::accept_waiting() {
   }
 }
 
+// Whether messages from `peer` may still arrive: its connection is open, or its lane not drained.
 bool Mailbox::State::inbound_from(int peer) const {
-  return std::any_of(inbound.begin(), inbound.end(), [peer](const Inbound& in) { return in.src == peer; });
+  return std::any_of(inbound.begin(), inbound.end(), [peer](const Inbound& in) { return in.src == peer; }) ||
+         std::any_of(lanes.begin(), lanes.end(), [peer](const auto& r) { return r->src == peer && !r->finished.load(); });
 }
 
 // The connecting rank's Hello, once it proved it holds this rank's token; nothing otherwise. The
@@ -339,44 +412,116 @@ void Mailbox::State::accept_peer() {
                              << "came from a rank of this communicator";
     return;
   }
+  // The lane it offers, if this rank can map it: the answer tells the peer which way to send.
+  std::unique_ptr<ShmLane> lane;
+  if (const std::string name = lane_of(*hello); !name.empty()) {
+    std::string error;
+    lane = ShmLane::open(name, error);
+    if (!lane) LOCKSTEP_LOG(debug, comm) << "point-to-point: rank " << hello->src << "'s lane stays unused: " << error;
+  }
+  const char mapped = lane ? 1 : 0;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(10)));
+  if (net::send_all(peer.fd(), &mapped, 1, deadline) != net::Io::done) return;
   peer.set_blocking_timeouts(options.timeout);
   peer.keep_alive(static_cast<int>(options.peer_check.count()));
-  inbound.push_back({peer.release(), hello->src});
+  LaneReader* lane_reader = nullptr;
+  if (lane) {
+    start_lane(std::move(lane), hello->src);
+    lane_reader = lanes.back().get();
+  }
+  inbound.push_back({peer.release(), hello->src, lane_reader});
+}
+
+bool Mailbox::State::receive(int src, const std::function<bool(void*, std::size_t)>& read, std::string& why) {
+  Header h{};
+  if (!read(&h, sizeof h)) return false;
+  const std::string who = "rank " + std::to_string(src);
+  if (h.dtype > static_cast<std::uint32_t>(DType::i64) || h.description_bytes > kMaxDescriptionBytes ||
+      h.count * dtype_size(static_cast<DType>(h.dtype)) > kMaxMessageBytes) {
+    why = who + " sent a malformed message header";
+    return false;
+  }
+  std::string description(h.description_bytes, '\0');
+  const std::size_t bytes = h.count * dtype_size(static_cast<DType>(h.dtype));
+  if (read(description.data(), description.size()) &&
+      deliver(src, h, description, [&](void* into) { return read(into, bytes); }))
+    return true;
+  why = who + " broke off in the middle of a message (it exited or died)";
+  return false;
 }
 
 // false when the connection ended (cleanly between messages, or not).
 bool Mailbox::State::read_message(Inbound& in) {
-  Header h{};
-  bool clean_eof = false;
-  std::string why;
-  if (net::recv_all(in.fd, &h, sizeof h, &clean_eof) != net::Io::done) {
-    why = clean_eof ? "rank " + std::to_string(in.src) + " closed its connection (it exited or died)"
-                    : "rank " + std::to_string(in.src) + "'s connection failed: " + std::strerror(errno);
-  } else if (h.dtype > static_cast<std::uint32_t>(DType::i64) ||
-             h.count * dtype_size(static_cast<DType>(h.dtype)) > kMaxMessageBytes) {
-    why = "rank " + std::to_string(in.src) + " sent a malformed message header";
-  } else if (deliver(in.src, h, [&](void* into) {
-               return net::recv_all(in.fd, into, h.count * dtype_size(static_cast<DType>(h.dtype))) == net::Io::done;
-             })) {
-    return true;
-  } else {
-    why = "rank " + std::to_string(in.src) + " broke off in the middle of a message (it exited or died)";
+  const std::string who = "rank " + std::to_string(in.src);
+  if (in.lane) {  // nothing comes this way after the hello: readable means the peer ended
+    in.lane->why = who + " closed its connection (it exited or died)";
+    in.lane->peer_left.store(true);
+    in.lane->lane->wake();
+    return false;
   }
+  bool clean_eof = false, first = true;
+  const auto read = [&](void* into, std::size_t n) {
+    const net::Io io = net::recv_all(in.fd, into, n, first ? &clean_eof : nullptr);
+    first = false;
+    return io == net::Io::done;
+  };
+  std::string why;
+  if (receive(in.src, read, why)) return true;
+  if (why.empty())
+    why = clean_eof ? who + " closed its connection (it exited or died)" : who + "'s connection failed: " + std::strerror(errno);
   lost_peer(in.src, why);
   return false;
 }
 
+// A lane's thread: every message of its peer, in order, until the peer's connection ended and
+// the lane is empty (then the peer is lost, as on TCP) or the mailbox closes.
+void Mailbox::State::read_lane(LaneReader& r) {
+  const auto give_up = [&r] { return r.stop.load() || r.peer_left.load(); };
+  const auto read = [&](void* into, std::size_t n) { return r.lane->read(into, n, give_up); };
+  std::string why;
+  while (receive(r.src, read, why)) {
+  }
+  if (!r.stop.load()) lost_peer(r.src, why.empty() ? r.why : why);
+  r.finished.store(true);
+  wake_reader();  // inbound_from() changed
+}
+
+void Mailbox::State::start_lane(std::unique_ptr<ShmLane> lane, int src) {
+  auto made = std::make_unique<LaneReader>();
+  made->lane = std::move(lane);
+  made->src = src;
+  LaneReader& r = *made;
+  lanes.push_back(std::move(made));
+  r.thread = std::thread([this, &r] { read_lane(r); });
+}
+
 // The Hello that proves this rank holds the target's token, answering its challenge.
-bool Mailbox::State::answer(int fd, const Challenge& challenge, const std::string& target_token) const {
-  Hello hello{kHelloMagic, rank, 0, {}, {}};
+bool Mailbox::State::answer(int fd, const Challenge& challenge, const std::string& target_token,
+                            const std::string& lane) const {
+  Hello hello{kHelloMagic, rank, 0, {}, {}, {}};
   const std::string nonce = wire::random_bytes(sizeof hello.nonce);
   std::memcpy(hello.nonce, nonce.data(), sizeof hello.nonce);
+  std::memcpy(hello.lane, lane.data(), std::min(lane.size(), sizeof hello.lane - 1));
   const wire::Mac mac = hello_mac(target_token, challenge, hello, rank);
   std::memcpy(hello.mac, mac.data(), sizeof hello.mac);
   return net::send_all(fd, &hello, sizeof hello) == net::Io::done;
 }
 
-int Mailbox::State::connect_to(int dst, std::string& error) {
+// A lane for the messages to `dst`, when both ranks are on one machine and shared memory is wanted.
+std::unique_ptr<ShmLane> Mailbox::State::offer_lane(int dst) {
+  {
+    std::lock_guard<std::mutex> lock(sync.mu);
+    if (!options.p2p_shared_memory || machine_of.empty() ||
+        machine_of[static_cast<std::size_t>(dst)] != machine_of[static_cast<std::size_t>(rank)])
+      return nullptr;
+  }
+  std::string error;
+  auto lane = ShmLane::create(kLaneBytes, error);
+  if (!lane) LOCKSTEP_LOG(debug, comm) << "point-to-point: to rank " << dst << " over TCP: " << error;
+  return lane;
+}
+
+int Mailbox::State::connect_to(int dst, std::unique_ptr<ShmLane>& lane, std::string& error) {
   std::string where;
   try {
     where = lookup(dst);
@@ -413,10 +558,17 @@ int Mailbox::State::connect_to(int dst, std::string& error) {
             "point-to-point mailbox (another program took the port, or another lockstep version)";
     return -1;
   }
-  if (!challenged || !answer(c.socket.fd(), challenge, peer_token)) {
+  std::unique_ptr<ShmLane> offered = challenged ? offer_lane(dst) : nullptr;
+  char mapped = 0;
+  if (!challenged || !answer(c.socket.fd(), challenge, peer_token, offered ? offered->name() : "") ||
+      net::recv_all(c.socket.fd(), &mapped, 1, deadline) != net::Io::done) {
     error = "cannot connect to rank " + std::to_string(dst) + " at " + host + ":" + port + ": " +
             (c.socket ? std::strerror(errno) : c.error) + " (it exited or died, or a firewall is in the way)";
     return -1;
+  }
+  if (mapped == 1 && offered) {
+    offered->unlink();  // both ends have it mapped
+    lane = std::move(offered);
   }
   c.socket.keep_alive(static_cast<int>(options.peer_check.count()));
   return c.socket.release();
@@ -430,22 +582,57 @@ int Mailbox::State::connection(int dst) {
     if (outbound[d] >= 0) return outbound[d];
   }
   std::string error;
-  const int fd = connect_to(dst, error);
+  std::unique_ptr<ShmLane> lane;
+  const int fd = connect_to(dst, lane, error);
   {
     std::lock_guard<std::mutex> lock(sync.mu);
     outbound[static_cast<std::size_t>(dst)] = fd;
     send_error[static_cast<std::size_t>(dst)] = error;
+    out_lane[static_cast<std::size_t>(dst)] = std::move(lane);
   }
   if (fd < 0) lost_peer(dst, error);
   wake_reader();  // to watch the new connection
   return fd;
 }
 
+bool Mailbox::State::write_tcp(int fd, const SendJob& job, const Header& h) {
+  const std::size_t bytes = job.count * dtype_size(job.dtype);
+  if (job.description.empty()) return net::send_two(fd, &h, sizeof h, job.buffer, bytes) == net::Io::done;
+  std::string front(reinterpret_cast<const char*>(&h), sizeof h);
+  front += job.description;
+  return net::send_two(fd, front.data(), front.size(), job.buffer, bytes) == net::Io::done;
+}
+
+// Gives up when the peer's connection ended (the reader sets send_error) or nothing moved for
+// the communicator's timeout (a receiver that is stopped, not dead).
+bool Mailbox::State::write_lane(ShmLane& lane, const SendJob& job, const Header& h) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(1e6)));
+  const auto d = static_cast<std::size_t>(job.dst);
+  bool late = false;
+  const auto give_up = [&] {
+    late = Clock::now() > deadline;
+    std::lock_guard<std::mutex> lock(sync.mu);
+    return late || !send_error[d].empty();
+  };
+  const bool sent = lane.write({{&h, sizeof h},
+                               {job.description.data(), job.description.size()},
+                               {job.buffer, job.count * dtype_size(job.dtype)}},
+                              give_up);
+  if (!sent && late) {
+    std::lock_guard<std::mutex> lock(sync.mu);
+    if (send_error[d].empty())
+      send_error[d] = "rank " + std::to_string(job.dst) + " took nothing from its shared-memory lane within " +
+                      log::seconds_text(options.timeout.count()) + " (CommOptions::timeout; its process is stuck)";
+  }
+  return sent;
+}
+
 void Mailbox::State::send_one(const SendJob& job) {
-  const Header h{job.tag, job.count, static_cast<std::uint32_t>(job.dtype), 0};
+  const Header h{job.tag, job.count, static_cast<std::uint32_t>(job.dtype),
+                 static_cast<std::uint32_t>(job.description.size())};
   const std::size_t bytes = job.count * dtype_size(job.dtype);
   if (job.dst == rank) {  // to itself: no socket
-    deliver(rank, h, [&](void* into) {
+    deliver(rank, h, job.description, [&](void* into) {
       if (bytes > 0) std::memcpy(into, job.buffer, bytes);
       return true;
     });
@@ -454,9 +641,14 @@ void Mailbox::State::send_one(const SendJob& job) {
     return;
   }
   const int fd = connection(job.dst);
-  const bool sent = fd >= 0 && net::send_two(fd, &h, sizeof h, job.buffer, bytes) == net::Io::done;
-  std::lock_guard<std::mutex> lock(sync.mu);
   const auto d = static_cast<std::size_t>(job.dst);
+  ShmLane* lane = nullptr;
+  if (fd >= 0) {
+    std::lock_guard<std::mutex> lock(sync.mu);
+    lane = out_lane[d].get();  // set by connection(), on this sending thread
+  }
+  const bool sent = fd >= 0 && (lane ? write_lane(*lane, job, h) : write_tcp(fd, job, h));
+  std::lock_guard<std::mutex> lock(sync.mu);
   if (!sent && send_error[d].empty())
     send_error[d] = "writing to rank " + std::to_string(job.dst) + " failed: " + std::strerror(errno) + " (it exited or died)";
   if (sent)
@@ -495,6 +687,7 @@ Mailbox::Mailbox(int rank, int size, const std::string& bind_address, const Comm
   s.outbound.assign(static_cast<std::size_t>(size), -1);
   s.send_error.assign(static_cast<std::size_t>(size), "");
   s.connecting.assign(static_cast<std::size_t>(size), false);
+  s.out_lane.resize(static_cast<std::size_t>(size));
   s.token = wire::hex(wire::random_bytes(16));
 
   std::string gai_error;
@@ -531,6 +724,11 @@ Mailbox::~Mailbox() {
   }
   s.wake_reader();
   s.reader.join();
+  for (auto& r : s.lanes) {
+    r->stop.store(true);
+    r->lane->wake();
+    r->thread.join();
+  }
   {
     std::lock_guard<std::mutex> lock(s.sync.mu);
     for (auto& p : s.posted) s.fail<Error>(*p.work, p.work->label + " cannot finish: its communicator was destroyed");
@@ -547,6 +745,19 @@ const std::string& Mailbox::address() const {
   return state_->address;
 }
 
+void Mailbox::set_machines(std::vector<int> machine_of) {
+  if (!machine_of.empty() && machine_of.size() != static_cast<std::size_t>(state_->size))
+    throw ConfigError("point-to-point: " + std::to_string(machine_of.size()) + " machines given for " +
+                      std::to_string(state_->size) + " ranks");
+  std::lock_guard<std::mutex> lock(state_->sync.mu);
+  state_->machine_of = std::move(machine_of);
+}
+
+bool Mailbox::shares_memory_with(int dst) const {
+  std::lock_guard<std::mutex> lock(state_->sync.mu);
+  return dst >= 0 && dst < state_->size && state_->out_lane[static_cast<std::size_t>(dst)] != nullptr;
+}
+
 void Mailbox::set_lookup(Lookup lookup) {
   std::lock_guard<std::mutex> lock(state_->sync.mu);
   state_->lookup = std::move(lookup);
@@ -560,20 +771,24 @@ void check_peer(int peer, int size, bool any_allowed, const char* call) {
 }
 }  // namespace
 
-WorkPtr Mailbox::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag) {
+WorkPtr Mailbox::send(const void* buffer, std::size_t count, DType dtype, int dst, int tag, std::string description) {
   State& s = *state_;
   check_peer(dst, s.size, false, "send");
   if (buffer == nullptr && count > 0) throw ConfigError("send: buffer is null but count is " + std::to_string(count));
+  if (description.size() > kMaxDescriptionBytes)
+    throw ConfigError("send: a description of " + std::to_string(description.size()) + " bytes; at most " +
+                      std::to_string(kMaxDescriptionBytes) + " travel in front of a message");
   auto w = std::make_shared<WorkState>();
   w->queue = &s.sync;
   w->label = "send of " + what_of(dtype_name(dtype), count) + " to rank " + std::to_string(dst) + " (tag " +
              std::to_string(tag) + ")";
   w->started = Clock::now();
-  const SendJob job{w, buffer, count, dtype, dst, tag};
+  const SendJob job{w, buffer, count, dtype, dst, tag, std::move(description)};
   std::unique_lock<std::mutex> lock(s.sync.mu);
   const auto d = static_cast<std::size_t>(dst);
   // A small send to a connected peer with nothing queued is written on the caller's thread: it
-  // fits the socket's buffer (the peer's reader drains it), and saves two thread hand-offs.
+  // fits the socket's buffer or the lane (the peer's reader drains either), and saves two thread
+  // hand-offs.
   if (count * dtype_size(dtype) <= kCallerSendBytes && s.sends.empty() && !s.sender_busy && dst != s.rank &&
       s.outbound[d] >= 0 && s.send_error[d].empty()) {
     s.sender_busy = true;
@@ -590,35 +805,42 @@ WorkPtr Mailbox::send(const void* buffer, std::size_t count, DType dtype, int ds
 }
 
 WorkPtr Mailbox::recv(void* buffer, std::size_t count, DType dtype, int src, int tag) {
-  State& s = *state_;
-  check_peer(src, s.size, true, "recv");
+  check_peer(src, state_->size, true, "recv");
   if (buffer == nullptr && count > 0) throw ConfigError("recv: buffer is null but count is " + std::to_string(count));
+  return state_->post(PostedRecv{nullptr, buffer, count, dtype, src, tag, {}, nullptr}, what_of(dtype_name(dtype), count));
+}
+
+WorkPtr Mailbox::recv_placed(Place place, int src, int tag) {
+  check_peer(src, state_->size, true, "recv");
+  if (!place) throw ConfigError("recv_described: no function to say where the elements go");
+  return state_->post(PostedRecv{nullptr, nullptr, 0, DType::f32, src, tag, {}, std::move(place)}, "a described message");
+}
+
+WorkPtr Mailbox::State::post(PostedRecv p, const std::string& what) {
+  State& s = *this;
+  const int src = p.src;
   auto w = std::make_shared<WorkState>();
   w->queue = &s.sync;
-  w->label = "recv of " + what_of(dtype_name(dtype), count) + " from " +
+  w->label = "recv of " + what + " from " +
              (src == kAnySource ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
-             std::to_string(tag) + ")";
+             std::to_string(p.tag) + ")";
   w->started = Clock::now();
-  PostedRecv p{w, buffer, count, dtype, src, tag, Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout)};
+  p.work = w;
+  p.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
   std::unique_lock<std::mutex> lock(s.sync.mu);
   auto it = std::find_if(s.unexpected.begin(), s.unexpected.end(), [&](const Message& m) { return p.takes(m.src, m.tag); });
   if (it != s.unexpected.end()) {
-    if (it->dtype == dtype && it->count == count) {
-      if (!it->bytes.empty()) std::memcpy(buffer, it->bytes.data(), it->bytes.size());
-      s.complete(*w, nullptr, it->src);
-    } else {
-      s.fail<MismatchError>(*w, s.mismatch(p, it->src, it->dtype, it->count));
-    }
+    s.take_kept(p, *it);
     s.unexpected.erase(it);
   } else if (src != kAnySource && !s.gone[static_cast<std::size_t>(src)].empty()) {
     s.fail<PeerError>(*w, w->label + " cannot finish: " + s.gone[static_cast<std::size_t>(src)]);
   } else {
-    s.posted.push_back(p);
+    s.posted.push_back(std::move(p));
     // Open the connection to a named source that never sent to us, so that its death shows.
     const auto d = static_cast<std::size_t>(src);
     if (src != kAnySource && src != s.rank && s.outbound[d] < 0 && !s.connecting[d]) {
       s.connecting[d] = true;
-      s.sends.push_back({nullptr, nullptr, 0, dtype, src, tag});
+      s.sends.push_back({nullptr, nullptr, 0, DType::f32, src, 0, {}});
       lock.unlock();
       s.send_cv.notify_one();
     }

@@ -12,6 +12,17 @@
 // deadlock. One sender thread per rank writes the queued sends in order; a small send to a
 // connected peer with nothing queued is written on the caller's thread instead.
 //
+// Between two ranks on one machine (once set_machines says which share one), the connection only
+// proves who is at the other end and shows when the sender ends: the sender offers a
+// shared-memory lane (shm_lane.h) in its hello, and once the receiver mapped it every message
+// from that sender goes through the lane, read by a thread of the receiver's own. When the lane
+// cannot be made or mapped (a full /dev/shm, "machines" declared that are not one), the pair
+// keeps to TCP.
+//
+// A message may carry a description (up to kMaxDescriptionBytes) in front of its elements; a
+// recv_placed sees it before the elements arrive and says where they go, so that a message of a
+// size the receiver did not know still lands in its final buffer without a staging copy.
+//
 // Independent of the backend: collectives and point-to-point never share a socket or a
 // sequence number, so a recv waiting for a peer does not hold up the collective queue.
 #pragma once
@@ -20,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/comm/options.h"
 #include "lockstep/comm/types.h"
@@ -43,9 +55,15 @@ class Mailbox {
   // What peers need to reach this rank, for Lookup.
   const std::string& address() const;
   void set_lookup(Lookup lookup);
+  // Which machine each rank is on (as Communicator::machine_of): pairs on one machine exchange
+  // through shared memory from their next connection on. Before the first send.
+  void set_machines(std::vector<int> machine_of);
 
-  WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag);
+  WorkPtr send(const void* buffer, std::size_t count, DType dtype, int dst, int tag, std::string description = {});
   WorkPtr recv(void* buffer, std::size_t count, DType dtype, int src, int tag);
+  WorkPtr recv_placed(Place place, int src, int tag);
+  // Whether messages to `dst` go through shared memory (known once a send to it connected).
+  bool shares_memory_with(int dst) const;
 
   // Fails every recv still waiting with PeerError(why): its owner gave up on them (a backend
   // aborting a collective on its watchdog's verdict).
