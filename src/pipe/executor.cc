@@ -76,6 +76,17 @@ torch::Tensor Pipeline::Impl::receive(int from_stage, int stage, Channel c, int 
   }
 }
 
+// Posts the recv of every activation and gradient `actions` will receive, as receive() will ask
+// for them, so that each lands in its tensor as it arrives.
+void Pipeline::Impl::expect_transfers(const std::vector<Action>& actions) {
+  for (const Action& a : actions) {
+    if (a.op == Op::recv_activation)
+      channel->expect(rank_of(a.stage - 1), tag_of(Channel::activation, a.stage, a.micro_batch));
+    else if (a.op == Op::recv_gradient)
+      channel->expect(rank_of(a.stage + 1), tag_of(Channel::gradient, a.stage, a.micro_batch));
+  }
+}
+
 // What one step carries from action to action on this rank.
 struct Pipeline::Impl::Step {
   const std::vector<MicroBatch>& batches;
@@ -108,6 +119,7 @@ PipelineStepStats Pipeline::Impl::run(const std::vector<MicroBatch>& batches) {
   step.record = &recorded.emplace_back();
   step.record->micro_batches = m;
   step.record->seconds.assign(std::size_t(stages()) * 4 * std::size_t(m), 0);
+  expect_transfers(t.actions[std::size_t(prank)]);
   for (const Action& a : t.actions[std::size_t(prank)]) {
     switch (a.op) {
       case Op::forward: forward(a, step); break;
@@ -217,6 +229,7 @@ void Pipeline::forward_only(const std::vector<MicroBatch>& batches,
   const ScheduleTable t = make_forward_schedule(s.options.pipeline_parallel, m, s.options.virtual_stages);
   std::map<Key, torch::Tensor> received, to_send;
   torch::NoGradGuard no_grad;
+  s.expect_transfers(t.actions[std::size_t(s.prank)]);
   for (const Action& a : t.actions[std::size_t(s.prank)]) {
     const int stage = a.stage, k = a.micro_batch;
     if (a.op == Op::recv_activation) {

@@ -82,6 +82,7 @@ struct Pipeline::Impl {
   void backward(const Action& a, const ScheduleTable& table, Step& step);
   void transfer(const Action& a, Step& step);
   torch::Tensor receive(int from_stage, int stage, Channel c, int slot, int micro_batch);
+  void expect_transfers(const std::vector<Action>& actions);
 };
 
 // unit_costs.cc: forward + backward seconds of each unit on `sample` (the fastest of a few runs),

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+
 #include "lockstep/ddp/comm_dtype.h"
 #include "lockstep/error.h"
 
@@ -31,25 +33,52 @@ void TensorChannel::send(const torch::Tensor& tensor, int dst, int tag) {
     throw ConfigError("a pipeline stage's output has " + std::to_string(tensor.dim()) + " dimensions; at most " +
                       std::to_string(kMaxDims) + " cross between stages");
   forget_finished_sends();
-  auto header = torch::zeros({std::int64_t(kHeaderWords)}, torch::kLong);
-  auto* h = header.data_ptr<std::int64_t>();
+  std::int64_t h[kHeaderWords] = {};
   h[0] = static_cast<std::int64_t>(tensor.scalar_type());
   h[1] = tensor.dim();
   for (int d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
   auto bytes = tensor.detach().to(torch::kCPU).contiguous();
-  in_flight_.emplace_back(comm_.send(h, kHeaderWords, comm::DType::i64, dst, tag), header);
-  in_flight_.emplace_back(comm_.send(bytes.data_ptr(), std::size_t(bytes.numel()), wire_dtype(bytes.scalar_type()), dst, tag),
+  const std::string description(reinterpret_cast<const char*>(h), sizeof h);
+  in_flight_.emplace_back(comm_.send_described(description, bytes.data_ptr(), std::size_t(bytes.numel()),
+                                               wire_dtype(bytes.scalar_type()), dst, tag),
                           bytes);
 }
 
+// The tensor lives in a shared slot, not in this object: a recv still posted when a failed step
+// unwinds past the channel can be matched later without touching freed memory.
+TensorChannel::Expected TensorChannel::post(int src, int tag) {
+  auto slot = std::make_shared<torch::Tensor>();
+  const auto place = [slot](const std::string& description, std::size_t count, comm::DType dtype) -> void* {
+    std::int64_t h[kHeaderWords];
+    if (description.size() != sizeof h) throw DataError("a pipeline transfer came without its type and shape");
+    std::memcpy(h, description.data(), sizeof h);
+    if (h[1] < 0 || h[1] > kMaxDims)
+      throw DataError("a pipeline transfer's header is damaged (" + std::to_string(h[1]) + " dimensions)");
+    const auto type = static_cast<torch::ScalarType>(h[0]);
+    *slot = torch::empty(std::vector<std::int64_t>(h + 2, h + 2 + h[1]), torch::TensorOptions().dtype(type));
+    if (std::size_t(slot->numel()) != count || wire_dtype(type) != dtype)
+      throw DataError("a pipeline transfer's header does not match its bytes");
+    return slot->data_ptr();
+  };
+  return {comm_.recv_described(place, src, tag), slot};
+}
+
+void TensorChannel::expect(int src, int tag) {
+  expected_[{src, tag}].push_back(post(src, tag));
+}
+
 torch::Tensor TensorChannel::recv(int src, int tag, const torch::Device& device) {
-  std::int64_t h[kHeaderWords];
-  comm_.recv(h, kHeaderWords, comm::DType::i64, src, tag)->wait();
-  if (h[1] < 0 || h[1] > kMaxDims) throw DataError("a pipeline transfer's header is damaged (" + std::to_string(h[1]) + " dimensions)");
-  const auto type = static_cast<torch::ScalarType>(h[0]);
-  auto out = torch::empty(std::vector<std::int64_t>(h + 2, h + 2 + h[1]), torch::TensorOptions().dtype(type));
-  comm_.recv(out.data_ptr(), std::size_t(out.numel()), wire_dtype(type), src, tag)->wait();
-  return device.is_cpu() ? out : out.to(device);
+  Expected e;
+  auto it = expected_.find({src, tag});
+  if (it == expected_.end()) {
+    e = post(src, tag);
+  } else {
+    e = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) expected_.erase(it);
+  }
+  e.work->wait();
+  return device.is_cpu() ? *e.tensor : e.tensor->to(device);
 }
 
 void TensorChannel::forget_finished_sends() {
