@@ -79,6 +79,10 @@ torch::Tensor Pipeline::Impl::receive(int from_stage, int stage, Channel c, int 
 // Posts the recv of every activation and gradient `actions` will receive, as receive() will ask
 // for them, so that each lands in its tensor as it arrives.
 void Pipeline::Impl::expect_transfers(const std::vector<Action>& actions) {
+  if (channel->has_expectations())
+    throw Error("a pipeline step failed earlier with transfers still posted, which would take this step's tensors: "
+                "the pipeline cannot run another step; restart the job (lockstep run --max-restarts resumes from "
+                "the last checkpoint)");
   for (const Action& a : actions) {
     if (a.op == Op::recv_activation)
       channel->expect(rank_of(a.stage - 1), tag_of(Channel::activation, a.stage, a.micro_batch));

@@ -54,6 +54,8 @@ TensorChannel::Expected TensorChannel::post(int src, int tag) {
     std::memcpy(h, description.data(), sizeof h);
     if (h[1] < 0 || h[1] > kMaxDims)
       throw DataError("a pipeline transfer's header is damaged (" + std::to_string(h[1]) + " dimensions)");
+    if (h[0] < 0 || h[0] >= static_cast<std::int64_t>(torch::ScalarType::NumOptions))
+      throw DataError("a pipeline transfer's header names no element type (" + std::to_string(h[0]) + ")");
     const auto type = static_cast<torch::ScalarType>(h[0]);
     *slot = torch::empty(std::vector<std::int64_t>(h + 2, h + 2 + h[1]), torch::TensorOptions().dtype(type));
     if (std::size_t(slot->numel()) != count || wire_dtype(type) != dtype)
@@ -77,7 +79,7 @@ torch::Tensor TensorChannel::recv(int src, int tag, const torch::Device& device)
     it->second.pop_front();
     if (it->second.empty()) expected_.erase(it);
   }
-  e.work->wait();
+  e.work->wait(comm_.timeout());  // from now: it may have been posted when the step began
   return device.is_cpu() ? *e.tensor : e.tensor->to(device);
 }
 

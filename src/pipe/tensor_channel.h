@@ -31,6 +31,9 @@ class TensorChannel {
   torch::Tensor recv(int src, int tag, const torch::Device& device);
   // Returns once the transport took every send (rethrows a send's error).
   void wait_sends();
+  // Whether expected tensors were never taken (a step failed before its recvs): their recvs stay
+  // posted and would take the next step's tensors.
+  bool has_expectations() const { return !expected_.empty(); }
 
  private:
   struct Expected {

@@ -9,8 +9,8 @@
 //                                                   every 5 steps, recovers from failures
 //   comm_worker p2p BACKEND                         run the point-to-point table; exit 0 if all match
 //   comm_worker p2p_die BACKEND                     rank 0 waits to receive from rank 1, which is killed
-//   comm_worker p2p_kill BACKEND K recv|send        rank 0 receives (sends) 32 MiB messages from (to) rank 1
-//                                                   and kills it after K of them, mid-transfer
+//   comm_worker p2p_kill BACKEND K recv|send [stop]  rank 0 receives (sends) 32 MiB messages from (to) rank 1
+//                                                   and kills it after K of them, mid-transfer (or stops it)
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.
@@ -132,10 +132,12 @@ int elastic_member(const CommOptions& options, int steps) {
 
 // Rank 0 and rank 1 stream 32 MiB messages without a gap (message k filled with k % 2, from two
 // buffers filled once), rank 0 receiving (`rank0_sends` false) or sending; after `whole` of them
-// rank 0 kills rank 1, which is then in the middle of the next, and goes on until an operation
-// fails. Exit 3 when that is a PeerError within 10 s of the kill and every message received
-// before it was whole (a part of one would leave the previous one's values); 1 otherwise.
-int kill_mid_transfer(Communicator& comm, int whole, bool rank0_sends) {
+// rank 0 sends rank 1 `signal` (SIGKILL, or SIGSTOP: alive but stuck), while rank 1 is in the
+// middle of the next, and goes on until an operation fails. Exit 3 when that is a PeerError (or,
+// for a stopped peer, a TimeoutError) within 10 s of the signal and every message received before
+// it was whole (a part of one would leave the previous one's values); 1 otherwise. Rank 0 kills a
+// stopped rank 1 at the end.
+int kill_mid_transfer(Communicator& comm, int whole, bool rank0_sends, int signal) {
   std::int64_t pid = ::getpid();
   std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
   comm.allgather(&pid, pids.data(), 1, DType::i64)->wait();
@@ -157,7 +159,16 @@ int kill_mid_transfer(Communicator& comm, int whole, bool rank0_sends) {
   for (; k < whole; ++k) transfer(k)->wait();
   auto next = transfer(k);
   const auto killed = Clock::now();
-  ::kill(static_cast<pid_t>(pids[1]), SIGKILL);
+  ::kill(static_cast<pid_t>(pids[1]), signal);
+  struct KillAtEnd {
+    pid_t pid;
+    ~KillAtEnd() { ::kill(pid, SIGKILL); }
+  } kill_at_end{static_cast<pid_t>(pids[1])};
+  const auto report = [&](const char* kind, const std::exception& e) {
+    const double after = Seconds(Clock::now() - killed).count();
+    std::printf("%s %.3f s after the signal, at message %d (%d whole before it): %s\n", kind, after, k, whole, e.what());
+    return after < 10 ? 3 : 1;
+  };
   try {
     for (;;) {
       next->wait();
@@ -168,9 +179,10 @@ int kill_mid_transfer(Communicator& comm, int whole, bool rank0_sends) {
       next = transfer(++k);
     }
   } catch (const PeerError& e) {
-    const double after = Seconds(Clock::now() - killed).count();
-    std::printf("PeerError %.3f s after the kill, at message %d (%d whole before the kill): %s\n", after, k, whole, e.what());
-    return after < 10 ? 3 : 1;
+    return report("PeerError", e);
+  } catch (const TimeoutError& e) {
+    if (signal != SIGSTOP) throw;
+    return report("TimeoutError", e);
   }
 }
 
@@ -212,7 +224,9 @@ int main(int argc, char** argv) {
                   comm.backend_name().c_str());
       return failures.empty() ? 0 : 1;
     }
-    if (mode == "p2p_kill") return kill_mid_transfer(comm, std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "send");
+    if (mode == "p2p_kill")
+      return kill_mid_transfer(comm, std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "send",
+                               argc > 5 && std::string(argv[5]) == "stop" ? SIGSTOP : SIGKILL);
     if (mode == "p2p_die") {
       std::int32_t x = 0;
       WorkPtr pending;

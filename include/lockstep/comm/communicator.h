@@ -57,6 +57,8 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The longest any one collective, or recv, may take (CommOptions::timeout).
+  Seconds timeout() const { return options_.timeout; }
   const std::string& backend_name() const;
   // Whether the buffers of collectives may be GPU memory (the nccl backend; host memory works
   // there too). Elsewhere a GPU tensor's bytes must be copied to the host first.
@@ -98,8 +100,12 @@ class Communicator {
   // type and shape, say) travels in front of the elements, and the receiver's `place` reads it
   // before they arrive and returns the memory for them (count elements of dtype, as sent). So a
   // message of a size the receiver did not know lands in its final buffer with no staging copy.
-  // `place` runs on the transport's thread, or on the caller's when the message came first; what
-  // it throws fails the recv. Only recv_described takes a described message (else MismatchError).
+  // `place` runs on the transport's thread, or on the caller's when the message came first, and
+  // may run under the point-to-point lock: it must not call this communicator. What it throws
+  // fails the recv. A message with a non-empty description is taken only by recv_described
+  // (a plain recv gets a MismatchError); recv_described takes plain messages too (`place` sees an
+  // empty description). Unlike recv, recv_described has no deadline of its own, since it may be
+  // posted long before it is needed: wait for it with a timeout (Communicator::timeout()).
   WorkPtr send_described(const std::string& description, const void* buffer, std::size_t count, DType dtype, int dst,
                          int tag = 0);
   WorkPtr recv_described(Place place, int src, int tag = 0);

@@ -171,9 +171,9 @@ struct Mailbox::State {
   // --- matching ---
   std::string mismatch(const PostedRecv& p, int from, DType dtype, std::size_t count, bool described) const {
     return "rank " + std::to_string(from) + " sent " + what_of(dtype_name(dtype), count) +
-           (described ? " (a described message, for recv_described)" : "") + " with tag " + std::to_string(p.tag) +
-           " but rank " + std::to_string(rank) + "'s " + p.work->label + " expects " +
-           what_of(dtype_name(p.dtype), p.count) + ": post a recv of the same size and dtype";
+           (described ? " described" : "") + " with tag " + std::to_string(p.tag) + " but rank " +
+           std::to_string(rank) + "'s " + p.work->label + " expects " + what_of(dtype_name(p.dtype), p.count) +
+           (described ? ": take a described message with recv_described" : ": post a recv of the same size and dtype");
   }
   // Whether recv `p` takes a message of this kind as it is ("") or why not.
   std::string refusal(const PostedRecv& p, int from, DType dtype, std::size_t count, const std::string& description) const {
@@ -260,7 +260,7 @@ bool Mailbox::State::deliver(int from, const Header& h, const std::string& descr
       complete(*p.work, placing, from);
     else
       fail<PeerError>(*p.work, "rank " + std::to_string(from) + " broke off while sending the message of " +
-                                   p.work->label + ": it exited or died");
+                                   p.work->label + ": it exited, died, or stopped past the timeout");
     return ok;
   }
   Message m{from, static_cast<int>(h.tag), dtype, count, description, std::vector<std::uint8_t>(count * dtype_size(dtype))};
@@ -417,7 +417,10 @@ void Mailbox::State::accept_peer() {
   if (const std::string name = lane_of(*hello); !name.empty()) {
     std::string error;
     lane = ShmLane::open(name, error);
-    if (!lane) LOCKSTEP_LOG(debug, comm) << "point-to-point: rank " << hello->src << "'s lane stays unused: " << error;
+    if (lane)
+      lane->unlink();  // both ends have it mapped: no name is left behind if either dies now
+    else
+      LOCKSTEP_LOG(debug, comm) << "point-to-point: rank " << hello->src << "'s lane stays unused: " << error;
   }
   const char mapped = lane ? 1 : 0;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(10)));
@@ -474,13 +477,29 @@ bool Mailbox::State::read_message(Inbound& in) {
 }
 
 // A lane's thread: every message of its peer, in order, until the peer's connection ended and
-// the lane is empty (then the peer is lost, as on TCP) or the mailbox closes.
+// the lane is empty (then the peer is lost, as on TCP), the peer stopped inside a message for
+// longer than the timeout (as a TCP read times out), or the mailbox closes.
 void Mailbox::State::read_lane(LaneReader& r) {
-  const auto give_up = [&r] { return r.stop.load() || r.peer_left.load(); };
-  const auto read = [&](void* into, std::size_t n) { return r.lane->read(into, n, give_up); };
+  bool in_message = false, stalled = false;
+  Clock::time_point deadline{};
+  const auto give_up = [&] {
+    stalled = stalled || (in_message && Clock::now() > deadline);
+    return stalled || r.stop.load() || r.peer_left.load();
+  };
+  const auto read = [&](void* into, std::size_t n) {
+    const bool ok = r.lane->read(into, n, give_up);
+    if (!in_message) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(1e6)));
+    in_message = true;  // after its header: the rest is due
+    return ok;
+  };
   std::string why;
-  while (receive(r.src, read, why)) {
+  while (!r.stop.load()) {
+    in_message = false;
+    if (!receive(r.src, read, why)) break;
   }
+  if (stalled)
+    why = "rank " + std::to_string(r.src) + " sent part of a message and nothing more within " +
+          log::seconds_text(options.timeout.count()) + " (CommOptions::timeout; its process is stuck)";
   if (!r.stop.load()) lost_peer(r.src, why.empty() ? r.why : why);
   r.finished.store(true);
   wake_reader();  // inbound_from() changed
@@ -567,7 +586,7 @@ int Mailbox::State::connect_to(int dst, std::unique_ptr<ShmLane>& lane, std::str
     return -1;
   }
   if (mapped == 1 && offered) {
-    offered->unlink();  // both ends have it mapped
+    offered->unlink();  // the receiver removed the name already; this covers an old one that did not
     lane = std::move(offered);
   }
   c.socket.keep_alive(static_cast<int>(options.peer_check.count()));
@@ -603,8 +622,10 @@ bool Mailbox::State::write_tcp(int fd, const SendJob& job, const Header& h) {
   return net::send_two(fd, front.data(), front.size(), job.buffer, bytes) == net::Io::done;
 }
 
-// Gives up when the peer's connection ended (the reader sets send_error) or nothing moved for
-// the communicator's timeout (a receiver that is stopped, not dead).
+// Gives up when the peer's connection ended (the reader sets send_error) or the message took
+// longer than the communicator's timeout (a receiver that is stopped, not dead); then shuts the
+// connection, so that the receiver, if it resumes, reports the message it got part of as broken
+// instead of waiting for its rest.
 bool Mailbox::State::write_lane(ShmLane& lane, const SendJob& job, const Header& h) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(options.timeout, Seconds(1e6)));
   const auto d = static_cast<std::size_t>(job.dst);
@@ -618,11 +639,12 @@ bool Mailbox::State::write_lane(ShmLane& lane, const SendJob& job, const Header&
                                {job.description.data(), job.description.size()},
                                {job.buffer, job.count * dtype_size(job.dtype)}},
                               give_up);
-  if (!sent && late) {
+  if (!sent) {
     std::lock_guard<std::mutex> lock(sync.mu);
-    if (send_error[d].empty())
-      send_error[d] = "rank " + std::to_string(job.dst) + " took nothing from its shared-memory lane within " +
+    if (late && send_error[d].empty())
+      send_error[d] = "rank " + std::to_string(job.dst) + " did not take a message from its shared-memory lane within " +
                       log::seconds_text(options.timeout.count()) + " (CommOptions::timeout; its process is stuck)";
+    if (outbound[d] >= 0) ::shutdown(outbound[d], SHUT_RDWR);
   }
   return sent;
 }
@@ -826,7 +848,10 @@ WorkPtr Mailbox::State::post(PostedRecv p, const std::string& what) {
              std::to_string(p.tag) + ")";
   w->started = Clock::now();
   p.work = w;
-  p.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
+  // A described recv may be posted long before it is needed (a pipeline posts a step's recvs when
+  // the step begins): its waiter times it, not the mailbox.
+  p.deadline = p.place ? Clock::time_point::max()
+                       : Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
   std::unique_lock<std::mutex> lock(s.sync.mu);
   auto it = std::find_if(s.unexpected.begin(), s.unexpected.end(), [&](const Message& m) { return p.takes(m.src, m.tag); });
   if (it != s.unexpected.end()) {

@@ -5,8 +5,7 @@
 // reader copies it out into the recv's buffer while the writer fills the next one.
 //
 // Neither side trusts the other to stay alive: a wait for data or space sleeps on a futex in the
-// segment for at most a few milliseconds at a time and asks its caller, between sleeps, whether to
-// give up (the peer's TCP connection closed: mailbox.cc watches it). The reader still drains what
+// segment for at most 50 ms at a time and asks its caller, between sleeps, whether to give up (the peer's TCP connection closed: mailbox.cc watches it). The reader still drains what
 // the writer published before it died or exited.
 #pragma once
 
