@@ -9,8 +9,8 @@
 //                                                   every 5 steps, recovers from failures
 //   comm_worker p2p BACKEND                         run the point-to-point table; exit 0 if all match
 //   comm_worker p2p_die BACKEND                     rank 0 waits to receive from rank 1, which is killed
-//   comm_worker p2p_kill BACKEND K recv|send [stop]  rank 0 receives (sends) 32 MiB messages from (to) rank 1
-//                                                   and kills it after K of them, mid-transfer (or stops it)
+//   comm_worker p2p_kill BACKEND K recv|send kill|stop  rank 0 receives (sends) 32 MiB messages from (to)
+//                                                   rank 1 and kills (stops) it after K of them, mid-transfer
 //   comm_worker stall BACKEND                       after one all-reduce, rank 1 waits for a
 //                                                   signal while the others all-reduce again
 // Exit codes: 0 ok, 1 wrong results or other error, 3 PeerError, 4 TimeoutError, 5 MismatchError.

@@ -91,11 +91,26 @@ TEST(PointToPointFaults, ARecvFromAPeerThatDiesIsAPeerError) {
   EXPECT_EQ(wait_child(children[1], 60), 128 + 9);
 }
 
+// Runs comm_worker's p2p_kill on 2 ranks (rank 0 `direction`s, `whole` messages before the
+// signal, `how` "kill" or "stop") with the given transport and timeout, and checks what rank 0
+// reports: the worker exits 3 only when its transfer failed within 10 s of the signal and no
+// message arrived incomplete; the error names rank 1, which ends killed.
+void expect_transfer_fails(const char* direction, const char* lanes, int whole, const char* how, const char* timeout) {
+  LocalStore store;
+  auto children =
+      spawn_ranks(2, {helper_path("comm_worker"), "p2p_kill", "shm", std::to_string(whole), direction, how}, store,
+                  {{"LOCKSTEP_P2P_SHM", lanes}, {"LOCKSTEP_TIMEOUT", timeout}});
+  EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
+  const std::string said = read_file(children[0].stdout_path);
+  std::printf("LOCKSTEP_P2P_SHM=%s, rank 0 %ss: %s", lanes, direction, said.c_str());
+  EXPECT_NE(said.find("rank 1"), std::string::npos) << said;
+  EXPECT_EQ(wait_child(children[1], 60), 128 + 9) << read_file(children[1].stdout_path);
+}
+
 // A peer killed in the middle of a 32 MiB message, after a random number (1-3) of whole ones, both
 // ways (rank 0 receiving from it, or sending to it) and both paths (the shared-memory lane and
-// loopback TCP): rank 0's transfer fails with a PeerError within seconds (the worker exits 3 only
-// when it came within 10 s of the kill and no message arrived incomplete); the communicator's
-// timeout is 300 s.
+// loopback TCP): rank 0's transfer fails with a PeerError within seconds, though the
+// communicator's timeout is 300 s.
 TEST(PointToPointFaults, APeerKilledMidTransferIsAPeerErrorWithinSeconds) {
   const unsigned seed = std::random_device{}();
   std::mt19937 draw(seed);
@@ -104,14 +119,7 @@ TEST(PointToPointFaults, APeerKilledMidTransferIsAPeerErrorWithinSeconds) {
       const int whole = static_cast<int>(draw() % 3) + 1;  // connected, and streaming
       SCOPED_TRACE(std::string("seed ") + std::to_string(seed) + ": rank 0 " + direction + "s, " +
                    std::to_string(whole) + " whole messages first, LOCKSTEP_P2P_SHM=" + lanes);
-      LocalStore store;
-      auto children = spawn_ranks(2, {helper_path("comm_worker"), "p2p_kill", "shm", std::to_string(whole), direction},
-                                  store, {{"LOCKSTEP_P2P_SHM", lanes}, {"LOCKSTEP_TIMEOUT", "300"}});
-      EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
-      const std::string said = read_file(children[0].stdout_path);
-      std::printf("LOCKSTEP_P2P_SHM=%s, rank 0 %ss: %s", lanes, direction, said.c_str());
-      EXPECT_NE(said.find("rank 1"), std::string::npos) << said;
-      EXPECT_EQ(wait_child(children[1], 60), 128 + 9) << read_file(children[1].stdout_path);
+      expect_transfer_fails(direction, lanes, whole, "kill", "300");
     }
 }
 
@@ -123,14 +131,7 @@ TEST(PointToPointFaults, APeerStoppedMidTransferFailsTheTransferAfterTheTimeout)
   for (const char* direction : {"recv", "send"})
     for (const char* lanes : {"1", "0"}) {
       SCOPED_TRACE(std::string("rank 0 ") + direction + "s, LOCKSTEP_P2P_SHM=" + lanes);
-      LocalStore store;
-      auto children = spawn_ranks(2, {helper_path("comm_worker"), "p2p_kill", "shm", "1", direction, "stop"}, store,
-                                  {{"LOCKSTEP_P2P_SHM", lanes}, {"LOCKSTEP_TIMEOUT", "2"}});
-      EXPECT_EQ(wait_child(children[0], 60), 3) << read_file(children[0].stdout_path);
-      const std::string said = read_file(children[0].stdout_path);
-      std::printf("LOCKSTEP_P2P_SHM=%s, rank 0 %ss: %s", lanes, direction, said.c_str());
-      EXPECT_NE(said.find("rank 1"), std::string::npos) << said;
-      EXPECT_EQ(wait_child(children[1], 60), 128 + 9) << read_file(children[1].stdout_path);
+      expect_transfer_fails(direction, lanes, 1, "stop", "2");
     }
 }
 
