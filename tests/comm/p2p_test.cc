@@ -93,8 +93,8 @@ TEST(PointToPointFaults, ARecvFromAPeerThatDiesIsAPeerError) {
 
 // Runs comm_worker's p2p_kill on 2 ranks (rank 0 `direction`s, `whole` messages before the
 // signal, `how` "kill" or "stop") with the given transport and timeout, and checks what rank 0
-// reports: the worker exits 3 only when its transfer failed within 10 s of the signal and no
-// message arrived incomplete; the error names rank 1, which ends killed.
+// reports: the worker exits 3 only when its transfer failed within 10 s of a kill (30 s of a
+// stop) and no message arrived incomplete; the error names rank 1, which ends killed.
 void expect_transfer_fails(const char* direction, const char* lanes, int whole, const char* how, const char* timeout) {
   LocalStore store;
   auto children =
@@ -124,7 +124,7 @@ TEST(PointToPointFaults, APeerKilledMidTransferIsAPeerErrorWithinSeconds) {
 }
 
 // The same with rank 1 stopped (SIGSTOP: alive, its connections open, but stuck) instead of
-// killed, and a 2 s timeout: rank 0's transfer fails within 10 s instead of waiting for good (on
+// killed, and a 2 s timeout: rank 0's transfer fails within 30 s instead of waiting for good (on
 // the lane the receiver times the rest of a message it got part of, as a TCP read times out; the
 // sender gives up on a ring nobody empties).
 TEST(PointToPointFaults, APeerStoppedMidTransferFailsTheTransferAfterTheTimeout) {
