@@ -22,9 +22,9 @@ void validate(const PipelineOptions& o) {
     throw ConfigError("--pipeline-parallel must be at least 1 (got " + std::to_string(o.pipeline_parallel) + ")");
   if (o.virtual_stages < 1)
     throw ConfigError("--virtual-stages must be at least 1 (got " + std::to_string(o.virtual_stages) + ")");
-  if (o.virtual_stages > 1 && o.schedule != ScheduleKind::interleaved)
+  if (o.virtual_stages > 1 && o.schedule != ScheduleKind::interleaved && o.schedule != ScheduleKind::zero_bubble)
     throw ConfigError("--virtual-stages " + std::to_string(o.virtual_stages) +
-                      " needs --pipeline-schedule interleaved (the " + schedule_name(o.schedule) +
+                      " needs --pipeline-schedule interleaved or zb (the " + schedule_name(o.schedule) +
                       " schedule runs one stage per rank)");
   if (o.virtual_stages > 1 && o.pipeline_parallel < 2)
     throw ConfigError("--virtual-stages " + std::to_string(o.virtual_stages) + " needs --pipeline-parallel 2 or more");

@@ -5,6 +5,7 @@
 #include "lockstep/pipe_core/schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -74,10 +75,9 @@ std::vector<std::vector<Work>> one_f_one_b(int ranks, int m) {
   return out;
 }
 
-// Megatron's interleaved order: the rank's forwards in rounds of micro-batches through chunk 0,
-// then chunk 1, ...; its backwards in the same rounds with the chunks reversed; a warm-up of
-// (v - 1) q + 2 (P - r - 1) forwards for rounds of q, then one forward and one backward in turn.
-// Rounds: floor(m / P) of them (at least one), as equal as can be, the larger first, so each holds
+// Megatron's interleaved schedule: the rank's forwards and backwards in the order below; a
+// warm-up of (v - 1) q + 2 (P - r - 1) forwards for rounds of q, then one forward and one backward
+// in turn. Rounds: floor(m / P) of them (at least one), as equal as can be, the larger first, so each holds
 // at least P micro-batches (or all m when m < P) and any m works, not only multiples of P.
 std::vector<int> round_sizes(int ranks, int m) {
   const int rounds = std::max(1, m / ranks);
@@ -86,57 +86,84 @@ std::vector<int> round_sizes(int ranks, int m) {
   return out;
 }
 
-std::vector<std::vector<Work>> interleaved(int ranks, int chunks, int m) {
-  std::vector<std::vector<Work>> out(static_cast<std::size_t>(ranks));
+// One rank's forwards and backwards in Megatron's interleaved order: through chunk 0 in rounds of
+// micro-batches, then chunk 1, ...; the backwards in the same rounds with the chunks reversed. With
+// one chunk, micro-batch order.
+struct InterleavedOrder {
+  std::vector<Work> forwards, backwards;
+};
+InterleavedOrder interleaved_order(int ranks, int chunks, int m, int r, Op backward) {
+  InterleavedOrder out;
   const std::vector<int> rounds = round_sizes(ranks, m);
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<Work> forwards, backwards;
-    for (int first = 0, i = 0; first < m; first += rounds[std::size_t(i++)]) {
-      const int last = first + rounds[std::size_t(i)];
-      for (int c = 0; c < chunks; ++c)
-        for (int k = first; k < last; ++k) forwards.push_back({Op::forward, c * ranks + r, k});
-      for (int c = chunks - 1; c >= 0; --c)
-        for (int k = first; k < last; ++k) backwards.push_back({Op::backward, c * ranks + r, k});
-    }
-    const int total = chunks * m;
-    const int warmup = std::min(total, 2 * (ranks - r - 1) + (chunks - 1) * rounds[0]);
-    auto& w = out[std::size_t(r)];
-    for (int i = 0; i < warmup; ++i) w.push_back(forwards[std::size_t(i)]);
-    for (int i = 0; i < total - warmup; ++i) {
-      w.push_back(forwards[std::size_t(warmup + i)]);
-      w.push_back(backwards[std::size_t(i)]);
-    }
-    for (int i = total - warmup; i < total; ++i) w.push_back(backwards[std::size_t(i)]);
+  for (int first = 0, i = 0; first < m; first += rounds[std::size_t(i++)]) {
+    const int last = first + rounds[std::size_t(i)];
+    for (int c = 0; c < chunks; ++c)
+      for (int k = first; k < last; ++k) out.forwards.push_back({Op::forward, c * ranks + r, k});
+    for (int c = chunks - 1; c >= 0; --c)
+      for (int k = first; k < last; ++k) out.backwards.push_back({backward, c * ranks + r, k});
   }
   return out;
 }
 
-// The zero-bubble schedule by list scheduling: a simulation in unit time (F, Bi and W take 1 each)
+// The interleaved schedule's warm-up on rank r: forwards before its first backward.
+int interleaved_warmup(int ranks, int chunks, int m, int r) {
+  return std::min(chunks * m, 2 * (ranks - r - 1) + (chunks - 1) * round_sizes(ranks, m)[0]);
+}
+
+std::vector<std::vector<Work>> interleaved(int ranks, int chunks, int m) {
+  std::vector<std::vector<Work>> out(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const InterleavedOrder order = interleaved_order(ranks, chunks, m, r, Op::backward);
+    const int total = chunks * m, warmup = interleaved_warmup(ranks, chunks, m, r);
+    auto& w = out[std::size_t(r)];
+    for (int i = 0; i < warmup; ++i) w.push_back(order.forwards[std::size_t(i)]);
+    for (int i = 0; i < total - warmup; ++i) {
+      w.push_back(order.forwards[std::size_t(warmup + i)]);
+      w.push_back(order.backwards[std::size_t(i)]);
+    }
+    for (int i = total - warmup; i < total; ++i) w.push_back(order.backwards[std::size_t(i)]);
+  }
+  return out;
+}
+
+// The zero-bubble schedules by list scheduling: a simulation in unit time (F, Bi and W take 1 each)
 // in which every idle rank takes, in order of preference, its next backward-input if its gradient
-// is there, its next forward if its input is there and the rank holds fewer than 2P - r - 1
-// micro-batches between forward and weight half, else its next weight half. Bi runs as soon as it
-// can, so gradients flow back at once, and W fills the time 1f1b idles: the idle time falls from
-// (P - 1)(F + B) towards (P - 1)(F + Bi - W), ZB-H1's bound, when the three take equal time. ZB-H1
-// holds P - r micro-batches as 1f1b does; this holds up to P - 1 more, which lets a first stage
-// whose input takes no gradient (token ids: its Bi is empty, its W the whole backward) keep
-// forwarding while it waits for the first gradients (measured at P 2 on the GPT: 11% idle with
-// 1f1b's limit, 8% with this one).
+// is there, its next forward if its input is there and the rank holds fewer micro-batches than
+// its limit between forward and weight half, else its oldest weight half. Forwards and
+// backward-inputs keep the interleaved schedule's order (micro-batch order with one chunk), weight
+// halves the order of their input halves: each stage's W in micro-batch order. Bi runs as soon as
+// it can, so gradients flow back at once, and W fills the time 1f1b idles: the idle time falls
+// from (P - 1)(F + B) towards (P - 1)(F + Bi - W), ZB-H1's bound, when the three take equal time.
+// The limit (zb_limit) is the 1f1b or interleaved schedule's own peak plus P - 1: ZB-H1 holds
+// 1f1b's P - r; the P - 1 more let a first stage whose input takes no gradient (token ids: its Bi
+// is empty, its W the whole backward) keep forwarding while it waits for the first gradients
+// (measured at P 2 on the GPT: 11% idle with 1f1b's limit, 8% with this one).
+int zb_limit(int ranks, int chunks, int m, int r) {
+  if (chunks == 1) return 2 * ranks - r - 1;
+  return interleaved_warmup(ranks, chunks, m, r) + 1;
+}
+
 class ZeroBubbleScheduler {
  public:
-  ZeroBubbleScheduler(int ranks, int m)
-      : ranks_(ranks), m_(m), forward_done_(cells(), kNever), input_done_(cells(), kNever), state_(std::size_t(ranks)) {}
+  ZeroBubbleScheduler(int ranks, int chunks, int m)
+      : ranks_(ranks), stages_(ranks * chunks), m_(m), forward_done_(cells(), kNever), input_done_(cells(), kNever) {
+    for (int r = 0; r < ranks; ++r) {
+      InterleavedOrder order = interleaved_order(ranks, chunks, m, r, Op::backward_input);
+      state_.push_back({std::move(order.forwards), std::move(order.backwards), {}, zb_limit(ranks, chunks, m, r)});
+    }
+  }
 
   std::vector<std::vector<Work>> run() {
     std::vector<std::vector<Work>> order(static_cast<std::size_t>(ranks_));
     std::size_t placed = 0;
-    const std::size_t total = 3 * std::size_t(ranks_) * std::size_t(m_);
+    const std::size_t total = 3 * std::size_t(stages_) * std::size_t(m_);
     for (long now = 0; placed < total; ++now) {
       for (int r = 0; r < ranks_; ++r) {
         RankState& st = state_[std::size_t(r)];
         if (st.busy_until > now) continue;
-        const std::optional<Work> w = pick(r, now);
+        const std::optional<Work> w = pick(st, now);
         if (!w) continue;
-        finish(*w, now);
+        finish(st, *w, now);
         order[std::size_t(r)].push_back(*w);
         ++placed;
       }
@@ -149,41 +176,50 @@ class ZeroBubbleScheduler {
  private:
   static constexpr long kNever = std::numeric_limits<long>::max();
   struct RankState {
-    int forwards = 0, inputs = 0, weights = 0;  // done so far, in micro-batch order
+    std::vector<Work> forwards, inputs;  // in the order they run
+    std::deque<Work> weights;            // input halves done, weight halves not yet
+    int limit = 0;                       // the most micro-batches held between F and W
+    std::size_t next_forward = 0, next_input = 0;
+    int held = 0;
     long busy_until = 0;
   };
 
-  std::size_t cells() const { return std::size_t(ranks_) * std::size_t(m_); }
+  std::size_t cells() const { return std::size_t(stages_) * std::size_t(m_); }
   std::size_t cell(int s, int k) const { return std::size_t(s) * std::size_t(m_) + std::size_t(k); }
 
-  std::optional<Work> pick(int r, long now) const {
-    const RankState& st = state_[std::size_t(r)];
-    const int last = ranks_ - 1;
-    if (st.inputs < st.forwards && forward_done_[cell(r, st.inputs)] <= now &&
-        (r == last || input_done_[cell(r + 1, st.inputs)] <= now))
-      return Work{Op::backward_input, r, st.inputs};
-    if (st.forwards < m_ && st.forwards - st.weights < 2 * ranks_ - r - 1 &&
-        (r == 0 || forward_done_[cell(r - 1, st.forwards)] <= now))
-      return Work{Op::forward, r, st.forwards};
-    if (st.weights < st.inputs && input_done_[cell(r, st.weights)] <= now) return Work{Op::backward_weight, r, st.weights};
+  std::optional<Work> pick(const RankState& st, long now) const {
+    if (st.next_input < st.inputs.size()) {
+      const Work& w = st.inputs[st.next_input];
+      if (forward_done_[cell(w.stage, w.micro_batch)] <= now &&
+          (w.stage == stages_ - 1 || input_done_[cell(w.stage + 1, w.micro_batch)] <= now))
+        return w;
+    }
+    if (st.next_forward < st.forwards.size() && st.held < st.limit) {
+      const Work& w = st.forwards[st.next_forward];
+      if (w.stage == 0 || forward_done_[cell(w.stage - 1, w.micro_batch)] <= now) return w;
+    }
+    if (!st.weights.empty() && input_done_[cell(st.weights.front().stage, st.weights.front().micro_batch)] <= now)
+      return st.weights.front();
     return std::nullopt;
   }
 
-  void finish(const Work& w, long now) {
-    RankState& st = state_[std::size_t(w.stage)];
+  void finish(RankState& st, const Work& w, long now) {
     st.busy_until = now + 1;
     if (w.op == Op::forward) {
       forward_done_[cell(w.stage, w.micro_batch)] = now + 1;
-      ++st.forwards;
+      ++st.next_forward;
+      ++st.held;
     } else if (w.op == Op::backward_input) {
       input_done_[cell(w.stage, w.micro_batch)] = now + 1;
-      ++st.inputs;
+      ++st.next_input;
+      st.weights.push_back({Op::backward_weight, w.stage, w.micro_batch});
     } else {
-      ++st.weights;
+      st.weights.pop_front();
+      --st.held;
     }
   }
 
-  int ranks_, m_;
+  int ranks_, stages_, m_;
   std::vector<long> forward_done_, input_done_;
   std::vector<RankState> state_;
 };
@@ -193,8 +229,8 @@ void check_shape(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
   if (micro_batches < 1)
     throw ConfigError("--num-microbatches must be at least 1 (got " + std::to_string(micro_batches) + ")");
   if (chunks < 1) throw ConfigError("--virtual-stages must be at least 1 (got " + std::to_string(chunks) + ")");
-  if (chunks > 1 && kind != ScheduleKind::interleaved)
-    throw ConfigError("--virtual-stages " + std::to_string(chunks) + " needs --pipeline-schedule interleaved (the " +
+  if (chunks > 1 && kind != ScheduleKind::interleaved && kind != ScheduleKind::zero_bubble)
+    throw ConfigError("--virtual-stages " + std::to_string(chunks) + " needs --pipeline-schedule interleaved or zb (the " +
                       schedule_name(kind) + " schedule runs one stage per rank)");
 }
 
@@ -265,7 +301,7 @@ ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int
       if (chunks == 1) return table_of(kind, ranks, 1, micro_batches, one_f_one_b(ranks, micro_batches));
       return table_of(kind, ranks, chunks, micro_batches, interleaved(ranks, chunks, micro_batches));
     case ScheduleKind::zero_bubble:
-      return table_of(kind, ranks, 1, micro_batches, ZeroBubbleScheduler(ranks, micro_batches).run());
+      return table_of(kind, ranks, chunks, micro_batches, ZeroBubbleScheduler(ranks, chunks, micro_batches).run());
   }
   throw std::logic_error("make_schedule: unknown kind");
 }

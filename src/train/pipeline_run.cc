@@ -56,8 +56,6 @@ void TrainingStep::build_pipeline() {
   if (!model.pipeline_units)
     throw ConfigError(with + ": this model cannot be cut into stages (give it pipeline_units(), as "
                              "models/gpt.h's GptLmHeadModel does: see lockstep/pipe/units.h)");
-  if (args.virtual_stages > 1 && args.pipeline_schedule != "interleaved")
-    throw ConfigError("--virtual-stages needs --pipeline-schedule interleaved");
   const Batch first = run_.train_set->get({0});
   const pipe::MicroBatch sample{first.input.to(run_.device), first.target.to(run_.device), 1};
   // Under tensor parallelism each tensor rank runs its own mesh's pipeline over its shards, in step.

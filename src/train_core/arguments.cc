@@ -206,8 +206,8 @@ void TrainingArguments::validate_pipeline() const {
     if (!pipeline_split.empty()) bad("pipeline-split", "is a pipeline setting: add --pipeline-parallel 2 or more");
     return;
   }
-  if (virtual_stages > 1 && pipeline_schedule != "interleaved")
-    bad("virtual-stages", "needs --pipeline-schedule interleaved (the " + pipeline_schedule +
+  if (virtual_stages > 1 && pipeline_schedule != "interleaved" && pipeline_schedule != "zb")
+    bad("virtual-stages", "needs --pipeline-schedule interleaved or zb (the " + pipeline_schedule +
                               " schedule runs one stage per pipeline rank)");
   const std::string with = "--pipeline-parallel " + std::to_string(pipeline_parallel);
   refuse_zero_beyond_one(zero_stage, with);

@@ -95,7 +95,7 @@ std::vector<double> eval_losses(const TempDir& out) {
 
 // One trial of the promises docs/pipeline.md makes, its options drawn from `rng`.
 struct Promise {
-  int stages = 2, replicas = 1;
+  int stages = 2, replicas = 1, chunks = 1;  // chunks: --virtual-stages
   std::string schedule = "1f1b", backend = "shm";
   bool checkpointing = false, bf16 = false, tied_once_a_step = false;
   bool more_micro_batches = false;  // --num-microbatches 8 cutting 4 x 2 sequences: against 8 x 1
@@ -106,6 +106,7 @@ struct Promise {
     const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zb"};
     p.schedule = schedules[pick(4)];
     p.stages = 2 + pick(2);
+    p.chunks = p.schedule == "interleaved" ? 2 : p.schedule == "zb" ? 1 + pick(2) : 1;
     p.replicas = p.stages == 2 ? 1 + pick(3) : 1 + pick(2);
     p.backend = p.replicas > 1 && pick(2) ? "gloo" : "shm";
     p.checkpointing = p.schedule != "zb" && pick(2);
@@ -116,7 +117,7 @@ struct Promise {
   }
   std::string describe() const {
     return std::to_string(stages) + " stages x " + std::to_string(replicas) + " replicas on " + backend + ", " +
-           schedule + (checkpointing ? ", gradient checkpointing" : "") + (bf16 ? ", bf16" : "") +
+           schedule + (chunks > 1 ? " v " + std::to_string(chunks) : "") + (checkpointing ? ", gradient checkpointing" : "") + (bf16 ? ", bf16" : "") +
            (tied_once_a_step ? ", tied gradient once a step" : "") +
            (more_micro_batches ? ", 8 micro-batches of 1" : "");
   }
@@ -138,7 +139,7 @@ struct Promise {
   }
   Flags pipelined(const std::string& out) const {
     Flags f = common(out) + Flags{"--pipeline-parallel", std::to_string(stages), "--pipeline-schedule", schedule};
-    if (schedule == "interleaved") f = f + Flags{"--virtual-stages", "2"};
+    if (chunks > 1) f = f + Flags{"--virtual-stages", std::to_string(chunks)};
     if (more_micro_batches) f = f + Flags{"--num-microbatches", "8"};
     if (tied_once_a_step) f = f + Flags{"--pipeline-tied-gradient", "step"};
     return f;

@@ -24,6 +24,9 @@
 //                into Bi and W; Bi runs as soon as it can, W fills the time 1f1b idles. ZB-H1's
 //                idea with up to P - 1 more micro-batches than 1f1b in flight.
 //                                                                peak (F to W): 2P - r - 1
+//                With v > 1 chunks per rank (interleaved zero bubble), the same over the
+//                interleaved order, holding no more than the interleaved schedule does.
+//                                                      peak (F to W): interleaved's, above
 // Every schedule runs each stage's gradient-accumulating actions (B or W) in micro-batch order
 // 0, 1, ..., m - 1, the order one process accumulating the same micro-batches uses, so that the
 // pipelined sums are bitwise the unpipelined ones.
@@ -92,7 +95,7 @@ struct ScheduleTable {
 
 // The table of `kind` for `ranks` x `chunks` stages and `micro_batches` micro-batches.
 // ConfigError for what cannot be built: ranks or micro_batches below 1, chunks above 1 for a
-// schedule other than interleaved, or chunks below 1.
+// schedule other than interleaved and zb, or chunks below 1.
 ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1);
 
 // A weight the first and last stage share (a language model's tied embedding and head): for each
