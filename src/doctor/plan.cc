@@ -126,11 +126,11 @@ LayoutEstimate estimate(const PlanModel& model, const PlanMachines& m, const Pla
   e.tensor_seconds = mb * 4 * blocks * one;
   double path = e.compute_seconds + e.tensor_seconds;
   if (P > 1) {
-    pipe::ActionCosts costs;
+    pipe_core::ActionCosts costs;
     costs.forward = forward + 2 * blocks * one;
     costs.backward = backward + 2 * blocks * one;
     costs.transfer = activation_transfer(activation, at, m);
-    const double makespan = pipe::simulate(pipe::make_schedule(pipe::ScheduleKind::one_f_one_b, P, mb), {costs}).makespan;
+    const double makespan = pipe_core::simulate(pipe_core::make_schedule(pipe_core::ScheduleKind::one_f_one_b, P, mb), {costs}).makespan;
     const double tied = mb * tied_transfer(kFloat * model.vocab_size * model.n_embd / T, at, m);
     e.pipeline_seconds = makespan - path + tied;
     path = makespan + tied;

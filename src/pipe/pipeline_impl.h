@@ -22,6 +22,19 @@
 
 namespace lockstep::pipe {
 
+// What the runtime takes from pipe_core's tables beyond pipeline.h's names.
+using pipe_core::Action;
+using pipe_core::add_tied_exchange;
+using pipe_core::balance_stages;
+using pipe_core::check_schedule;
+using pipe_core::make_forward_schedule;
+using pipe_core::make_schedule;
+using pipe_core::Op;
+using pipe_core::parse_stage_split;
+using pipe_core::ScheduleTable;
+using pipe_core::simulate;
+using pipe_core::Timeline;
+
 // One step's compute actions on this rank, each one's seconds at [(stage x 4 + kind) x m + k]
 // (kind: forward, backward, backward_input, backward_weight; zero for other ranks' stages), kept
 // until the next report simulates the step with every rank's times.

@@ -156,8 +156,8 @@ bool Layout::data_groups_within_machines() const {
   return true;
 }
 
-pipe::PipelineMesh Layout::pipeline_mesh() const {
-  return pipe::PipelineMesh{pipeline_, data_};
+pipe_core::PipelineMesh Layout::pipeline_mesh() const {
+  return pipe_core::PipelineMesh{pipeline_, data_};
 }
 
 std::string Layout::describe() const {

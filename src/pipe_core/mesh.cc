@@ -2,7 +2,7 @@
 
 #include "lockstep/error.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 
 PipelineMesh PipelineMesh::of(int world, int pipeline_parallel) {
   if (pipeline_parallel < 1)
@@ -35,4 +35,4 @@ std::string PipelineMesh::describe() const {
          " replica" + (replicas == 1 ? "" : "s") + " (" + std::to_string(world()) + " workers)";
 }
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -13,7 +13,7 @@
 
 #include "lockstep/error.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 namespace {
 
 void check_counts(int units, int stages) {
@@ -131,4 +131,4 @@ std::vector<int> owners_of_tensors(const std::vector<long long>& elements, int r
   return owner;
 }
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -1,5 +1,5 @@
 // The schedule tables. GPipe, 1F1B and interleaved 1F1B have closed forms (below, each with its
-// order); ZB-H1 is built by list scheduling (ZeroBubbleScheduler). Either way the result is only
+// order); zb is built by list scheduling (ZeroBubbleScheduler). Either way the result is only
 // an order of each rank's actions: the runtime keeps it whatever the real durations, and
 // schedule_check.h proves it complete and free of deadlock.
 #include "lockstep/pipe_core/schedule.h"
@@ -11,8 +11,9 @@
 #include <stdexcept>
 
 #include "lockstep/error.h"
+#include "lockstep/pipe_core/schedule_check.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 namespace {
 
 struct Work {
@@ -127,17 +128,21 @@ std::vector<std::vector<Work>> interleaved(int ranks, int chunks, int m) {
 }
 
 // The zero-bubble schedules by list scheduling: a simulation in unit time (F, Bi and W take 1 each)
-// in which every idle rank takes, in order of preference, its next backward-input if its gradient
-// is there, its next forward if its input is there and the rank holds fewer micro-batches than
-// its limit between forward and weight half, else its oldest weight half. Forwards and
-// backward-inputs keep the interleaved schedule's order (micro-batch order with one chunk), weight
-// halves the order of their input halves: each stage's W in micro-batch order. Bi runs as soon as
-// it can, so gradients flow back at once, and W fills the time 1f1b idles: the idle time falls
-// from (P - 1)(F + B) towards (P - 1)(F + Bi - W), ZB-H1's bound, when the three take equal time.
-// The limit (zb_limit) is the 1f1b or interleaved schedule's own peak plus P - 1: ZB-H1 holds
-// 1f1b's P - r; the P - 1 more let a first stage whose input takes no gradient (token ids: its Bi
-// is empty, its W the whole backward) keep forwarding while it waits for the first gradients
-// (measured at P 2 on the GPT: 11% idle with 1f1b's limit, 8% with this one).
+// in which every idle rank takes, in order of preference, a backward-input whose gradient is
+// there, a forward whose input is there while the rank holds fewer micro-batches than its limit
+// between forward and weight half, else its oldest weight half. Each stage runs its forwards and
+// its input halves in micro-batch order, and its weight halves in the order of their input halves.
+// Among a rank's stages, the input half taken is the first ready one in the interleaved schedule's
+// backward order; the forward, the first ready one in its forward order (Forwards::in_order) or
+// the ready one of the deepest chunk (Forwards::deepest_first). With one chunk both are
+// micro-batch order. Bi runs as soon as it can, so gradients flow back at once, and W fills the
+// time 1f1b idles: the idle time falls from (P - 1)(F + B) towards (P - 1)(F + Bi - W), ZB-H1's
+// bound, when the three take equal time.
+//
+// The limit (zb_limit): with one chunk 2P - r - 1, 1f1b's P - r plus P - 1, which let a first stage
+// whose input takes no gradient (token ids: its Bi is empty, its W the whole backward) keep
+// forwarding while it waits for the first gradients (measured at P 2 on the GPT: 11% idle with
+// 1f1b's limit, 8% with this one); with v chunks the interleaved schedule's own peak.
 int zb_limit(int ranks, int chunks, int m, int r) {
   if (chunks == 1) return 2 * ranks - r - 1;
   return interleaved_warmup(ranks, chunks, m, r) + 1;
@@ -145,11 +150,18 @@ int zb_limit(int ranks, int chunks, int m, int r) {
 
 class ZeroBubbleScheduler {
  public:
-  ZeroBubbleScheduler(int ranks, int chunks, int m)
-      : ranks_(ranks), stages_(ranks * chunks), m_(m), forward_done_(cells(), kNever), input_done_(cells(), kNever) {
+  enum class Forwards { in_order, deepest_first };
+
+  ZeroBubbleScheduler(int ranks, int chunks, int m, Forwards forwards = Forwards::in_order)
+      : ranks_(ranks), stages_(ranks * chunks), m_(m), forwards_(forwards), forward_done_(cells(), kNever),
+        input_done_(cells(), kNever), next_forward_(std::size_t(stages_), 0), next_input_(std::size_t(stages_), 0) {
     for (int r = 0; r < ranks; ++r) {
       InterleavedOrder order = interleaved_order(ranks, chunks, m, r, Op::backward_input);
-      state_.push_back({std::move(order.forwards), std::move(order.backwards), {}, zb_limit(ranks, chunks, m, r)});
+      RankState st;
+      st.forwards = std::move(order.forwards);
+      st.inputs = std::move(order.backwards);
+      st.limit = zb_limit(ranks, chunks, m, r);
+      state_.push_back(std::move(st));
     }
   }
 
@@ -176,10 +188,9 @@ class ZeroBubbleScheduler {
  private:
   static constexpr long kNever = std::numeric_limits<long>::max();
   struct RankState {
-    std::vector<Work> forwards, inputs;  // in the order they run
+    std::vector<Work> forwards, inputs;  // the interleaved schedule's orders (the preference)
     std::deque<Work> weights;            // input halves done, weight halves not yet
     int limit = 0;                       // the most micro-batches held between F and W
-    std::size_t next_forward = 0, next_input = 0;
     int held = 0;
     long busy_until = 0;
   };
@@ -187,17 +198,31 @@ class ZeroBubbleScheduler {
   std::size_t cells() const { return std::size_t(stages_) * std::size_t(m_); }
   std::size_t cell(int s, int k) const { return std::size_t(s) * std::size_t(m_) + std::size_t(k); }
 
+  // Of `sequence`, the actions that are their stage's next (`next` per stage) and whose inputs are
+  // there: the first, or with `deepest` the one of the highest stage.
+  template <typename Ready>
+  std::optional<Work> choose(const std::vector<Work>& sequence, const std::vector<int>& next, bool deepest,
+                             Ready ready) const {
+    std::optional<Work> best;
+    for (const Work& w : sequence) {
+      if (next[std::size_t(w.stage)] != w.micro_batch || !ready(w)) continue;
+      if (!deepest) return w;
+      if (!best || best->stage < w.stage) best = w;
+    }
+    return best;
+  }
+
   std::optional<Work> pick(const RankState& st, long now) const {
-    if (st.next_input < st.inputs.size()) {
-      const Work& w = st.inputs[st.next_input];
-      if (forward_done_[cell(w.stage, w.micro_batch)] <= now &&
-          (w.stage == stages_ - 1 || input_done_[cell(w.stage + 1, w.micro_batch)] <= now))
-        return w;
-    }
-    if (st.next_forward < st.forwards.size() && st.held < st.limit) {
-      const Work& w = st.forwards[st.next_forward];
-      if (w.stage == 0 || forward_done_[cell(w.stage - 1, w.micro_batch)] <= now) return w;
-    }
+    const auto gradient_there = [&](const Work& w) {
+      return forward_done_[cell(w.stage, w.micro_batch)] <= now &&
+             (w.stage == stages_ - 1 || input_done_[cell(w.stage + 1, w.micro_batch)] <= now);
+    };
+    if (auto w = choose(st.inputs, next_input_, false, gradient_there)) return w;
+    const auto input_there = [&](const Work& w) {
+      return w.stage == 0 || forward_done_[cell(w.stage - 1, w.micro_batch)] <= now;
+    };
+    if (st.held < st.limit)
+      if (auto w = choose(st.forwards, next_forward_, forwards_ == Forwards::deepest_first, input_there)) return w;
     if (!st.weights.empty() && input_done_[cell(st.weights.front().stage, st.weights.front().micro_batch)] <= now)
       return st.weights.front();
     return std::nullopt;
@@ -207,11 +232,11 @@ class ZeroBubbleScheduler {
     st.busy_until = now + 1;
     if (w.op == Op::forward) {
       forward_done_[cell(w.stage, w.micro_batch)] = now + 1;
-      ++st.next_forward;
+      ++next_forward_[std::size_t(w.stage)];
       ++st.held;
     } else if (w.op == Op::backward_input) {
       input_done_[cell(w.stage, w.micro_batch)] = now + 1;
-      ++st.next_input;
+      ++next_input_[std::size_t(w.stage)];
       st.weights.push_back({Op::backward_weight, w.stage, w.micro_batch});
     } else {
       st.weights.pop_front();
@@ -220,9 +245,62 @@ class ZeroBubbleScheduler {
   }
 
   int ranks_, stages_, m_;
+  Forwards forwards_;
   std::vector<long> forward_done_, input_done_;
+  std::vector<int> next_forward_, next_input_;  // per stage: its next micro-batch
   std::vector<RankState> state_;
 };
+
+// The interleaved schedule with each backward split into its input half and, at once, its weight
+// half: the interleaved schedule's order and memory, as a zb table.
+std::vector<std::vector<Work>> interleaved_split(int ranks, int chunks, int m) {
+  std::vector<std::vector<Work>> out = interleaved(ranks, chunks, m);
+  for (auto& rank : out) {
+    std::vector<Work> split;
+    for (const Work& w : rank) {
+      if (w.op != Op::backward) {
+        split.push_back(w);
+        continue;
+      }
+      split.push_back({Op::backward_input, w.stage, w.micro_batch});
+      split.push_back({Op::backward_weight, w.stage, w.micro_batch});
+    }
+    rank = std::move(split);
+  }
+  return out;
+}
+
+// zb over v > 1 chunks: of three tables in the interleaved schedule's memory (the list schedule
+// with forwards in order, with the deepest forward first, and interleaved itself with its
+// backwards split), the one whose simulated step idles least in the worse of two cost models, each
+// F 1, Bi 1, W 1: as is, and with the first stage's Bi free and its W 2 (an input of token ids takes
+// no gradient: the GPT's). Neither list schedule is best in every shape (the first idles more at P
+// 2 on the GPT, the second at P 4); the third keeps the choice never worse than interleaved in
+// either model. Every rank computes the same three and keeps the same one.
+std::vector<std::vector<Work>> interleaved_zero_bubble(int ranks, int chunks, int m) {
+  const auto worse_idle = [&](const std::vector<std::vector<Work>>& compute) {
+    const ScheduleTable t = table_of(ScheduleKind::zero_bubble, ranks, chunks, m, compute);
+    double worst = 0;
+    for (bool first_input_free : {false, true}) {
+      std::vector<ActionCosts> costs(std::size_t(t.stages()), ActionCosts{1, 2, 1, 1, 0});
+      if (first_input_free) costs[0].backward_input = 0, costs[0].backward_weight = 2;
+      const Timeline run = simulate(t, costs);
+      double idle = 0;
+      for (int r = 0; r < ranks; ++r) idle += run.bubble(r) / ranks;
+      worst = std::max(worst, idle);
+    }
+    return worst;
+  };
+  using Forwards = ZeroBubbleScheduler::Forwards;
+  std::vector<std::vector<Work>> best = ZeroBubbleScheduler(ranks, chunks, m, Forwards::in_order).run();
+  double best_idle = worse_idle(best);
+  for (auto candidate : {ZeroBubbleScheduler(ranks, chunks, m, Forwards::deepest_first).run(),
+                         interleaved_split(ranks, chunks, m)}) {
+    const double idle = worse_idle(candidate);
+    if (idle < best_idle - 1e-12) best = std::move(candidate), best_idle = idle;
+  }
+  return best;
+}
 
 void check_shape(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
   if (ranks < 1) throw ConfigError("a pipeline needs at least 1 stage (got " + std::to_string(ranks) + ")");
@@ -301,7 +379,8 @@ ScheduleTable make_schedule(ScheduleKind kind, int ranks, int micro_batches, int
       if (chunks == 1) return table_of(kind, ranks, 1, micro_batches, one_f_one_b(ranks, micro_batches));
       return table_of(kind, ranks, chunks, micro_batches, interleaved(ranks, chunks, micro_batches));
     case ScheduleKind::zero_bubble:
-      return table_of(kind, ranks, chunks, micro_batches, ZeroBubbleScheduler(ranks, chunks, micro_batches).run());
+      if (chunks == 1) return table_of(kind, ranks, 1, micro_batches, ZeroBubbleScheduler(ranks, 1, micro_batches).run());
+      return table_of(kind, ranks, chunks, micro_batches, interleaved_zero_bubble(ranks, chunks, micro_batches));
   }
   throw std::logic_error("make_schedule: unknown kind");
 }
@@ -347,4 +426,4 @@ ScheduleTable make_forward_schedule(int ranks, int micro_batches, int chunks) {
   return t;
 }
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

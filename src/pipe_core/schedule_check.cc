@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 namespace {
 
 constexpr int kOps = 10;
@@ -245,4 +245,4 @@ Timeline simulate(const ScheduleTable& table, const std::function<double(const A
   return run(table, seconds, transfer);
 }
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -60,7 +60,7 @@
 
 namespace lockstep::train {
 
-using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+using LossFn = pipe::LossFn;  // the loss the pipeline's last stage computes is the Trainer's
 
 // This rank's counters that a logging window reports the change of: what it sent over the network,
 // and how long its data and tensor groups' collectives ran (Communicator::busy_seconds).

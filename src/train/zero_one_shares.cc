@@ -54,7 +54,7 @@ std::vector<torch::Tensor> TrainingStep::updated_share() {
   if (!shares_by_tensor() || replica_group().size() == 1) return all;
   std::vector<long long> elements;  // a tensor group's ranks hold equal shards: they agree on the owners
   for (const auto& p : all) elements.push_back(p.numel());
-  owners_ = pipe::owners_of_tensors(elements, replica_group().size());
+  owners_ = pipe_core::owners_of_tensors(elements, replica_group().size());
   std::vector<torch::Tensor> mine;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (owners_[i] == replica_group().rank()) mine.push_back(all[i]);

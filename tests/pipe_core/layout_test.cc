@@ -90,7 +90,7 @@ TEST(Layout, RandomLayoutsPartitionTheWorldAlongEveryDimension) {
 
 TEST(Layout, WithoutATensorDimensionItIsThePipelineMesh) {
   const Layout l = Layout::build(request(6, 2, 1));
-  const pipe::PipelineMesh mesh = l.pipeline_mesh();
+  const pipe_core::PipelineMesh mesh = l.pipeline_mesh();
   for (int r = 0; r < 6; ++r) {
     EXPECT_EQ(l.group_of(ParallelDim::data, r), mesh.stage_group(mesh.pipeline_rank_of(r)));
     EXPECT_EQ(l.group_of(ParallelDim::pipeline, r), mesh.pipeline_group(mesh.replica_of(r)));
@@ -102,7 +102,7 @@ TEST(Layout, WithoutATensorDimensionItIsThePipelineMesh) {
 // (p, d, t), so the mesh's stage and pipeline groups are the layout's data and pipeline groups.
 TEST(Layout, EachTensorRanksMeshIsThePipelineMeshOfItsRanks) {
   const Layout l = Layout::build(request(12, 2, 2));  // 2 pipeline x 3 data x 2 tensor
-  const pipe::PipelineMesh mesh = l.pipeline_mesh();
+  const pipe_core::PipelineMesh mesh = l.pipeline_mesh();
   EXPECT_EQ(mesh.pipeline, 2);
   EXPECT_EQ(mesh.replicas, 3);
   for (int r = 0; r < l.world(); ++r) {

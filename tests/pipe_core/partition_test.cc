@@ -8,7 +8,7 @@
 #include "lockstep/pipe_core/mesh.h"
 #include "lockstep/pipe_core/partition.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 namespace {
 
 TEST(Partition, BalancesTheCostliestStage) {
@@ -113,4 +113,4 @@ TEST(Mesh, APipelineThatDoesNotDivideTheWorldIsAConfigError) {
 }
 
 }  // namespace
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -13,7 +13,7 @@
 #include "lockstep/pipe_core/schedule.h"
 #include "lockstep/pipe_core/schedule_check.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 namespace {
 
 constexpr ScheduleKind kKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
@@ -25,7 +25,7 @@ int promised_peak(ScheduleKind kind, int ranks, int chunks, int m, int r) {
   switch (kind) {
     case ScheduleKind::gpipe: return m;
     case ScheduleKind::one_f_one_b: return std::min(m, ranks - r);
-    case ScheduleKind::zero_bubble:
+    case ScheduleKind::zero_bubble:  // with v > 1 chunks, at most this (below)
       if (chunks == 1) return std::min(m, 2 * ranks - r - 1);
       return promised_peak(ScheduleKind::interleaved, ranks, chunks, m, r);
     case ScheduleKind::interleaved: {
@@ -47,10 +47,14 @@ TEST(Schedule, EveryTableUpToEightRanksIsCompleteAndFreeOfDeadlock) {
             if (tied) add_tied_exchange(t);
             const ScheduleCheck check = check_schedule(t);
             ASSERT_TRUE(check.ok()) << check.error;
-            for (int r = 0; r < p; ++r)
-              ASSERT_EQ(check.peak_in_flight[std::size_t(r)], promised_peak(kind, p, v, m, r))
-                  << schedule_name(kind) << " P " << p << " v " << v << " m " << m << " rank " << r << ": "
-                  << describe(t, r);
+            // Interleaved zb may keep a table that holds less than interleaved (its choice is by idle time).
+            const bool at_most = kind == ScheduleKind::zero_bubble && v > 1;
+            for (int r = 0; r < p; ++r) {
+              const int peak = check.peak_in_flight[std::size_t(r)], promised = promised_peak(kind, p, v, m, r);
+              ASSERT_TRUE(at_most ? peak <= promised : peak == promised)
+                  << schedule_name(kind) << " P " << p << " v " << v << " m " << m << " rank " << r << " holds " << peak
+                  << ", promised " << (at_most ? "at most " : "") << promised << ": " << describe(t, r);
+            }
           }
 }
 
@@ -106,20 +110,33 @@ TEST(Schedule, BubblesFollowTheory) {
   EXPECT_LE(interleaved_zb, zb + 1e-12);  // equal here, holding 5.5 stages' micro-batches on rank 0 to zb's 7
 }
 
-// Interleaved zb in every shape up to 8 ranks: never more idle than interleaved 1f1b of the
-// same shape (the peaks are equal: EveryTableUpToEightRanksIsCompleteAndFreeOfDeadlock).
+// Interleaved zb in every shape up to 8 ranks: never more idle (the mean over the ranks) than
+// interleaved 1f1b of the same shape, with equal F, Bi and W, and with the first stage's input half
+// free (a model whose input is token ids); and a third less idle over all the shapes.
+double mean_idle(const ScheduleTable& t, bool first_input_free) {
+  std::vector<ActionCosts> costs(std::size_t(t.stages()), ActionCosts{1, 2, 1, 1, 0});
+  if (first_input_free) costs[0].backward_input = 0, costs[0].backward_weight = 2;
+  const Timeline run = simulate(t, costs);
+  double idle = 0;
+  for (int r = 0; r < t.ranks; ++r) idle += run.bubble(r) / t.ranks;
+  return idle;
+}
+
 TEST(Schedule, InterleavedZeroBubbleIdlesNoMoreThanInterleaved) {
+  double zb_total = 0, interleaved_total = 0;
   for (int p = 2; p <= 8; ++p)
     for (int v = 2; v <= 4; ++v)
       for (int m = 1; m <= 32; ++m) {
         const auto zb = make_schedule(ScheduleKind::zero_bubble, p, m, v);
         const auto il = make_schedule(ScheduleKind::interleaved, p, m, v);
-        const std::vector<ActionCosts> costs(std::size_t(zb.stages()), ActionCosts{1, 2, 1, 1, 0});
-        const auto zb_run = simulate(zb, costs), il_run = simulate(il, costs);
-        for (int r = 0; r < p; ++r)
-          ASSERT_LE(zb_run.bubble(r), il_run.bubble(r) + 1e-12)
-              << "P " << p << " v " << v << " m " << m << " rank " << r;
+        for (bool first_input_free : {false, true}) {
+          const double ours = mean_idle(zb, first_input_free), theirs = mean_idle(il, first_input_free);
+          ASSERT_LE(ours, theirs + 1e-12) << "P " << p << " v " << v << " m " << m << ", first input half free "
+                                          << first_input_free;
+          zb_total += ours, interleaved_total += theirs;
+        }
       }
+  EXPECT_LT(zb_total, 0.75 * interleaved_total);
 }
 
 ScheduleTable two_rank_table() {
@@ -259,4 +276,4 @@ TEST(Schedule, BadShapesAreConfigErrors) {
 }
 
 }  // namespace
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

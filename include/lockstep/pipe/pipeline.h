@@ -61,6 +61,14 @@
 
 namespace lockstep::pipe {
 
+// The schedules, the mesh and the stage plans are the torch-free pipe_core's; a pipeline's options
+// and plan speak of them by these names.
+using pipe_core::parse_schedule_kind;
+using pipe_core::PipelineMesh;
+using pipe_core::schedule_name;
+using pipe_core::ScheduleKind;
+using pipe_core::StagePlan;
+
 struct PipelineOptions {
   int pipeline_parallel = 2;  // P: pipeline ranks (the world must be a multiple)
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
@@ -83,7 +91,7 @@ struct PipelineOptions {
   std::vector<torch::Tensor> split_parameters;
 };
 
-// ConfigError naming the problem: P or v below 1, v above 1 without the interleaved schedule.
+// ConfigError naming the problem: P or v below 1, v above 1 without the interleaved or zb schedule.
 void validate(const PipelineOptions& options);
 
 struct MicroBatch {

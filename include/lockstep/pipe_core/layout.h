@@ -81,7 +81,7 @@ class Layout {
   bool data_groups_within_machines() const;
   // The pipeline's 2-D view (P x D): of the whole world when T = 1, else of each tensor rank's
   // mesh group (ParallelDim::mesh), whose rank p * D + d is the world's rank_at({p, d, t}).
-  pipe::PipelineMesh pipeline_mesh() const;
+  pipe_core::PipelineMesh pipeline_mesh() const;
 
   // "8 workers on 2 machines: 2 pipeline x 2 data (ZeRO-1) x 2 tensor (sequence parallel)";
   // dimensions of size 1 are left out ("1 worker" alone when every one is).

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 
 struct PipelineMesh {
   int pipeline = 1;  // P
@@ -32,4 +32,4 @@ struct PipelineMesh {
   std::string describe() const;  // "2 pipeline ranks x 3 replicas (6 workers)"
 };
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

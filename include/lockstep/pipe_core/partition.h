@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 
 struct StagePlan {
   std::vector<int> first_unit{0};  // stage s holds units [first_unit[s], first_unit[s + 1])
@@ -38,4 +38,4 @@ StagePlan parse_stage_split(const std::string& text, int units, int stages);
 // replica; the most any replica holds is at most the mean plus the largest tensor.
 std::vector<int> owners_of_tensors(const std::vector<long long>& elements, int replicas);
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -24,9 +24,9 @@
 //                into Bi and W; Bi runs as soon as it can, W fills the time 1f1b idles. ZB-H1's
 //                idea with up to P - 1 more micro-batches than 1f1b in flight.
 //                                                                peak (F to W): 2P - r - 1
-//                With v > 1 chunks per rank (interleaved zero bubble), the same over the
-//                interleaved order, holding no more than the interleaved schedule does.
-//                                                      peak (F to W): interleaved's, above
+//                With v > 1 chunks per rank (interleaved zero bubble), the least idle of three
+//                tables in the interleaved schedule's memory (schedule.cc).
+//                                                peak (F to W): at most interleaved's, above
 // Every schedule runs each stage's gradient-accumulating actions (B or W) in micro-batch order
 // 0, 1, ..., m - 1, the order one process accumulating the same micro-batches uses, so that the
 // pipelined sums are bitwise the unpipelined ones.
@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 
 enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zero_bubble };
 
@@ -113,4 +113,4 @@ std::string describe(const ScheduleTable& table, int rank);
 // The forward-only table of an evaluation: each stage forwards every micro-batch in order.
 ScheduleTable make_forward_schedule(int ranks, int micro_batches, int chunks = 1);
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -18,7 +18,7 @@
 
 #include "lockstep/pipe_core/schedule.h"
 
-namespace lockstep::pipe {
+namespace lockstep::pipe_core {
 
 struct ScheduleCheck {
   std::string error;               // empty: the table is sound
@@ -47,4 +47,4 @@ Timeline simulate(const ScheduleTable& table, const std::vector<ActionCosts>& co
 Timeline simulate(const ScheduleTable& table, const std::function<double(const Action&)>& seconds,
                   double transfer = 0);
 
-}  // namespace lockstep::pipe
+}  // namespace lockstep::pipe_core

@@ -159,7 +159,7 @@ inline std::vector<std::string> comm_hook_names() {
     "sequence parallelism: norms, dropouts and residuals on 1/T of the tokens)", any())                  \
   X(std::string, pipeline_schedule, "1f1b", "--pipeline-parallel: the schedule",                               \
     one_of({"gpipe", "1f1b", "interleaved", "zb"}))                                                            \
-  X(int, virtual_stages, 1, "--pipeline-schedule interleaved: stages per pipeline rank", at_least(1))          \
+  X(int, virtual_stages, 1, "--pipeline-schedule interleaved or zb: stages per pipeline rank", at_least(1))          \
   X(int, num_microbatches, 0,                                                                                  \
     "--pipeline-parallel: micro-batches per step, cut from the step's per-device-train-batch-size x "            \
     "gradient-accumulation-steps samples (any number; 0: gradient-accumulation-steps of per-device-train-batch-size)", \

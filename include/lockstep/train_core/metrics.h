@@ -62,7 +62,7 @@
   X(std::optional<double>, matmul_bf16_flops_per_second, "... and in bfloat16")                          \
   X(std::optional<int>, pipeline_parallel, "--pipeline-parallel: pipeline ranks P (the world is P x replicas)") \
   X(std::optional<std::string>, pipeline_schedule, "... the schedule (gpipe, 1f1b, interleaved, zb)")     \
-  X(std::optional<int>, virtual_stages, "... stages per pipeline rank (interleaved)")                    \
+  X(std::optional<int>, virtual_stages, "... stages per pipeline rank (interleaved, zb)")                    \
   X(std::optional<int>, num_microbatches, "... micro-batches per step (the last step of an epoch may have fewer)") \
   X(std::optional<std::string>, pipeline_plan, "... which units each stage holds, one line per stage")
 
