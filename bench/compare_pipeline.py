@@ -6,13 +6,15 @@ Every side trains the byte-level GPT of examples/gpt (bench/torch_gpt.py's twin 
 on the fortune corpus, one intra-op and one BLAS thread per worker, dropout 0, no clipping (PyTorch's
 pipelining has none across stages). Parts:
 
-  peer     2 stages on 2 workers, the same GPT split (embeddings + blocks | blocks + head) and
-           micro-batches: lockstep's examples/gpt --pipeline-parallel 2 under each schedule (built on
-           Debian's libtorch, --build, and on the wheel's, --build2, when given) against
-           torch.distributed.pipelining's 1f1b and gpipe (bench/torch_pipeline.py) and DeepSpeed's
+  peer     2 stages on 2 workers: each lockstep schedule (built on Debian's libtorch, --build, and
+           on the wheel's, --build2, when given) against its torch.distributed.pipelining
+           counterpart (bench/torch_pipeline.py: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble;
+           ZBV, which lockstep does not build, on its own), every pair with the same blocks per stage
+           (--pipeline-split on lockstep's side), and lockstep's 1f1b against DeepSpeed's
            PipelineModule with its own schedule (bench/deepspeed_pipeline.py, from the venv
-           bench/peers/setup makes), all on the torch 2.x venv over gloo; sides interleaved
-           --repeat times, median tokens/s. A peer that does not run is reported with its error.
+           bench/peers/setup makes), all on the torch 2.x venv over gloo; every side once a round,
+           --repeat rounds, median tokens/s and range. A peer that does not run is reported with
+           its error.
   bubble   lockstep, P 2, m 8: each schedule's measured bubble per pipeline rank (the share of each
            step it did not compute), its schedule's with the time each action took (the step's table
            simulated), and the textbook figure for equal forward and backward times.
@@ -51,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WARMUP_WINDOWS = 1  # the first logging window of every lockstep run is not timed
 PEER_RUNS = {}  # (side, schedule): tokens/s of each run, for --json
+DS_PARTS = []  # DeepSpeed's stage boundaries over its layers (embedding, blocks, norm, head), as it printed them
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -88,15 +91,25 @@ def per_rank(logs, key):
 # ----------------------------------------------------------------------------------------------
 # peer
 
-def torch_pipelining(python, build, schedule, m, micro_batch, steps):
+def torch_pipelining(python, build, schedule, m, micro_batch, steps, split):
     cmd = [f"{build}/tools/lockstep", "run", "--nproc-per-node", "2", python, f"{HERE}/torch_pipeline.py",
            "--schedule", schedule, "--microbatches", str(m), "--micro-batch", str(micro_batch), "--steps",
-           str(steps), "--warmup", "10"]
+           str(steps), "--warmup", "10", "--split", ",".join(map(str, split))]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **ONE_THREAD))
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{done.stdout}{done.stderr}")
     line = next(l for l in done.stdout.splitlines() if "tokens_per_s" in l)
     return json.loads(line[line.index("{"):])["tokens_per_s"]
+
+
+def lockstep_split(blocks):
+    """lockstep's --pipeline-split (units: the embedding, each block, the head) for the stages that
+    hold `blocks` blocks each, the first with the embedding and the last with the head, as the torch
+    peer cuts its stages."""
+    units = list(blocks)
+    units[0] += 1
+    units[-1] += 1
+    return ",".join(map(str, units))
 
 
 def deepspeed_pipeline(python, build, m, micro_batch, steps):
@@ -106,45 +119,81 @@ def deepspeed_pipeline(python, build, m, micro_batch, steps):
     if done.returncode != 0:
         return None, (done.stdout + done.stderr).strip().splitlines()[-1]
     line = next(l for l in done.stdout.splitlines() if "tokens_per_s" in l)
-    return json.loads(line[line.index("{"):])["tokens_per_s"], None
+    record = json.loads(line[line.index("{"):])
+    DS_PARTS[:] = record.get("parts", [])
+    return record["tokens_per_s"], None
+
+
+# Each lockstep schedule and its torch.distributed.pipelining counterpart: (label, lockstep flags,
+# torch's schedule, stages per rank). lockstep's zb with one chunk has no counterpart in torch (its
+# zero-bubble schedules are the interleaved and V ones), nor torch's ZBV in lockstep (not built).
+PEER_PAIRS = [
+    ("gpipe", ["--pipeline-schedule", "gpipe"], "gpipe", 1),
+    ("1f1b", ["--pipeline-schedule", "1f1b"], "1f1b", 1),
+    ("interleaved, v 2", ["--pipeline-schedule", "interleaved", "--virtual-stages", "2"], "interleaved-1f1b", 2),
+    ("interleaved zb, v 2", ["--pipeline-schedule", "zb", "--virtual-stages", "2"], "interleaved-zb", 2),
+    ("zb (ZB-H1), v 1", ["--pipeline-schedule", "zb"], None, 1),
+    ("ZBV", None, "zbv", 2),
+]
+TORCH = "torch.distributed.pipelining (2.15, gloo)"
+DEEPSPEED = "DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule: 1f1b)"
 
 
 def part_peer(args):
-    """Each lockstep schedule against the peers' 1f1b-like schedules (torch's Schedule1F1B, DeepSpeed's
-    TrainSchedule) and torch's GPipe against lockstep's gpipe, all sides interleaved, medians."""
-    m, mb = 8, 2
+    """Each lockstep schedule against its torch counterpart with the same blocks per stage, and
+    lockstep's 1f1b against DeepSpeed's 1f1b-like TrainSchedule, all sides interleaved, medians."""
+    m, mb, p, layers = 8, 2, 2, 4
     builds = [("lockstep (Debian libtorch 1.13, OpenBLAS)", args.build)]
     if args.build2:
         builds.append(("lockstep (torch 2.15 wheel's libtorch, MKL)", args.build2))
     ds_python, errors = peer_env.peers()
     ds_error = errors.get("deepspeed") or errors.get("setup")
     runs = {}
+    splits = {}
     for _ in range(args.repeat):
-        for schedule, extra in [("1f1b", []), ("gpipe", []), ("zb", []), ("interleaved", ["--virtual-stages", "2"])]:
-            for name, build in builds:
-                logs = lockstep_run(build, 2, lambda out: gpt_flags(out, args.steps, m, mb, ["--pipeline-parallel", "2",
-                                                                                             "--pipeline-schedule", schedule] + extra))
-                runs.setdefault((name, schedule), []).append(mean_of(logs, "tokens_per_second"))
-        for schedule in ("1f1b", "gpipe"):
-            runs.setdefault(("torch.distributed.pipelining (2.15, gloo)", schedule), []).append(
-                torch_pipelining(args.torch2_python, args.build, schedule, m, mb, args.steps))
+        for label, flags, torch_schedule, chunks in PEER_PAIRS:
+            count = p * chunks
+            blocks = [layers // count + (1 if s < layers % count else 0) for s in range(count)]
+            splits[label] = blocks
+            for name, build in builds if flags else []:
+                extra = ["--pipeline-parallel", str(p), "--pipeline-split", lockstep_split(blocks)] + flags
+                logs = lockstep_run(build, p, lambda out: gpt_flags(out, args.steps, m, mb, extra))
+                runs.setdefault((name, label), []).append(mean_of(logs, "tokens_per_second"))
+            if torch_schedule:
+                runs.setdefault((TORCH, label), []).append(
+                    torch_pipelining(args.torch2_python, args.build, torch_schedule, m, mb, args.steps, blocks))
         if ds_python and not ds_error:
             rate, ds_error = deepspeed_pipeline(ds_python, args.build, m, mb, args.steps)
             if rate:
-                runs.setdefault(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"), []).append(rate)
-        print({k: v[-1] for k, v in runs.items()}, flush=True)
+                runs.setdefault((DEEPSPEED, "1f1b"), []).append(rate)
+        print({k: round(v[-1]) for k, v in runs.items()}, flush=True)
     PEER_RUNS.update(runs)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    torch_1f1b = med[("torch.distributed.pipelining (2.15, gloo)", "1f1b")]
-    ds = med.get(("DeepSpeed PipelineModule (2.15, gloo, its TrainSchedule)", "1f1b"))
-    lines = ["## Against PyTorch's and DeepSpeed's pipelines: 2 stages, 4 x 256 GPT (tied head), m 8 micro-batches of 2 x 128 bytes",
-             "", f"{args.repeat} runs of each side, interleaved; tokens/s over {args.steps} steps after 10 untimed ones.", "",
-             "| side | schedule | tokens/s (median) | range | vs torch pipelining 1f1b | vs DeepSpeed |",
-             "|---|---|---|---|---|---|"]
-    for (name, schedule), values in sorted(runs.items(), key=lambda kv: -med[kv[0]]):
-        lines.append(f"| {name} | {schedule} | {med[(name, schedule)]:.0f} | {min(values):.0f}-{max(values):.0f} | "
-                     f"{med[(name, schedule)] / torch_1f1b:.2f}x | {f'{med[(name, schedule)] / ds:.2f}x' if ds else '-'} |")
-    lines += ["", f"DeepSpeed: {'ran' if ds else 'not run: ' + (ds_error or 'unknown')}", ""]
+    spread = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in runs.items()}
+    lines = [f"## Against PyTorch's and DeepSpeed's pipelines: {p} stages, {layers} x 256 GPT, m {m} micro-batches of {mb} x 128 bytes",
+             "", f"{args.repeat} rounds, every side once a round, in turn; tokens/s over {args.steps} steps after 10 untimed "
+             "ones, each step timed from cutting its micro-batches to the end of its optimizer step on every side. "
+             "Each schedule against its torch counterpart, with the same blocks per stage (printed; the first stage also "
+             "holds the embeddings, the last the final norm and the head). lockstep's head is tied to the embedding "
+             "(its gradient crosses to the first stage every micro-batch); torch's is an untied copy on the last stage "
+             "(nothing crosses) except under ZBV, whose first and last stages share rank 0 and the weight.", "",
+             "| schedule | blocks per stage | side | tokens/s (median) | range | torch's counterpart (median) | range | lockstep / torch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, flags, torch_schedule, chunks in PEER_PAIRS:
+        theirs = med.get((TORCH, label))
+        for name, _ in builds if flags else [(None, None)]:
+            ours = med.get((name, label)) if name else None
+            lines.append(f"| {label} | {','.join(map(str, splits[label]))} | {name or '(not built in lockstep)'} | "
+                         f"{f'{ours:.0f}' if ours else '-'} | {spread.get((name, label), '-')} | "
+                         f"{f'{theirs:.0f}' if theirs else '- (none)'} | {spread.get((TORCH, label), '-')} | "
+                         f"{f'{ours / theirs:.2f}x' if ours and theirs else '-'} |")
+    ds = med.get((DEEPSPEED, "1f1b"))
+    lines += ["", "| lockstep 1f1b | DeepSpeed (median) | range | lockstep / DeepSpeed |", "|---|---|---|---|"]
+    for name, _ in builds:
+        ours = med.get((name, "1f1b"))
+        lines.append(f"| {name}: {ours:.0f} | {f'{ds:.0f}' if ds else '-'} | {spread.get((DEEPSPEED, '1f1b'), '-')} | "
+                     f"{f'{ours / ds:.2f}x' if ds else '-'} |")
+    lines += ["", f"DeepSpeed: {'ran, its stage boundaries over its layers (the embedding, the blocks, the norm, the head) ' + str(DS_PARTS) if ds else 'not run: ' + (ds_error or 'unknown')}", ""]
     return lines
 
 
@@ -158,7 +207,9 @@ def part_bubble(args):
              "textbook, equal F and B | tokens/s |", "|---|---|---|---|---|---|---|"]
     textbook = {"gpipe": (p - 1) / (m + p - 1), "1f1b": (p - 1) / (m + p - 1), "interleaved": (p - 1) / (2 * m + p - 1)}
     idle = {}
-    for schedule, extra in [("gpipe", []), ("1f1b", []), ("interleaved", ["--virtual-stages", "2"]), ("zb", [])]:
+    two = ["--virtual-stages", "2"]
+    for label, schedule, extra in [("gpipe", "gpipe", []), ("1f1b", "1f1b", []), ("interleaved", "interleaved", two),
+                                   ("zb", "zb", []), ("zb, v 2", "zb", two)]:
         measured, analytic, rate = [], [], []
         for _ in range(args.repeat):
             logs = lockstep_run(args.build, p, lambda out: gpt_flags(out, args.steps, m, mb, ["--pipeline-parallel", str(p),
@@ -166,12 +217,12 @@ def part_bubble(args):
             measured.append(per_rank(logs, "pipeline_bubble"))
             analytic.append(per_rank(logs, "pipeline_bubble_analytic"))
             rate.append(mean_of(logs, "tokens_per_second"))
-        idle[schedule] = statistics.mean(statistics.mean(r) for r in measured)
+        idle[label] = statistics.mean(statistics.mean(r) for r in measured)
         for r in range(p):
             b = statistics.mean(x[r] for x in measured)
             a = statistics.mean(x[r] for x in analytic)
-            book = f"{100 * textbook[schedule]:.1f}%" if schedule in textbook else "-"
-            lines.append(f"| {schedule} | {r} | {100 * b:.1f}% | {100 * a:.1f}% | {100 * (b - a):+.1f} points | {book} | "
+            book = f"{100 * textbook[label]:.1f}%" if label in textbook else "-"
+            lines.append(f"| {label} | {r} | {100 * b:.1f}% | {100 * a:.1f}% | {100 * (b - a):+.1f} points | {book} | "
                          f"{statistics.median(rate):.0f} |")
             print(lines[-1], flush=True)
     order = sorted(idle, key=idle.get)

@@ -67,7 +67,8 @@ def main():
     def loss_fn(logits, target):
         return F.cross_entropy(logits.float().reshape(-1, torch_gpt.VOCAB), target.reshape(-1))
 
-    model = PipelineModule(layers=layers, num_stages=world, loss_fn=loss_fn, partition_method="parameters")
+    model = PipelineModule(layers=layers, num_stages=world, loss_fn=loss_fn,
+                           partition_method="type:Block")  # the blocks evenly, as the other sides cut them
     config = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": args.microbatches,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1,
                                                         "torch_adam": True}},
@@ -96,7 +97,7 @@ def main():
     if torch.distributed.get_rank() == world - 1:
         step_s = sum(times) / len(times)
         tokens = args.microbatches * args.micro_batch * args.block_size
-        print(json.dumps({"side": "deepspeed", "deepspeed": deepspeed.__version__, "stages": world,
+        print(json.dumps({"side": "deepspeed", "deepspeed": deepspeed.__version__, "stages": world, "parts": [int(b) for b in model.parts],
                           "microbatches": args.microbatches, "step_s": step_s, "tokens_per_s": tokens / step_s,
                           "first_loss": losses[0], "last_loss": losses[-1]}))
 
