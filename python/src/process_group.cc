@@ -11,9 +11,6 @@
 #include "tensor_wire.h"
 
 namespace lockstep::torch_backend {
-namespace {
-
-// torch.distributed passes one tensor per call on CPU; the lists exist for the *_multigpu forms.
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* collective) {
   if (tensors.size() != 1)
     throw std::runtime_error(std::string("lockstep: ") + collective + " takes one tensor per call, got " +
@@ -24,6 +21,8 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* col
 std::vector<comm::WorkPtr> one(comm::WorkPtr w) {
   return {std::move(w)};
 }
+
+namespace {
 
 // The deleter of storages moved into shared memory: drops the reference to the allocation.
 void release_shared(void* context) {

@@ -164,4 +164,10 @@ class ProcessGroupLockstep : public CollectiveBase {
 // Runs `f` without the GIL when the calling thread holds it (module.cc; a no-op outside Python).
 void without_gil(const std::function<void()>& f);
 
+// torch.distributed passes one tensor per call on CPU; the lists exist for the *_multigpu forms,
+// which are refused naming `collective` (process_group.cc).
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* collective);
+// One handle as the list the comm layer's calls take.
+std::vector<comm::WorkPtr> one(comm::WorkPtr w);
+
 }  // namespace lockstep::torch_backend

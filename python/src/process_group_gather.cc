@@ -37,13 +37,6 @@ void require_one_list(std::size_t lists, const char* collective) {
                              std::to_string(lists) + " (the *_multigpu forms are not supported)");
 }
 
-const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* collective) {
-  if (tensors.size() != 1)
-    throw std::runtime_error(std::string("lockstep: ") + collective + " takes one tensor per call, got " +
-                             std::to_string(tensors.size()) + " (the *_multigpu forms are not supported)");
-  return tensors[0];
-}
-
 // Unpacks `blocks` consecutive wire blocks into `output`, read as that many equal pieces.
 void unpack_blocks(const at::Tensor& wire, const WireSpec& spec, std::int64_t blocks, const at::Tensor& output) {
   const at::Tensor target = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
@@ -51,10 +44,6 @@ void unpack_blocks(const at::Tensor& wire, const WireSpec& spec, std::int64_t bl
   const std::int64_t n = blocks == 0 ? 0 : flat.numel() / blocks;
   for (std::int64_t r = 0; r < blocks; ++r) unpack(wire_block(wire, spec, r), spec, flat.narrow(0, r * n, n));
   if (!output.is_contiguous()) output.copy_(target);
-}
-
-std::vector<comm::WorkPtr> one(comm::WorkPtr w) {
-  return {std::move(w)};
 }
 
 std::size_t count_of(const WireSpec& spec) {

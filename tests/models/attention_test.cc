@@ -25,13 +25,13 @@ namespace {
 
 constexpr double kScale = 0.37;
 
-struct Outcome {
+struct AttentionOutcome {
   torch::Tensor y, ds;
 };
 
 // y = f(scores) and the scores' gradient of (y * g).sum().
 template <class F>
-Outcome run(const F& f, const torch::Tensor& scores, const torch::Tensor& g) {
+AttentionOutcome run(const F& f, const torch::Tensor& scores, const torch::Tensor& g) {
   auto s = scores.detach().clone().requires_grad_(true);
   const auto y = f(s);
   (y.to(torch::kDouble) * g).sum().backward();

@@ -20,13 +20,13 @@ namespace {
 
 constexpr double kEps = 1e-5;
 
-struct Outcome {
+struct NormOutcome {
   torch::Tensor y, dx, dweight, dbias;
 };
 
 // y = f(x, weight, bias) and the gradients of (y * g).sum(), under bf16 autocast when asked.
 template <class F>
-Outcome run(const F& f, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+NormOutcome run(const F& f, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
             const torch::Tensor& g, bool autocast) {
   auto xv = x.detach().clone().requires_grad_(true);
   auto wv = weight.detach().clone().requires_grad_(true);
@@ -40,7 +40,7 @@ Outcome run(const F& f, const torch::Tensor& x, const torch::Tensor& weight, con
   return {y.detach(), xv.grad(), wv.grad(), bv.grad()};
 }
 
-Outcome reference(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+NormOutcome reference(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                   const torch::Tensor& g) {
   return run([](const torch::Tensor& xv, const torch::Tensor& wv, const torch::Tensor& bv) {
     const auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
@@ -48,7 +48,7 @@ Outcome reference(const torch::Tensor& x, const torch::Tensor& weight, const tor
   }, x, weight, bias, g, false);
 }
 
-Outcome fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& g,
+NormOutcome fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& g,
               bool autocast) {
   return run([](const torch::Tensor& xv, const torch::Tensor& wv, const torch::Tensor& bv) {
     return fast_layer_norm(xv, wv, bv, kEps);
@@ -72,8 +72,8 @@ TEST(FastLayerNorm, MatchesLibtorchsLayerNormWithAndWithoutTheCast) {
       const auto weight = torch::randn({shape.back()}), bias = torch::randn({shape.back()});
       auto g = torch::randn(shape, torch::kDouble);
       if (autocast) g = g.to(torch::kBFloat16).to(torch::kDouble);
-      const Outcome want = reference(x, weight, bias, g);
-      const Outcome got = fused(x, weight, bias, g, autocast);
+      const NormOutcome want = reference(x, weight, bias, g);
+      const NormOutcome got = fused(x, weight, bias, g, autocast);
       const std::string where = (autocast ? "bf16 out, " : "float out, ") + std::to_string(x.numel());
       EXPECT_EQ(got.y.scalar_type(), autocast ? torch::kBFloat16 : torch::kFloat) << where;
       EXPECT_EQ(got.dx.scalar_type(), torch::kFloat) << where;
@@ -98,8 +98,8 @@ TEST(FastLayerNorm, TakesStridedInputs) {
   const auto x = torch::randn({40, 24}).t();  // 24 x 40, not contiguous
   const auto weight = torch::randn({40}), bias = torch::randn({40});
   const auto g = torch::randn({24, 40}, torch::kDouble);
-  const Outcome got = fused(x, weight, bias, g, false);
-  const Outcome want = reference(x, weight, bias, g);
+  const NormOutcome got = fused(x, weight, bias, g, false);
+  const NormOutcome want = reference(x, weight, bias, g);
   EXPECT_TRUE(close(got.y, want.y, 1e-5, 1e-5));
   EXPECT_TRUE(close(got.dx, want.dx, 1e-4, 1e-5));
   EXPECT_TRUE(close(got.dweight, want.dweight, 1e-4, 1e-4));
@@ -109,7 +109,7 @@ TEST(FastLayerNorm, TakesStridedInputs) {
 TEST(FastLayerNorm, AConstantRowGivesTheBias) {
   const auto x = torch::full({2, 64}, 3.25f);
   const auto weight = torch::randn({64}), bias = torch::randn({64});
-  const Outcome got = fused(x, weight, bias, torch::randn({2, 64}, torch::kDouble), false);
+  const NormOutcome got = fused(x, weight, bias, torch::randn({2, 64}, torch::kDouble), false);
   EXPECT_TRUE(torch::equal(got.y, bias.expand({2, 64})));
   EXPECT_TRUE(torch::isfinite(got.dx).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(got.dweight).all().item<bool>());

@@ -20,7 +20,8 @@
 #include "lockstep/tp/regions.h"
 #include "testing.h"
 
-namespace lockstep::tp {
+// A namespace of this file's own: the unity build compiles it with the other tp tests.
+namespace lockstep::tp::equivalence_test {
 namespace {
 
 constexpr std::int64_t kVocab = 16, kWidth = 8, kHidden = 16, kSequence = 4, kBlocks = 2;
@@ -305,4 +306,4 @@ TEST(TensorParallelEquivalence, TheGlobalNormCountsEachWholeParameterOnce) {
 }
 
 }  // namespace
-}  // namespace lockstep::tp
+}  // namespace lockstep::tp::equivalence_test

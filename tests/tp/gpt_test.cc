@@ -25,7 +25,8 @@
 #include "lockstep/train/sharded_checkpoint.h"
 #include "testing.h"
 
-namespace lockstep::tp {
+// A namespace of this file's own: the unity build compiles it with the other tp tests.
+namespace lockstep::tp::gpt_test {
 namespace {
 
 using models::GptConfig;
@@ -462,4 +463,4 @@ TEST(GptTensorParallel, ADegreeThatDoesNotDivideTheHeadsOrTheVocabularyIsRefused
 }
 
 }  // namespace
-}  // namespace lockstep::tp
+}  // namespace lockstep::tp::gpt_test
