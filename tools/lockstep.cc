@@ -117,6 +117,10 @@ struct RunCommand : Command {
                         "seconds to reach node 0's store and see every node (default: --timeout when set "
                         "and shorter, else 60)");
     app->add_option("--backend", options.backend, "exported as LOCKSTEP_BACKEND: " + comm::backend_choices());
+    app->add_option("--torch-backend", options.torch_backend,
+                    "Python workers: create torch.distributed's default process group with this backend "
+                    "(lockstep, gloo, ...) as torch is imported, for scripts that leave it to the Hugging "
+                    "Face Trainer or Accelerate (exported as LOCKSTEP_TORCH_BACKEND; needs lockstep_torch)");
   }
 
   int run() override {

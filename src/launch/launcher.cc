@@ -1,8 +1,11 @@
 // lockstep run: the options, and the job on this node from join to leave.
 #include "lockstep/launch/launcher.h"
 
-#include "agent.h"
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+
+#include "agent.h"
 
 #include "lockstep/base/knobs.h"
 #include "lockstep/base/log.h"
@@ -42,6 +45,17 @@ int Agent::run() {
   return code;
 }
 
+namespace {
+
+// torch.distributed's names: a backend ("lockstep") or a device map ("cpu:gloo,cuda:nccl").
+bool torch_backend_name(const std::string& name) {
+  return std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::islower(c) || std::isdigit(c) || c == '_' || c == ':' || c == ',';
+  });
+}
+
+}  // namespace
+
 void validate(const LaunchOptions& o) {
   if (o.program.empty()) throw ConfigError("no PROGRAM given: lockstep run [options] PROGRAM [ARGS...]");
   if (o.nproc_per_node < 1)
@@ -69,6 +83,10 @@ void validate(const LaunchOptions& o) {
     throw ConfigError("--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
   if (!o.backend.empty() && !comm::is_backend_name(o.backend))
     throw ConfigError("--backend '" + o.backend + "' is unknown: use " + comm::backend_choices(", "));
+  if (!o.torch_backend.empty() && !torch_backend_name(o.torch_backend))
+    throw ConfigError("--torch-backend '" + o.torch_backend +
+                      "' is not a torch.distributed backend's name: use lockstep, gloo, nccl, mpi or "
+                      "a device map such as cpu:lockstep,cuda:nccl");
   if (!resolve_program(o.program[0]))
     throw ConfigError("program '" + o.program[0] + "' not found" +
                       (o.program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)") +

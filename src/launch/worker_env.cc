@@ -37,6 +37,7 @@ void add_job(knobs::Environment& env, const LaunchOptions& o, const JobPlacement
   env[knobs::kStoreAddr.name] = p.store_address;
   env[knobs::kToken.name] = p.token;
   if (!o.backend.empty()) env[knobs::kBackend.name] = o.backend;
+  if (!o.torch_backend.empty()) env[knobs::kTorchBackend.name] = o.torch_backend;
 }
 
 // In a build tree the torch.distributed backend sits beside tools/ (build/python): Python
@@ -100,6 +101,7 @@ WorkerSpec elastic_worker_spec(const LaunchOptions& options, const JobPlacement&
   env[knobs::kStoreAddr.name] = placement.store_address;
   env[knobs::kToken.name] = placement.token;
   if (!options.backend.empty()) env[knobs::kBackend.name] = options.backend;
+  if (!options.torch_backend.empty()) env[knobs::kTorchBackend.name] = options.torch_backend;
   WorkerSpec spec;
   spec.rank = node * options.nproc_per_node + local + incarnation * options.nproc_per_node * options.nnodes;
   spec.local_rank = local;

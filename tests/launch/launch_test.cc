@@ -59,6 +59,21 @@ TEST(Launch, WorkersGetMallocTunablesUnlessTheUserSetSome) {
       << theirs.output();
 }
 
+// --torch-backend reaches Python workers as LOCKSTEP_TORCH_BACKEND (lockstep_torch creates the
+// default process group with it); without the flag the variable is not set.
+TEST(Launch, TorchBackendIsExportedOnlyWhenGiven) {
+  Process asked({kLockstep, "run", "--nproc-per-node", "1", "--torch-backend", "cpu:lockstep,cuda:nccl",
+                 "/usr/bin/env"},
+                {{"LOCKSTEP_TORCH_BACKEND", "<unset>"}});
+  EXPECT_EQ(asked.wait(30), 0) << asked.output();
+  EXPECT_NE(asked.output().find("LOCKSTEP_TORCH_BACKEND=cpu:lockstep,cuda:nccl\n"), std::string::npos)
+      << asked.output();
+  Process plain({kLockstep, "run", "--nproc-per-node", "1", "/usr/bin/env"},
+                {{"LOCKSTEP_TORCH_BACKEND", "<unset>"}});
+  EXPECT_EQ(plain.wait(30), 0) << plain.output();
+  EXPECT_EQ(plain.output().find("LOCKSTEP_TORCH_BACKEND="), std::string::npos) << plain.output();
+}
+
 // The kernels a worker's OpenBLAS multiplies with ("" when libblas.so.3 is not OpenBLAS).
 std::string worker_blas_core(const std::map<std::string, std::string>& env) {
   Process run({kLockstep, "run", "--nproc-per-node", "1", kWorker, "blas", "none"}, env);
@@ -279,7 +294,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"NotANumber", {"--nproc-per-node", "many", "/bin/true"}, "not a number"},
         BadInput{"UnknownOption",
                  {"--frobnicate", "/bin/true"},
-                 "unknown option --frobnicate before the program"}),
+                 "unknown option --frobnicate before the program"},
+        BadInput{"NotATorchBackend",
+                 {"--torch-backend", "Lock Step", "/bin/true"},
+                 "--torch-backend 'Lock Step' is not a torch.distributed backend's name"}),
     [](const ::testing::TestParamInfo<BadInput>& param) { return param.param.name; });
 
 // An empty sweep used to divide by zero in every rank (SIGFPE): now it is refused before any

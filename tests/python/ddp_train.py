@@ -3,7 +3,9 @@
 The backend string is its first argument (the only difference between a gloo and a lockstep
 run); every rank saves its final parameters and its losses to OUT_DIR/rank<N>.pt.
 
-    ddp_train.py BACKEND OUT_DIR [--steps N] [--hidden H] [--bucket-cap-mb MB]
+    ddp_train.py BACKEND OUT_DIR [--steps N] [--hidden H] [--bucket-cap-mb MB] [--no-init]
+
+--no-init: the script creates no process group; `lockstep run --torch-backend BACKEND` has made one.
 """
 import argparse
 import os
@@ -22,9 +24,13 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--bucket-cap-mb", type=float, default=0.01)
+    ap.add_argument("--no-init", action="store_true", help="the launcher made the process group")
     args = ap.parse_args()
 
-    dist.init_process_group(args.backend)
+    if not args.no_init:
+        dist.init_process_group(args.backend)
+    if dist.get_backend() != args.backend:
+        raise SystemExit(f"the group runs on {dist.get_backend()}, not on {args.backend}")
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must broadcast rank 0's
     h = args.hidden

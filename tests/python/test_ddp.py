@@ -117,6 +117,16 @@ class UnmodifiedDdpScript(harness.TestCase):
     def test_torchrun_2_workers(self):
         self.compare(2, "torchrun", exact=True)
 
+    def test_the_launcher_creates_the_group_for_a_script_that_does_not(self):
+        """`lockstep run --torch-backend lockstep`: the group is made as torch is imported (torch 2.x:
+        the entry point of the build tree's dist-info; 1.13: the import hook), the script calls no
+        init_process_group (--no-init; it checks the group's backend), and the result is gloo's."""
+        out = self.tmpdir(prefix="ddp_launcher_group_")
+        argv = ["--torch-backend", "lockstep", harness.PYTHON, SCRIPT, "lockstep", out, "--no-init"]
+        code, output = harness.run_launcher(2, argv, out, timeout=300)
+        self.assertEqual(code, 0, output)
+        self.check_runs(out, self.reference(2, "lockstep run"), 2, exact=True)
+
     def test_unregistered_without_the_hook(self):
         """Without the build tree's python/ on PYTHONPATH "lockstep" is unknown: the hook is what
         registers it (so the test above cannot pass by accident). torch 1.x refuses the name

@@ -63,6 +63,7 @@ inline constexpr Knob kRunId{"LOCKSTEP_RUN_ID", "default", "names the run's keys
 inline constexpr Knob kRestartCount{"LOCKSTEP_RESTART_COUNT", "0", "restarts so far (set by lockstep run); the Trainer resumes from its newest checkpoint when above 0", Group::comm};
 inline constexpr Knob kElastic{"LOCKSTEP_ELASTIC", nullptr, "MIN:MAX machines, set by lockstep run --nnodes MIN:MAX: the worker joins an elastic membership (the Trainer does; a plain rendezvous refuses) instead of a fixed RANK and WORLD_SIZE", Group::comm};
 inline constexpr Knob kBackend{"LOCKSTEP_BACKEND", "auto", "shm, gloo, hier, mpi, nccl (GPU memory; host buffers staged) or auto (shm when every rank is on one machine; gloo when each machine holds one rank; else hier, unequal machines included)", Group::comm};
+inline constexpr Knob kTorchBackend{"LOCKSTEP_TORCH_BACKEND", nullptr, "Python: the torch.distributed backend (lockstep, gloo, ...) the default process group is created with as torch is imported (lockstep run --torch-backend sets it), so that a script that never creates one, or creates one only when none exists (the Hugging Face Trainer, Accelerate), runs on it unchanged", Group::comm};
 inline constexpr Knob kHierAcross{"LOCKSTEP_HIER_ACROSS", "gloo", "the hier backend's engine between machines: gloo, or mpi (under mpirun, in a lockstep built with MPI; MASTER_ADDR/MASTER_PORT still give the store the machines' shared memory needs)", Group::comm};
 inline constexpr Knob kP2pShm{"LOCKSTEP_P2P_SHM", "1", "point-to-point between ranks on one machine (a pipeline's activations, dist.send/recv): through shared memory (1) or over loopback TCP (0)", Group::comm};
 inline constexpr Knob kGlooRing{"LOCKSTEP_GLOO_RING", "mailbox", "the gloo backend's all-reduces above 512 KiB gathered: a ring over lockstep's own connections (mailbox), or Gloo's ring (gloo); every rank must name the same, else Gloo's is used", Group::comm};
@@ -115,6 +116,7 @@ inline constexpr const Knob* kAll[] = {&kRank,
                                        &kRestartCount,
                                        &kElastic,
                                        &kBackend,
+                                       &kTorchBackend,
                                        &kHierAcross,
                                        &kGlooRing,
                                        &kP2pShm,

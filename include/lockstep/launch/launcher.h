@@ -48,6 +48,7 @@ struct LaunchOptions {
   double timeout = 0;                // seconds for the whole job; 0: none
   double join_timeout = 60;          // seconds to reach the store and see every agent
   std::string backend;               // exported as LOCKSTEP_BACKEND when set
+  std::string torch_backend;         // exported as LOCKSTEP_TORCH_BACKEND when set (Python workers)
   std::string token;                 // empty: LOCKSTEP_TOKEN, else a fresh one (one machine)
   std::vector<std::string> program;  // PROGRAM ARGS...
 };

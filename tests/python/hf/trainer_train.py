@@ -4,14 +4,19 @@
 
 Hugging Face picks the backend itself: TrainingArguments' ddp_backend takes only its own list
 (nccl, gloo, mpi, ...), and on CPU Accelerate's PartialState uses gloo whatever it is given.
-Both create the process group only when none exists, so the supported way in is to create it
-first: dist.init_process_group("lockstep"); the Trainer's DDP then runs on it.
+Both create the process group only when none exists, so the ways in are to create it first,
+dist.init_process_group("lockstep"), or to have `lockstep run --torch-backend lockstep` create it
+(--no-init below); the Trainer's DDP then runs on it.
 
 Rank 0 prints one JSON line: {"backend", "world", "losses", "seconds_per_step"} (the losses as
 the Trainer logs them, rounded to 4 digits). Every rank writes OUT_DIR/rank<r>.pt: its own loss of
 every step before any rounding (what training_step returned) and its parameters at the end.
 
-    trainer_train.py BACKEND OUT_DIR --tokenizer DIR [--steps N]
+    trainer_train.py BACKEND OUT_DIR --tokenizer DIR [--steps N] [--no-init]
+
+--no-init makes it the unmodified script: it creates no process group, so Hugging Face creates
+one (gloo on CPU), unless `lockstep run --torch-backend B` had one created as torch was imported
+(tests/python/test_pip.py); BACKEND then only names the run.
 """
 import argparse
 import json
@@ -69,9 +74,11 @@ def main():
     ap.add_argument("--tokenizer", required=True, help="a directory fortune_data.py saved")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--no-init", action="store_true", help="leave the process group to Hugging Face")
     args = ap.parse_args()
 
-    dist.init_process_group(args.backend)  # before transformers: it then uses this group
+    if not args.no_init:
+        dist.init_process_group(args.backend)  # before transformers: it then uses this group
     from transformers import TrainingArguments
     UnroundedLosses = unrounded_losses_trainer()
 
