@@ -76,12 +76,13 @@ install_pip_torch() {
     echo "lockstep: installing torch $TORCH_PIP_VERSION from PyPI into $TORCH_VENV (about 5 GB)"
     venv_pip_install "torch==$TORCH_PIP_VERSION"
   fi
-  # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), and the
-  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py), each brought to
-  # its pinned version (a venv holding other versions is corrected, not trusted).
+  # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), the
+  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py), and the build
+  # backend `pip install` uses (tests/python/test_pip.py), each brought to its pinned version (a
+  # venv holding other versions is corrected, not trusted).
   local off_pin
   off_pin="$(venv_off_pin numpy==2.4.6 expecttest==0.3.0 transformers==5.24.0 tokenizers==0.23.3 \
-    accelerate==1.15.0 safetensors==0.8.0)"
+    accelerate==1.15.0 safetensors==0.8.0 scikit-build-core==1.1.2)"
   # shellcheck disable=SC2086  # one pin per word
   [ -z "$off_pin" ] || venv_pip_install $off_pin
 }

@@ -19,7 +19,12 @@ def _check_torch():
 
 
 _check_torch()
-from . import _C  # noqa: E402  (only once the torch is known to be the one it links)
+try:
+    from . import _C  # noqa: E402  (only once the torch is known to be the one it links)
+except ImportError as error:  # a system library missing on this machine: name what installs it
+    import lockstep_torch_runtime
+
+    raise ImportError(lockstep_torch_runtime.explain(error)) from error
 
 BACKEND_NAME = "lockstep"
 ProcessGroupLockstep = _C.ProcessGroupLockstep

@@ -33,6 +33,7 @@ TRAINER_ARGUMENTS = "include/lockstep/train_core/arguments.h"
 # Flags the docs name that belong to other programs. Each with its owner.
 FOREIGN_FLAGS = {
     "--install": "cmake --install",
+    "--no-build-isolation": "pip install and pip wheel",
     "--prefix": "cmake --install --prefix",
     "--test-dir": "ctest --test-dir",
     "--output-on-failure": "ctest --output-on-failure",
