@@ -8,6 +8,8 @@
 //   lockstep run --nproc-per-node 2 build/examples/gpt train --train-data train.bin --eval-data val.bin
 //       --vocab-size 50304                                                  # token files (one command)
 //   build/examples/gpt export-hf --checkpoint runs/gpt/checkpoint-600 --output my-gpt2-tuned
+//   build/examples/gpt prepare-data --tokenizer m.model --out train.bin --separator % TEXT...
+//       # text into a token file with a SentencePiece tokenizer; `generate --tokenizer m.model`
 //
 // `train` (the default) pretrains a byte-level causal language model and reports eval_loss and
 // perplexity on the held-out entries; every Trainer flag applies (--gradient-checkpointing,
@@ -29,6 +31,8 @@
 #include <sstream>
 
 #include "lockstep/base/main.h"
+#include "lockstep/data/prepare_text.h"
+#include "lockstep/data/sentencepiece.h"
 #include "lockstep/error.h"
 #include "lockstep/models/gpt.h"
 #include "lockstep/models/hf_gpt2.h"
@@ -242,9 +246,17 @@ std::vector<std::int64_t> bytes_of(const std::string& text) {
   return out;
 }
 
+// The sampled tokens as text: the tokenizer's pieces, or bytes when there is none.
+std::string text_of(const std::vector<std::int64_t>& tokens, const lockstep::data::SentencePiece* tokenizer) {
+  if (tokenizer) return tokenizer->decode(tokens);
+  std::string text;
+  for (auto t : tokens) text.push_back(static_cast<char>(t));
+  return text;
+}
+
 int generate(int argc, const char* const* argv) {
   CLI::App app{"gpt generate: sample text from a checkpoint"};
-  std::string checkpoint, prompt = "%\n";
+  std::string checkpoint, prompt = "%\n", tokenizer_model;
   std::vector<std::int64_t> prompt_tokens;
   bool print_tokens = false;
   lockstep::models::SamplingOptions o;
@@ -255,8 +267,12 @@ int generate(int argc, const char* const* argv) {
   app.add_option("--prompt-tokens", prompt_tokens,
                  "token ids to continue instead (a model whose tokens are not bytes), comma-separated")
       ->delimiter(',');
+  app.add_option("--tokenizer", tokenizer_model,
+                 "the SentencePiece .model the training tokens were prepared with (gpt prepare-data): it encodes "
+                 "the prompt and decodes the sample; default: tokens are bytes");
   app.add_flag("--print-tokens", print_tokens, "print token ids, one line per sample, instead of text");
-  app.add_option("--max-new-tokens", o.max_new_tokens, "bytes to generate")->capture_default_str();
+  app.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate (bytes without --tokenizer)")
+      ->capture_default_str();
   app.add_option("--temperature", o.temperature, "0: always the most likely byte")->capture_default_str();
   app.add_option("--top-k", o.top_k, "sample among the k most likely bytes (0: all)")->capture_default_str();
   app.add_option("--seed", o.seed, "the sampler's seed")->capture_default_str();
@@ -265,7 +281,9 @@ int generate(int argc, const char* const* argv) {
   app.add_option("--device", device, "cpu | cuda (the GPU of LOCAL_RANK) | auto, as the Trainer's")
       ->capture_default_str();
   parse_command_line(app, argc, argv);
-  if (prompt_tokens.empty()) prompt_tokens = bytes_of(prompt);
+  std::unique_ptr<lockstep::data::SentencePiece> tokenizer;
+  if (!tokenizer_model.empty()) tokenizer = std::make_unique<lockstep::data::SentencePiece>(tokenizer_model);
+  if (prompt_tokens.empty()) prompt_tokens = tokenizer ? tokenizer->encode(prompt) : bytes_of(prompt);
   if (prompt_tokens.empty()) throw lockstep::ConfigError("--prompt must hold at least one character");
   const torch::Device where = lockstep::train::training_device(device, lockstep::train::local_rank());
   auto model = load_language_model(checkpoint);
@@ -278,15 +296,36 @@ int generate(int argc, const char* const* argv) {
     o.seed += static_cast<std::uint64_t>(s > 0);
     const auto tokens = lockstep::models::generate(model, prompt_tokens, o);
     std::string text;
-    for (auto t : tokens)
-      if (print_tokens)
-        text += (text.empty() ? "" : " ") + std::to_string(t);
-      else
-        text.push_back(static_cast<char>(t));
+    if (print_tokens)
+      for (auto t : tokens) text += (text.empty() ? "" : " ") + std::to_string(t);
+    else
+      text = text_of(tokens, tokenizer.get());
     std::printf("%s", s && !print_tokens ? "%\n" : "");
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");
   }
+  return 0;
+}
+
+// Text files into a token file for --train-data/--eval-data, with a SentencePiece tokenizer.
+int prepare_data(int argc, const char* const* argv) {
+  CLI::App app{"gpt prepare-data: text files into a token file (nanoGPT's flat array) with a SentencePiece tokenizer"};
+  std::string tokenizer_model, out, separator;
+  std::vector<std::string> texts;
+  app.add_option("--tokenizer", tokenizer_model, "a SentencePiece .model (spm_train's, or Python sentencepiece's)")
+      ->required();
+  app.add_option("--out", out, "the token file to write, e.g. train.bin (uint16, or uint32 above 65,536 tokens)")
+      ->required();
+  app.add_option("--separator", separator,
+                 "a line that ends a document, e.g. % for fortune files (default: each file is one document)");
+  app.add_option("texts", texts, "text files, encoded line by line")->required();
+  parse_command_line(app, argc, argv);
+  const lockstep::data::SentencePiece tokenizer(tokenizer_model);
+  const auto done = lockstep::data::prepare_token_file(tokenizer.encoder(), texts, separator, out);
+  std::printf("wrote %s: %llu tokens (uint%d) in %llu documents from %zu files; train with --vocab-size %llu\n",
+              out.c_str(), static_cast<unsigned long long>(done.tokens), done.token_bytes * 8,
+              static_cast<unsigned long long>(done.documents), texts.size(),
+              static_cast<unsigned long long>(tokenizer.vocabulary()));
   return 0;
 }
 
@@ -436,8 +475,10 @@ int main(int argc, char** argv) {
     if (command == "finetune") return finetune(argc - 1, argv + 1);
     if (command == "train") return pretrain(argc - 1, argv + 1);
     if (command == "export-hf") return export_hf(argc - 1, argv + 1);
+    if (command == "prepare-data") return prepare_data(argc - 1, argv + 1);
     if (!command.empty())
-      throw lockstep::ConfigError("unknown command '" + command + "': use train, generate, finetune or export-hf");
+      throw lockstep::ConfigError("unknown command '" + command +
+                                  "': use train, generate, finetune, export-hf or prepare-data");
     return pretrain(argc, argv);
   });
 }

@@ -25,7 +25,7 @@ LOCKSTEP_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch dataset-fashion-mnist fortunes fortunes-min
   libtorch-dev libopenblas0-pthread libyaml-cpp-dev chromium iproute2
-  python3-dev pybind11-dev slurm-wlm munge
+  python3-dev pybind11-dev slurm-wlm munge libsentencepiece-dev sentencepiece
 )
 # python3-torch (Debian's PyTorch 1.13 for /usr/bin/python3) is the real client the launcher
 # tests run unmodified, and the peer the benchmarks compare against. dataset-fashion-mnist is
@@ -38,6 +38,8 @@ LOCKSTEP_PACKAGES=(
 # the multi-machine tests run in. python3-dev and pybind11-dev build the torch.distributed
 # backend (python/) for Debian's python3-torch. slurm-wlm and munge give the Slurm test a real
 # slurmctld, slurmd, srun and sbatch to start jobs with across namespaces (nothing else uses them).
+# libsentencepiece-dev reads SentencePiece tokenizers (gpt prepare-data); sentencepiece's spm_train
+# and spm_encode train and check one in the data layer's tests.
 
 install_missing_packages() {
   local missing=()
@@ -77,12 +79,13 @@ install_pip_torch() {
     venv_pip_install "torch==$TORCH_PIP_VERSION"
   fi
   # numpy (torch warns without it), expecttest (PyTorch's distributed suite imports it), the
-  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py), and the build
-  # backend `pip install` uses (tests/python/test_pip.py), each brought to its pinned version (a
-  # venv holding other versions is corrected, not trusted).
+  # Hugging Face libraries the backend is tested under (tests/python/test_hf.py), the build
+  # backend `pip install` uses (tests/python/test_pip.py), and the SentencePiece package whose
+  # tokens `gpt prepare-data` must equal (tests/python/test_tokenizers.py), each brought to its
+  # pinned version (a venv holding other versions is corrected, not trusted).
   local off_pin
   off_pin="$(venv_off_pin numpy==2.4.6 expecttest==0.3.0 transformers==5.24.0 tokenizers==0.23.3 \
-    accelerate==1.15.0 safetensors==0.8.0 scikit-build-core==1.1.2)"
+    accelerate==1.15.0 safetensors==0.8.0 scikit-build-core==1.1.2 sentencepiece==0.1.99)"
   # shellcheck disable=SC2086  # one pin per word
   [ -z "$off_pin" ] || venv_pip_install $off_pin
 }

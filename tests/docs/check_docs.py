@@ -34,6 +34,10 @@ TRAINER_ARGUMENTS = "include/lockstep/train_core/arguments.h"
 FOREIGN_FLAGS = {
     "--install": "cmake --install",
     "--no-build-isolation": "pip install and pip wheel",
+    "--input": "SentencePiece's spm_train",
+    "--model_prefix": "SentencePiece's spm_train",
+    "--vocab_size": "SentencePiece's spm_train",
+    "--model_type": "SentencePiece's spm_train",
     "--prefix": "cmake --install --prefix",
     "--test-dir": "ctest --test-dir",
     "--output-on-failure": "ctest --output-on-failure",
