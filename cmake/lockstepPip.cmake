@@ -5,7 +5,9 @@
 # backend loads NCCL itself when asked), so the extension needs nothing of the toolkit at run time.
 include_guard(GLOBAL)
 
-set(LOCKSTEP_PYTHON_EXECUTABLE "${Python_EXECUTABLE}" CACHE FILEPATH "The Python pip runs")
+# Forced: a build directory kept between installs (--config-settings=build-dir=...) may have
+# served another environment's Python.
+set(LOCKSTEP_PYTHON_EXECUTABLE "${Python_EXECUTABLE}" CACHE FILEPATH "The Python pip runs" FORCE)
 set(LOCKSTEP_PYTHON_INSTALL_DIR "." CACHE STRING "Where lockstep_torch is installed, relative to the prefix")
 set(LOCKSTEP_CUDA OFF CACHE STRING "A CUDA build of libtorch: its CPU half")
 

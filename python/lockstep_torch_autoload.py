@@ -45,10 +45,14 @@ def _entry_point_runs():
 
 
 def _create_default_group(distributed):
-    """The default process group on LOCKSTEP_TORCH_BACKEND's backend, when set and none exists yet.
-    Asked for by the launcher, its failure is an error, not a silent fall back to another backend."""
+    """The default process group on LOCKSTEP_TORCH_BACKEND's backend, when set and none exists yet,
+    in a worker: a process with torchrun's RANK and WORLD_SIZE (not torchrun's own agent, which
+    imports torch with the same environment). Asked for, its failure is an error, not a silent
+    fall back to another backend."""
     backend = os.environ.get(_CREATE_WITH)
     if not backend or not distributed.is_available() or distributed.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return
     try:
         distributed.init_process_group(backend=backend)

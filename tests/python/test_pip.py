@@ -3,9 +3,11 @@
 into a new venv, then the installed package used as a Python user uses it, with nothing of the
 build tree on the path:
 
-- torchrun runs an unmodified DDP script (ddp_train.py) and an FSDP2 one (fsdp2_train.py) on
-  "lockstep": the name is registered by the "torch.backends" entry point alone (torch >= 2.5; no
-  .pth, no sitecustomize, no import), and the parameters equal those of the same scripts on "gloo",
+- torchrun runs an unmodified FSDP2 script (fsdp2_train.py) on "lockstep": the name is registered
+  by the "torch.backends" entry point alone (torch >= 2.5; no .pth, no sitecustomize, no import);
+  and a DDP script (ddp_train.py --no-init) that creates no process group, under torchrun with
+  LOCKSTEP_TORCH_BACKEND=lockstep: the entry point creates it in each worker (and not in torchrun's
+  own process, which imports torch too). Both end with the parameters of the same scripts on gloo,
   bit for bit (2 ranks: test_ddp.py and test_fsdp2.py say why exactly);
 - the installed `lockstep` console script runs an unmodified Hugging Face Trainer script (it never
   creates a process group) with `--torch-backend lockstep`: the group the Trainer trained on is
@@ -50,7 +52,8 @@ def plain_env(extra=None):
     env = harness.base_env(extra)
     env.pop("PYTHONPATH", None)
     for name in ("LOCKSTEP_TORCH_BACKEND", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
-        env.pop(name, None)
+        if name not in (extra or {}):
+            env.pop(name, None)
     return env
 
 
@@ -102,10 +105,11 @@ class PipInstall(harness.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("--torch-backend", done.stdout)
 
-    def torchrun(self, script, backend, output):
+    def torchrun(self, script, backend, output, flags=(), env_extra=None):
         cmd = [venv_python(self.venv), "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(harness.free_port()), os.path.join(harness.HERE, script), backend, output]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=plain_env(),
+               "--master_port", str(harness.free_port()), os.path.join(harness.HERE, script), backend, output,
+               *flags]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=plain_env(env_extra),
                               cwd=self.holder.name)
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
 
@@ -114,11 +118,14 @@ class PipInstall(harness.TestCase):
         for name in ours:
             self.assertTrue(torch.equal(ours[name], theirs[name]), f"{what}: {name} differs from gloo's")
 
-    def test_torchrun_runs_an_unmodified_ddp_script_on_lockstep_as_on_gloo(self):
+    def test_torchrun_workers_get_the_group_a_variable_asks_for(self):
         runs = {}
         for backend in ("lockstep", "gloo"):
             out = self.tmpdir(prefix=f"pip_ddp_{backend}_")
-            self.torchrun("ddp_train.py", backend, out)
+            if backend == "lockstep":  # the script creates no group (it checks the one it finds)
+                self.torchrun("ddp_train.py", backend, out, ["--no-init"], {"LOCKSTEP_TORCH_BACKEND": "lockstep"})
+            else:
+                self.torchrun("ddp_train.py", backend, out)
             runs[backend] = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
         for r in range(2):
             self.assert_same_state(runs["lockstep"][r]["state"], runs["gloo"][r]["state"], f"DDP, rank {r}")
