@@ -8,7 +8,7 @@
 //   lockstep run --nproc-per-node 2 build/examples/gpt train --train-data train.bin --eval-data val.bin
 //       --vocab-size 50304                                                  # token files (one command)
 //   build/examples/gpt export-hf --checkpoint runs/gpt/checkpoint-600 --output my-gpt2-tuned
-//   build/examples/gpt prepare-data --tokenizer m.model --out train.bin --separator % TEXT...
+//   build-torch2/examples/gpt prepare-data --tokenizer m.model --out train.bin --separator % TEXT...
 //       # text into a token file with a SentencePiece tokenizer; `generate --tokenizer m.model`
 //
 // `train` (the default) pretrains a byte-level causal language model and reports eval_loss and

@@ -3,13 +3,14 @@
 
 #include "lockstep/error.h"
 
-#ifdef LOCKSTEP_HAVE_SENTENCEPIECE
+#if defined(LOCKSTEP_HAVE_SENTENCEPIECE) && !defined(LOCKSTEP_SENTENCEPIECE_BESIDE_DEBIAN_TORCH)
+#define LOCKSTEP_READS_SENTENCEPIECE 1
 #include <sentencepiece_processor.h>
 #endif
 
 namespace lockstep::data {
 
-#ifdef LOCKSTEP_HAVE_SENTENCEPIECE
+#ifdef LOCKSTEP_READS_SENTENCEPIECE
 
 struct SentencePiece::Processor {
   sentencepiece::SentencePieceProcessor sp;
@@ -57,7 +58,7 @@ std::int64_t SentencePiece::end_of_sentence() const {
   return processor_->sp.eos_id();
 }
 
-#else  // built without libsentencepiece-dev
+#else  // without libsentencepiece: not found, or beside Debian's libtorch
 
 struct SentencePiece::Processor {};
 
@@ -66,8 +67,16 @@ bool sentencepiece_built() {
 }
 
 SentencePiece::SentencePiece(const std::string& model_file) : model_file_(model_file) {
+#ifdef LOCKSTEP_SENTENCEPIECE_BESIDE_DEBIAN_TORCH
+  // Debian's libsentencepiece carries its own protobuf-lite, whose exported symbols the libprotobuf
+  // that Debian's libtorch loads binds to: the program would die at start (src/data/CMakeLists.txt).
+  throw ConfigError("this program runs on Debian's libtorch 1.13, which cannot share a process with "
+                    "libsentencepiece (their protobuf copies collide), so it cannot read " + model_file +
+                    ": use a build on PyTorch 2.x (LOCKSTEP_TORCH=pip, docs/building.md)");
+#else
   throw ConfigError("this lockstep was built without SentencePiece, so it cannot read " + model_file +
                     ": install it (apt-get install libsentencepiece-dev) and build again");
+#endif
 }
 
 std::vector<std::int64_t> SentencePiece::encode(std::string_view) const {

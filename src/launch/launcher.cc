@@ -85,8 +85,8 @@ void validate(const LaunchOptions& o) {
     throw ConfigError("--backend '" + o.backend + "' is unknown: use " + comm::backend_choices(", "));
   if (!o.torch_backend.empty() && !torch_backend_name(o.torch_backend))
     throw ConfigError("--torch-backend '" + o.torch_backend +
-                      "' is not a torch.distributed backend's name: use lockstep, gloo, nccl, mpi or "
-                      "a device map such as cpu:lockstep,cuda:nccl");
+                      "' is not a torch.distributed backend's name: use one such as lockstep, or a device "
+                      "map such as cpu:lockstep,cuda:nccl");
   if (!resolve_program(o.program[0]))
     throw ConfigError("program '" + o.program[0] + "' not found" +
                       (o.program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)") +
